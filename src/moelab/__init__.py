@@ -1,0 +1,3 @@
+"""moelab: a PyTorch toolkit for Mixture-of-Experts models."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""The MoE layer's seams: router → RoutingPlan → dispatcher → experts → combine, plus losses."""

@@ -1,0 +1,156 @@
+"""Typed configs of the MoE layer (names follow Megatron-Core / Hugging Face where they exist)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+ScoreFunc = Literal["softmax", "sigmoid"]
+RouterKind = Literal["token_choice", "expert_choice"]
+DropPolicy = Literal["probs", "position"]
+Activation = Literal["swiglu", "gelu"]
+BalanceLoss = Literal["switch", "seq", "global", "none"]
+BalanceConvention = Literal["megatron", "hf"]
+
+
+def _check(cond: bool, name: str, msg: str) -> None:
+    if not cond:
+        raise ValueError(f"{name}: {msg}")
+
+
+@dataclass
+class RouterConfig:
+    """How tokens are assigned to experts.
+
+    Attributes:
+        num_experts: E, routed experts (>= 1).
+        top_k: k, experts per token for token choice (1 <= k <= E); for expert choice the
+            average pairs per token, which sets capacity = ceil(T·k/E · capacity_factor).
+        kind: ``"token_choice"`` (each token picks k experts) or ``"expert_choice"`` (each
+            expert picks its top-capacity tokens; Zhou et al. 2022, arXiv 2202.09368).
+        score_func: ``"softmax"`` or ``"sigmoid"`` (DeepSeek-V3).
+        softmax_before_topk: softmax over all E then top-k (Mixtral/Qwen/OLMoE) when True;
+            top-k on logits then softmax over the k selected logits when False (Megatron's
+            default ``pre_softmax=False``; GPT-OSS). Softmax only.
+        norm_topk_prob: renormalise the k selected weights to sum 1 (HF ``norm_topk_prob``).
+        routed_scaling_factor: multiplies the combine weights (DeepSeek-V3 ``routed_scaling_factor``).
+        n_group, topk_group: group-limited routing (DeepSeek-V3): experts split into n_group
+            equal groups, each scored by the sum of its two best scores; only the best
+            topk_group groups are eligible.
+        expert_bias: aux-loss-free balancing (DeepSeek-V3, arXiv 2412.19437 §2.1.2): a
+            per-expert bias added to the scores for selection only.
+        bias_update_rate: γ of the bias update ``b += γ·sign(mean load − load)``.
+        capacity_factor: None = dropless; otherwise capacity per expert
+            ``ceil(T·k/E · capacity_factor)`` clamped to [1, T]; excess pairs are dropped.
+        drop_policy: which pairs an over-full expert keeps: highest probability
+            (``"probs"``) or earliest tokens (``"position"``). Megatron's
+            ``moe_token_drop_policy``.
+        jitter_eps: multiplicative input jitter U(1−eps, 1+eps) in training (Switch
+            Transformer); 0 disables it.
+    """
+
+    num_experts: int = 8
+    top_k: int = 2
+    kind: RouterKind = "token_choice"
+    score_func: ScoreFunc = "softmax"
+    softmax_before_topk: bool = True
+    norm_topk_prob: bool = True
+    routed_scaling_factor: float = 1.0
+    n_group: int | None = None
+    topk_group: int | None = None
+    expert_bias: bool = False
+    bias_update_rate: float = 1e-3
+    capacity_factor: float | None = None
+    drop_policy: DropPolicy = "probs"
+    jitter_eps: float = 0.0
+
+    def __post_init__(self) -> None:
+        E, k = self.num_experts, self.top_k
+        _check(isinstance(E, int) and E >= 1, "num_experts", f"must be an int >= 1, got {E!r}")
+        _check(isinstance(k, int) and 1 <= k <= E, "top_k", f"must be in [1, num_experts={E}], got {k!r}")
+        _check(self.kind in ("token_choice", "expert_choice"), "kind", f"unknown router kind {self.kind!r}")
+        _check(self.score_func in ("softmax", "sigmoid"), "score_func", f"must be softmax or sigmoid, got {self.score_func!r}")
+        _check(self.drop_policy in ("probs", "position"), "drop_policy", f"must be probs or position, got {self.drop_policy!r}")
+        _check(self.routed_scaling_factor > 0, "routed_scaling_factor", "must be > 0")
+        _check(self.bias_update_rate >= 0, "bias_update_rate", "must be >= 0")
+        _check(0 <= self.jitter_eps < 1, "jitter_eps", f"must be in [0, 1), got {self.jitter_eps}")
+        if self.capacity_factor is not None:
+            _check(self.capacity_factor > 0, "capacity_factor", f"must be > 0 or None, got {self.capacity_factor}")
+        if self.kind == "expert_choice":
+            _check(self.n_group is None and not self.expert_bias, "kind",
+                   "expert choice takes no group limits or expert bias")
+        if (self.n_group is None) != (self.topk_group is None):
+            raise ValueError("n_group, topk_group: set both or neither")
+        if self.n_group is not None:
+            G, g = self.n_group, self.topk_group
+            _check(G >= 1 and E % G == 0, "n_group", f"must divide num_experts={E}, got {G}")
+            _check(1 <= g <= G, "topk_group", f"must be in [1, n_group={G}], got {g}")
+            _check(k <= g * (E // G), "top_k",
+                   f"{k} exceeds the {g * (E // G)} experts in topk_group={g} groups of {E // G}")
+
+
+@dataclass
+class ExpertsConfig:
+    """The routed expert bank and optional shared experts.
+
+    Attributes:
+        hidden_size: D, model width.
+        ffn_hidden_size: F, each routed expert's hidden width (Megatron ``moe_ffn_hidden_size``).
+        activation: ``"swiglu"`` (gate/up/down) or ``"gelu"`` (up/down MLP).
+        shared_expert_size: hidden width of an always-on shared expert (0 = none). Several
+            DeepSeek-style shared experts are one shared expert of their summed width.
+        shared_expert_gate: scale the shared expert by ``sigmoid(x·w)`` (Qwen2-MoE).
+        init_std: std of the normal initialisation of the expert weights.
+    """
+
+    hidden_size: int = 256
+    ffn_hidden_size: int = 512
+    activation: Activation = "swiglu"
+    shared_expert_size: int = 0
+    shared_expert_gate: bool = False
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        _check(self.hidden_size >= 1, "hidden_size", f"must be >= 1, got {self.hidden_size}")
+        _check(self.ffn_hidden_size >= 1, "ffn_hidden_size", f"must be >= 1, got {self.ffn_hidden_size}")
+        _check(self.activation in ("swiglu", "gelu"), "activation", f"must be swiglu or gelu, got {self.activation!r}")
+        _check(self.shared_expert_size >= 0, "shared_expert_size", "must be >= 0")
+        _check(not self.shared_expert_gate or self.shared_expert_size > 0, "shared_expert_gate",
+               "needs shared_expert_size > 0")
+
+
+@dataclass
+class LossConfig:
+    """Router losses and their coefficients (applied inside the layer).
+
+    Attributes:
+        load_balance: ``"switch"`` (per micro-batch; Fedus et al. 2021), ``"seq"``
+            (per sequence; DeepSeek-V2/V3), ``"global"`` (counts summed over data-parallel
+            ranks; Qiu et al. 2025, arXiv 2501.11873) or ``"none"``.
+        aux_loss_coeff: α of the load-balancing loss.
+        z_loss_coeff: coefficient of the router z-loss (ST-MoE, arXiv 2202.08906); 0 disables.
+        convention: ``"megatron"``: f_i = count_i/(T·k), perfectly balanced routing gives
+            1.0; ``"hf"``: transformers' ``load_balancing_loss_func``, f_i = count_i/T, balanced
+            routing gives k.
+    """
+
+    load_balance: BalanceLoss = "switch"
+    aux_loss_coeff: float = 1e-2
+    z_loss_coeff: float = 1e-3
+    convention: BalanceConvention = "megatron"
+
+    def __post_init__(self) -> None:
+        _check(self.load_balance in ("switch", "seq", "global", "none"), "load_balance",
+               f"unknown load-balancing loss {self.load_balance!r}")
+        _check(self.convention in ("megatron", "hf"), "convention", f"must be megatron or hf, got {self.convention!r}")
+        _check(self.aux_loss_coeff >= 0, "aux_loss_coeff", "must be >= 0")
+        _check(self.z_loss_coeff >= 0, "z_loss_coeff", "must be >= 0")
+
+
+@dataclass
+class MoEConfig:
+    """One MoE feed-forward layer: router, experts, losses."""
+
+    router: RouterConfig = field(default_factory=RouterConfig)
+    experts: ExpertsConfig = field(default_factory=ExpertsConfig)
+    losses: LossConfig = field(default_factory=LossConfig)

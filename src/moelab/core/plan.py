@@ -1,0 +1,69 @@
+"""RoutingPlan: the one data structure between routing and expert compute.
+
+A plan is a flat list of N routed (token, expert, combine weight) pairs. Token choice gives
+N = T·k, expert choice N = E·capacity, capacity dropping and variable budgets give fewer pairs:
+nothing downstream assumes a fixed k per token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class RoutingPlan:
+    """Routed pairs plus the router state the losses and telemetry need.
+
+    Attributes:
+        token_idx: ``[N]`` int64, index into the flattened ``[T, D]`` tokens.
+        expert_idx: ``[N]`` int64 in ``[0, E)``.
+        weight: ``[N]`` float32 combine weights (differentiable w.r.t. the router).
+        logits: ``[T, E]`` float32 router logits (before bias, jitter-free at eval).
+        probs: ``[T, E]`` float32 per-token distribution over experts used by the
+            load-balancing losses: softmax of the logits for softmax routers, sigmoid scores
+            normalised to sum 1 per token for sigmoid routers (Megatron-Core's
+            ``compute_routing_scores_for_aux_loss``).
+        num_experts: E.
+        dropped: number of pairs the router selected but capacity dropped (0 when dropless).
+    """
+
+    token_idx: Tensor
+    expert_idx: Tensor
+    weight: Tensor
+    logits: Tensor
+    probs: Tensor
+    num_experts: int
+    dropped: int = 0
+
+    def __post_init__(self) -> None:
+        n = self.token_idx.shape[0]
+        if self.token_idx.shape != (n,) or self.expert_idx.shape != (n,) or self.weight.shape != (n,):
+            raise ValueError(
+                "token_idx, expert_idx and weight must be 1-D of one length, got "
+                f"{tuple(self.token_idx.shape)}, {tuple(self.expert_idx.shape)}, "
+                f"{tuple(self.weight.shape)}"
+            )
+        if self.logits.dim() != 2 or self.logits.shape[1] != self.num_experts:
+            raise ValueError(
+                f"logits must be [T, E={self.num_experts}], got {tuple(self.logits.shape)}"
+            )
+
+    @property
+    def num_tokens(self) -> int:
+        """T, the number of tokens routed (padding included)."""
+        return self.logits.shape[0]
+
+    @property
+    def num_pairs(self) -> int:
+        """N, the number of routed (token, expert) pairs."""
+        return self.token_idx.shape[0]
+
+    def counts(self, token_mask: Tensor | None = None) -> Tensor:
+        """Pairs per expert, ``[E]`` int64; with ``token_mask`` ``[T]`` bool only valid tokens."""
+        experts = self.expert_idx
+        if token_mask is not None:
+            experts = experts[token_mask[self.token_idx]]
+        return torch.bincount(experts, minlength=self.num_experts)
