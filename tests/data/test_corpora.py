@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from moelab.data import CorpusError, CorpusNotInstalledError, Document, load_corpus
-from moelab.data import corpora
+from moelab.data import CorpusError, CorpusNotInstalledError, Document, corpora, load_corpus
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +115,10 @@ def test_user_file_folder_and_glob(tmp_path: Path) -> None:
     assert single == [Document("b.txt", "user", "second é\n")]
 
     folder = load_corpus(str(tmp_path))
-    assert [(d.name, d.text) for d in folder] == [("b.txt", "second é\n"), ("sub/a.md", "first 日本\n")]
+    assert [(d.name, d.text) for d in folder] == [
+        ("b.txt", "second é\n"),
+        ("sub/a.md", "first 日本\n"),
+    ]
     assert {d.domain for d in folder} == {"user"}
 
     globbed = load_corpus(str(tmp_path / "**" / "*.md"))

@@ -43,7 +43,9 @@ def test_split_is_deterministic_per_seed_and_varies_with_seed() -> None:
     docs = _corpus()
     a = split_documents(docs, val_fraction=0.2, seed=7)
     assert split_documents(list(docs), val_fraction=0.2, seed=7) == a
-    vals = {tuple(d.name for d in split_documents(docs, val_fraction=0.2, seed=s)[1]) for s in range(5)}
+    vals = {
+        tuple(d.name for d in split_documents(docs, val_fraction=0.2, seed=s)[1]) for s in range(5)
+    }
     assert len(vals) > 1
 
 
@@ -74,6 +76,8 @@ def test_single_document_domain_in_a_larger_corpus_is_split_too() -> None:
     assert {d.domain for d in val} == {"code", "user"}
     user_val = next(d for d in val if d.domain == "user")
     assert user_val.text == "abcdefghij"  # no newline: cut at the exact character
+    user_train = next(d for d in train if d.domain == "user")
+    assert user_train.text == "abcdefghij" * 9
 
 
 def test_split_errors() -> None:
