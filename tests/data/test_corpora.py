@@ -126,6 +126,12 @@ def test_user_file_folder_and_glob(tmp_path: Path) -> None:
     assert globbed[0].name == (tmp_path / "sub" / "a.md").as_posix()
 
 
+def test_existing_path_with_glob_characters_is_taken_literally(tmp_path: Path) -> None:
+    path = tmp_path / "notes[1].txt"
+    path.write_text("literal\n")
+    assert load_corpus(str(path)) == [Document("notes[1].txt", "user", "literal\n")]
+
+
 def test_utf8_bom_is_stripped(tmp_path: Path) -> None:
     path = tmp_path / "bom.txt"
     path.write_bytes(b"\xef\xbb\xbfhi\n")

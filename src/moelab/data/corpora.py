@@ -15,9 +15,9 @@
 * ``"mix"``: stdlib + shakespeare + kjv, in that order, each with its own domain.
 * anything else is a user path (``~`` expanded): a text file, a folder (every non-hidden file
   below it, recursively, sorted by relative path; each must be UTF-8 text), or a glob pattern
-  (``*``, ``?`` or ``[``; ``**`` recurses; matched folders are expanded like folders). Domain
-  ``"user"``; the name is the path relative to the folder for a folder, the path as given or
-  matched otherwise. Corpus names win over same-named paths: write ``./kjv`` for a folder.
+  (``*``, ``?`` or ``[`` in a spec that is not an existing path; ``**`` recurses; matched
+  folders are expanded like folders). Domain ``"user"``; the name is the path relative to the
+  folder for a folder, the path as given or matched otherwise. Corpus names win over same-named paths: write ``./kjv`` for a folder.
 
 Documents whose text is empty or only whitespace are dropped (e.g. empty ``__init__.py``).
 
@@ -264,7 +264,7 @@ def load_user_path(spec: str) -> list[Document]:
             (``load_corpus`` turns that into a :class:`CorpusError`).
     """
     known = ", ".join(PACKAGED_CORPORA)
-    if any(ch in spec for ch in _GLOB_MAGIC):
+    if any(ch in spec for ch in _GLOB_MAGIC) and not Path(spec).expanduser().exists():
         matches = sorted(set(glob.glob(str(Path(spec).expanduser()), recursive=True)))
         paths: list[tuple[str, Path]] = []
         for match in matches:
