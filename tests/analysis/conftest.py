@@ -34,7 +34,9 @@ def build_record(
         num_experts=E,
         dropped=dropped,
     )
-    mask = torch.ones(T, dtype=torch.bool) if mask is None else torch.as_tensor(mask, dtype=torch.bool)
+    mask = (
+        torch.ones(T, dtype=torch.bool) if mask is None else torch.as_tensor(mask, dtype=torch.bool)
+    )
     return RoutingRecord.from_plan(plan, mask, batch_shape or (1, T))
 
 
@@ -53,3 +55,43 @@ def make_record():
 @pytest.fixture
 def make_one_hot():
     return one_hot_record
+
+
+def synthetic_run(num_layers: int = 3, num_experts: int = 4, seed: int = 0):
+    """Records of a fake top-2 MoE: 2 batches of (2, 8) tokens with padding, 2 domains.
+
+    Domain-0 tokens prefer experts {0, 1} and domain-1 tokens experts {2, 3}. Returns
+    ``(records_by_layer, domains [32], hidden_by_layer, expert_outputs_by_layer)``.
+    """
+    g = torch.Generator().manual_seed(seed)
+    B, S, E = 2, 8, num_experts
+    T = B * S
+    domains = [torch.randint(0, 2, (T,), generator=g) for _ in range(2)]
+    masks = [torch.ones(T, dtype=torch.bool), torch.ones(T, dtype=torch.bool)]
+    masks[1][S - 3 : S] = False  # padding at the end of the first sequence of batch 1
+    records_by_layer = []
+    for _ in range(num_layers):
+        recs = []
+        for dom, mask in zip(domains, masks, strict=True):
+            logits = torch.randn(T, E, generator=g)
+            bias = torch.zeros(T, E)
+            bias[dom == 0, : E // 2] = 2.0
+            bias[dom == 1, E // 2 :] = 2.0
+            probs = torch.softmax(logits + bias, -1)
+            top = probs.topk(2, -1).indices
+            pairs = [(t, int(top[t, j])) for t in range(T) for j in range(2)]
+            recs.append(build_record(probs, pairs=pairs, mask=mask, batch_shape=(B, S)))
+        records_by_layer.append(recs)
+    hidden = [torch.randn(T, 6, generator=g) for _ in range(num_layers)]
+    outputs = [torch.randn(E, T, 6, generator=g) for _ in range(num_layers)]
+    return records_by_layer, torch.cat(domains), hidden, outputs
+
+
+@pytest.fixture
+def run3():
+    return synthetic_run()
+
+
+@pytest.fixture(scope="session")
+def make_synthetic_run():
+    return synthetic_run

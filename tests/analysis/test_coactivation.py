@@ -1,4 +1,3 @@
-import pytest
 import torch
 
 from moelab.analysis import coactivation_conditional, coactivation_counts

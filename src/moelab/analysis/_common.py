@@ -34,11 +34,6 @@ def check_records(records: Sequence[RoutingRecord], name: str = "records") -> in
     return num_experts
 
 
-def valid_top1(record: RoutingRecord) -> tuple[Tensor, Tensor]:
-    """``(top1 [T] int64, mask [T] bool)``: the argmax-probability expert and the valid-token mask."""
-    return record.top1, record.token_mask.bool()
-
-
 def entropy_of_counts(counts: Tensor) -> float:
     """Shannon entropy in nats of the distribution ``counts / counts.sum()`` (0 for empty counts)."""
     c = counts.double().flatten()

@@ -49,9 +49,7 @@ class Transition:
         }
 
 
-def transition_counts_from_labels(
-    top1_a: Tensor, top1_b: Tensor, num_a: int, num_b: int
-) -> Tensor:
+def transition_counts_from_labels(top1_a: Tensor, top1_b: Tensor, num_a: int, num_b: int) -> Tensor:
     """``[num_a, num_b]`` int64 contingency table of two ``[N]`` label vectors."""
     if top1_a.shape != top1_b.shape or top1_a.dim() != 1:
         raise ValueError(

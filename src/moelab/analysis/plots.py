@@ -43,12 +43,13 @@ def _heatmap(fig: Figure, ax, m: np.ndarray, vmin=None, vmax=None, fmt="{:.2f}",
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     rows, cols = m.shape
     if rows <= _ANNOTATE_MAX and cols <= _ANNOTATE_MAX:
-        hi = np.nanmax(m) if np.isfinite(m).any() else 0.0
         for r in range(rows):
             for c in range(cols):
                 v = m[r, c]
-                if np.isfinite(v):
-                    color = "black" if hi > 0 and v > 0.6 * hi else "white"
+                if np.isfinite(v) and v != 0:  # zeros stay blank to keep the pattern readable
+                    red, green, blue, _ = im.cmap(im.norm(v))
+                    light = 0.299 * red + 0.587 * green + 0.114 * blue > 0.5
+                    color = "black" if light else "white"
                     ax.text(c, r, fmt.format(v), ha="center", va="center", fontsize=7, color=color)
     if cols <= 32:
         ax.set_xticks(range(cols))
@@ -78,7 +79,7 @@ def plot_load_heatmap(analysis: dict, out_dir: str | os.PathLike) -> Path:
     _heatmap(fig, ax, m, vmin=0.0)
     for i, lay in enumerate(layers):
         for e in lay["load"]["dead_experts"]:
-            ax.text(e, i, "×", ha="center", va="center", color="red", fontsize=10)
+            ax.text(e, i, "×", ha="center", va="center", color="red", fontsize=14, weight="bold")
     ax.set_xlabel("expert")
     ax.set_ylabel("layer")
     ax.set_title("Share of routed pairs per expert (× = dead expert)")
@@ -101,15 +102,16 @@ def plot_entropy(analysis: dict, out_dir: str | os.PathLike) -> Path:
     ax1.set_ylabel("nats")
     ax1.set_xticks(x)
     ax1.set_title("Routing entropy")
-    ax1.legend(fontsize=8)
+    ax1.set_ylim(0, 1.3 * max([*ln_e, *ent, 1e-3]))
+    ax1.legend(fontsize=8, loc="upper center", ncols=2)
     ax2 = fig.add_subplot(1, 2, 2)
     ax2.plot(x, norm, marker="o", label="normalised entropy (H / ln E)")
     ax2.plot(x, margin, marker="s", label="top-1 margin (p1 − p2)")
-    ax2.set_ylim(-0.02, 1.02)
+    ax2.set_ylim(-0.02, 1.25)
     ax2.set_xlabel("layer")
     ax2.set_xticks(x)
     ax2.set_title("Router confidence")
-    ax2.legend(fontsize=8)
+    ax2.legend(fontsize=8, loc="upper center", ncols=2)
     fig.tight_layout()
     return _save(fig, out_dir, ENTROPY)
 

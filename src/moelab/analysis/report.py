@@ -123,7 +123,11 @@ def summary_table_html(analysis: dict) -> str:
     for row in analysis["headline"]:
         cells = "".join(f"<td>{_fmt(row.get(k))}</td>" for k in HEADLINE_KEYS)
         rows.append(f"<tr>{cells}</tr>")
-    return f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n" + "\n".join(rows) + "\n</tbody></table>"
+    return (
+        f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n"
+        + "\n".join(rows)
+        + "\n</tbody></table>"
+    )
 
 
 def png_data_uri(path: str | os.PathLike) -> str:

@@ -86,7 +86,9 @@ def analyze(
     if len(records_by_layer) == 0:
         raise ValueError("records_by_layer must hold at least one layer")
     num_layers = len(records_by_layer)
-    num_experts = [check_records(recs, f"records_by_layer[{i}]") for i, recs in enumerate(records_by_layer)]
+    num_experts = [
+        check_records(recs, f"records_by_layer[{i}]") for i, recs in enumerate(records_by_layer)
+    ]
     _check_per_layer("hidden_by_layer", hidden_by_layer, num_layers)
     _check_per_layer("expert_outputs_by_layer", expert_outputs_by_layer, num_layers)
     if domain_names is not None and domains is None:
