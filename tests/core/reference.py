@@ -15,10 +15,7 @@ def ref_token_choice(logits, cfg: RouterConfig, bias=None):
     out = []
     E = logits.shape[1]
     for row in logits.double():
-        if cfg.score_func == "softmax":
-            scores = torch.softmax(row, 0)
-        else:
-            scores = torch.sigmoid(row)
+        scores = torch.softmax(row, 0) if cfg.score_func == "softmax" else torch.sigmoid(row)
         after = cfg.score_func == "softmax" and not cfg.softmax_before_topk
         sel = (row if after else scores).clone()
         if bias is not None:
