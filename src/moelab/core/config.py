@@ -67,26 +67,52 @@ class RouterConfig:
     def __post_init__(self) -> None:
         E, k = self.num_experts, self.top_k
         _check(isinstance(E, int) and E >= 1, "num_experts", f"must be an int >= 1, got {E!r}")
-        _check(isinstance(k, int) and 1 <= k <= E, "top_k", f"must be in [1, num_experts={E}], got {k!r}")
-        _check(self.kind in ("token_choice", "expert_choice"), "kind", f"unknown router kind {self.kind!r}")
-        _check(self.score_func in ("softmax", "sigmoid"), "score_func", f"must be softmax or sigmoid, got {self.score_func!r}")
-        _check(self.drop_policy in ("probs", "position"), "drop_policy", f"must be probs or position, got {self.drop_policy!r}")
+        _check(
+            isinstance(k, int) and 1 <= k <= E,
+            "top_k",
+            f"must be in [1, num_experts={E}], got {k!r}",
+        )
+        _check(
+            self.kind in ("token_choice", "expert_choice"),
+            "kind",
+            f"unknown router kind {self.kind!r}",
+        )
+        _check(
+            self.score_func in ("softmax", "sigmoid"),
+            "score_func",
+            f"must be softmax or sigmoid, got {self.score_func!r}",
+        )
+        _check(
+            self.drop_policy in ("probs", "position"),
+            "drop_policy",
+            f"must be probs or position, got {self.drop_policy!r}",
+        )
         _check(self.routed_scaling_factor > 0, "routed_scaling_factor", "must be > 0")
         _check(self.bias_update_rate >= 0, "bias_update_rate", "must be >= 0")
         _check(0 <= self.jitter_eps < 1, "jitter_eps", f"must be in [0, 1), got {self.jitter_eps}")
         if self.capacity_factor is not None:
-            _check(self.capacity_factor > 0, "capacity_factor", f"must be > 0 or None, got {self.capacity_factor}")
+            _check(
+                self.capacity_factor > 0,
+                "capacity_factor",
+                f"must be > 0 or None, got {self.capacity_factor}",
+            )
         if self.kind == "expert_choice":
-            _check(self.n_group is None and not self.expert_bias, "kind",
-                   "expert choice takes no group limits or expert bias")
+            _check(
+                self.n_group is None and not self.expert_bias,
+                "kind",
+                "expert choice takes no group limits or expert bias",
+            )
         if (self.n_group is None) != (self.topk_group is None):
             raise ValueError("n_group, topk_group: set both or neither")
         if self.n_group is not None:
             G, g = self.n_group, self.topk_group
             _check(G >= 1 and E % G == 0, "n_group", f"must divide num_experts={E}, got {G}")
             _check(1 <= g <= G, "topk_group", f"must be in [1, n_group={G}], got {g}")
-            _check(k <= g * (E // G), "top_k",
-                   f"{k} exceeds the {g * (E // G)} experts in topk_group={g} groups of {E // G}")
+            _check(
+                k <= g * (E // G),
+                "top_k",
+                f"{k} exceeds the {g * (E // G)} experts in topk_group={g} groups of {E // G}",
+            )
 
 
 @dataclass
@@ -112,11 +138,22 @@ class ExpertsConfig:
 
     def __post_init__(self) -> None:
         _check(self.hidden_size >= 1, "hidden_size", f"must be >= 1, got {self.hidden_size}")
-        _check(self.ffn_hidden_size >= 1, "ffn_hidden_size", f"must be >= 1, got {self.ffn_hidden_size}")
-        _check(self.activation in ("swiglu", "gelu"), "activation", f"must be swiglu or gelu, got {self.activation!r}")
+        _check(
+            self.ffn_hidden_size >= 1,
+            "ffn_hidden_size",
+            f"must be >= 1, got {self.ffn_hidden_size}",
+        )
+        _check(
+            self.activation in ("swiglu", "gelu"),
+            "activation",
+            f"must be swiglu or gelu, got {self.activation!r}",
+        )
         _check(self.shared_expert_size >= 0, "shared_expert_size", "must be >= 0")
-        _check(not self.shared_expert_gate or self.shared_expert_size > 0, "shared_expert_gate",
-               "needs shared_expert_size > 0")
+        _check(
+            not self.shared_expert_gate or self.shared_expert_size > 0,
+            "shared_expert_gate",
+            "needs shared_expert_size > 0",
+        )
 
 
 @dataclass
@@ -140,9 +177,16 @@ class LossConfig:
     convention: BalanceConvention = "megatron"
 
     def __post_init__(self) -> None:
-        _check(self.load_balance in ("switch", "seq", "global", "none"), "load_balance",
-               f"unknown load-balancing loss {self.load_balance!r}")
-        _check(self.convention in ("megatron", "hf"), "convention", f"must be megatron or hf, got {self.convention!r}")
+        _check(
+            self.load_balance in ("switch", "seq", "global", "none"),
+            "load_balance",
+            f"unknown load-balancing loss {self.load_balance!r}",
+        )
+        _check(
+            self.convention in ("megatron", "hf"),
+            "convention",
+            f"must be megatron or hf, got {self.convention!r}",
+        )
         _check(self.aux_loss_coeff >= 0, "aux_loss_coeff", "must be >= 0")
         _check(self.z_loss_coeff >= 0, "z_loss_coeff", "must be >= 0")
 

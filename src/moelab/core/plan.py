@@ -40,7 +40,11 @@ class RoutingPlan:
 
     def __post_init__(self) -> None:
         n = self.token_idx.shape[0]
-        if self.token_idx.shape != (n,) or self.expert_idx.shape != (n,) or self.weight.shape != (n,):
+        if (
+            self.token_idx.shape != (n,)
+            or self.expert_idx.shape != (n,)
+            or self.weight.shape != (n,)
+        ):
             raise ValueError(
                 "token_idx, expert_idx and weight must be 1-D of one length, got "
                 f"{tuple(self.token_idx.shape)}, {tuple(self.expert_idx.shape)}, "

@@ -1,0 +1,118 @@
+"""MoELayer: router → RoutingPlan → dispatcher → experts → combine, with losses and telemetry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from moelab.core.config import MoEConfig
+from moelab.core.dispatch import LocalDispatcher
+from moelab.core.experts import ExpertBank, SharedExpert
+from moelab.core.losses import build_balance_loss, router_z_loss
+from moelab.core.plan import RoutingPlan
+from moelab.core.routers import build_router
+from moelab.core.telemetry import RoutingRecord
+
+
+@dataclass
+class MoEOutput:
+    """What one MoE layer call returns.
+
+    Attributes:
+        hidden_states: same shape and dtype as the input.
+        aux_losses: float32 scalars with their coefficients applied: ``"load_balance"``
+            and ``"z_loss"`` when enabled. Add their sum to the training loss.
+        record: detached routing telemetry.
+        plan: the routing plan (keeps the graph; losses defined outside the layer use it).
+    """
+
+    hidden_states: Tensor
+    aux_losses: dict[str, Tensor]
+    record: RoutingRecord
+    plan: RoutingPlan
+
+
+class MoELayer(nn.Module):
+    """A Mixture-of-Experts feed-forward layer.
+
+    ``y = Σ_{(t,e,w) ∈ plan} w · expert_e(x_t) [+ shared_expert(x_t)]``
+
+    Args:
+        config: router, experts and loss settings.
+        dispatcher: token dispatcher (default: :class:`LocalDispatcher`).
+
+    Forward:
+        x: ``[..., D]`` any float dtype; the router runs in float32, the experts in x's dtype,
+            the weighted combine in float32.
+        mask: ``[...]`` bool, True for real tokens; padded tokens are still computed but
+            excluded from losses and telemetry. None = all real.
+    Raises:
+        ValueError: x's last dimension is not D, the mask's shape or dtype is wrong, or the
+            input contains NaN/Inf.
+    """
+
+    def __init__(self, config: MoEConfig, dispatcher: LocalDispatcher | None = None) -> None:
+        super().__init__()
+        self.config = config
+        ex = config.experts
+        self.router = build_router(config.router, ex.hidden_size, ex.init_std)
+        self.experts = ExpertBank(ex, config.router.num_experts)
+        self.shared_expert = (
+            SharedExpert(ex.hidden_size, ex.shared_expert_size, ex.shared_expert_gate, ex.init_std)
+            if ex.shared_expert_size
+            else None
+        )
+        self.dispatcher = dispatcher or LocalDispatcher()
+        self.balance_loss = build_balance_loss(config.losses)
+
+    def reset_loss_state(self) -> None:
+        """Clear per-step accumulators (global-batch loss); call after each optimizer step."""
+        if hasattr(self.balance_loss, "reset"):
+            self.balance_loss.reset()
+
+    def _check(self, x: Tensor, mask: Tensor | None) -> None:
+        D = self.config.experts.hidden_size
+        if x.dim() < 1 or x.shape[-1] != D:
+            raise ValueError(f"x: expected shape [..., {D}], got {tuple(x.shape)}")
+        if not x.is_floating_point():
+            raise TypeError(f"x: expected a floating-point tensor, got {x.dtype}")
+        if mask is not None:
+            if mask.dtype != torch.bool:
+                raise TypeError(f"mask: expected torch.bool, got {mask.dtype}")
+            if mask.shape != x.shape[:-1]:
+                raise ValueError(
+                    f"mask: expected shape {tuple(x.shape[:-1])}, got {tuple(mask.shape)}"
+                )
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> MoEOutput:
+        self._check(x, mask)
+        batch_shape = tuple(x.shape[:-1])
+        x_TD = x.reshape(-1, x.shape[-1])
+        T = x_TD.shape[0]
+        token_mask = (
+            mask.reshape(-1)
+            if mask is not None
+            else torch.ones(T, dtype=torch.bool, device=x.device)
+        )
+        plan = self.router(x_TD)
+        dispatched = self.dispatcher.dispatch(x_TD, plan)
+        expert_out = self.experts(dispatched.x, dispatched.counts)
+        y = self.dispatcher.combine(expert_out, dispatched, T)
+        if self.shared_expert is not None:
+            y = y + self.shared_expert(x_TD).float()
+        losses = self.config.losses
+        aux: dict[str, Tensor] = {}
+        if self.balance_loss is not None and losses.aux_loss_coeff > 0:
+            aux["load_balance"] = losses.aux_loss_coeff * self.balance_loss(
+                plan, token_mask, batch_shape
+            )
+        if losses.z_loss_coeff > 0:
+            aux["z_loss"] = losses.z_loss_coeff * router_z_loss(plan.logits, token_mask)
+        return MoEOutput(
+            hidden_states=y.to(x.dtype).reshape(x.shape),
+            aux_losses=aux,
+            record=RoutingRecord.from_plan(plan, token_mask, batch_shape),
+            plan=plan,
+        )

@@ -1,0 +1,20 @@
+"""Routers: token choice, expert choice, and the aux-loss-free bias update."""
+
+from moelab.core.config import RouterConfig
+from moelab.core.routers.base import Router
+from moelab.core.routers.bias import update_expert_bias
+from moelab.core.routers.expert_choice import ExpertChoiceRouter
+from moelab.core.routers.token_choice import TopKRouter
+
+_ROUTERS: dict[str, type[Router]] = {
+    "token_choice": TopKRouter,
+    "expert_choice": ExpertChoiceRouter,
+}
+
+
+def build_router(config: RouterConfig, hidden_size: int, init_std: float = 0.02) -> Router:
+    """The router class named by ``config.kind``."""
+    return _ROUTERS[config.kind](config, hidden_size, init_std)
+
+
+__all__ = ["ExpertChoiceRouter", "Router", "TopKRouter", "build_router", "update_expert_bias"]
