@@ -54,8 +54,7 @@ def test_moe_must_be_moeconfig():
 
 
 def test_dict_round_trip_through_json(cfg_factory):
-    cfg = cfg_factory(n_kv_heads=2, tie_embeddings=True, first_dense_layers=1,
-                      shared_expert_size=8)
+    cfg = cfg_factory(n_kv_heads=2, tie_embeddings=True, first_dense_layers=1, shared_expert_size=8)
     d = json.loads(json.dumps(cfg.to_dict()))
     assert d["moe"]["router"]["num_experts"] == 4
     back = ModelConfig.from_dict(d)

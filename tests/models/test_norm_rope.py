@@ -23,7 +23,8 @@ def test_rmsnorm_matches_hand_formula():
     # a concrete value: x = [3, 4] -> rms = sqrt(12.5) (eps tiny)
     n2 = RMSNorm(2, eps=1e-12)
     assert n2(torch.tensor([3.0, 4.0])).tolist() == pytest.approx(
-        [3 / math.sqrt(12.5), 4 / math.sqrt(12.5)], rel=1e-6)
+        [3 / math.sqrt(12.5), 4 / math.sqrt(12.5)], rel=1e-6
+    )
 
 
 def test_rmsnorm_bf16_keeps_dtype_and_is_close():

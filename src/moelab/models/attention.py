@@ -23,11 +23,24 @@ class KVCache:
     model with ``start_pos < length`` overwrites from ``start_pos`` on (rewind).
     """
 
-    def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, max_len: int,
-                 head_dim: int, *, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None) -> None:
-        for name, v in (("n_layers", n_layers), ("batch_size", batch_size),
-                        ("n_kv_heads", n_kv_heads), ("max_len", max_len), ("head_dim", head_dim)):
+    def __init__(
+        self,
+        n_layers: int,
+        batch_size: int,
+        n_kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        for name, v in (
+            ("n_layers", n_layers),
+            ("batch_size", batch_size),
+            ("n_kv_heads", n_kv_heads),
+            ("max_len", max_len),
+            ("head_dim", head_dim),
+        ):
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}: must be an int >= 1, got {v!r}")
         shape = (batch_size, n_kv_heads, max_len, head_dim)
@@ -99,8 +112,15 @@ class Attention(nn.Module):
     (``nn.Linear`` layout).
     """
 
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int,
-                 rope: RotaryEmbedding, layer_idx: int = 0) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        rope: RotaryEmbedding,
+        layer_idx: int = 0,
+    ) -> None:
         super().__init__()
         if n_heads % n_kv_heads:
             raise ValueError(f"n_kv_heads: {n_kv_heads} must divide n_heads={n_heads}")
@@ -112,8 +132,14 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=False)
         self.rope = rope
 
-    def forward(self, x: Tensor, *, attn_mask: Tensor | None = None,
-                kv_cache: KVCache | None = None, start_pos: int = 0) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        attn_mask: Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        start_pos: int = 0,
+    ) -> Tensor:
         """``x [B, S, D]`` → ``[B, S, D]``.
 
         Args:
@@ -144,8 +170,9 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(B, S, self.n_heads * self.head_dim))
 
 
-def causal_mask(num_new: int, start_pos: int, key_mask: Tensor | None,
-                device: torch.device) -> Tensor | None:
+def causal_mask(
+    num_new: int, start_pos: int, key_mask: Tensor | None, device: torch.device
+) -> Tensor | None:
     """Bool attention mask ``[B or 1, 1, S, start_pos+S]`` (True = may attend), or None when
     plain causal attention over the new tokens suffices (``start_pos == 0``, no padding).
 

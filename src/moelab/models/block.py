@@ -26,8 +26,9 @@ class DecoderBlock(nn.Module):
         self.layer_idx = layer_idx
         self.is_moe = cfg.is_moe_layer(layer_idx)
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attn = Attention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, rope,
-                              layer_idx)
+        self.attn = Attention(
+            cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, rope, layer_idx
+        )
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.ffn: nn.Module
         if self.is_moe:
@@ -36,16 +37,23 @@ class DecoderBlock(nn.Module):
         else:
             self.ffn = SwiGLUFFN(cfg.d_model, cfg.dense_ffn_size)
 
-    def forward(self, x: Tensor, *, mask: Tensor | None = None,
-                attn_mask: Tensor | None = None, kv_cache: KVCache | None = None,
-                start_pos: int = 0) -> tuple[Tensor, dict[str, Tensor], RoutingRecord | None]:
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        start_pos: int = 0,
+    ) -> tuple[Tensor, dict[str, Tensor], RoutingRecord | None]:
         """``x [B, S, D]`` → ``(x', aux_losses, record)``; dense blocks give ``({}, None)``.
 
         ``mask [B, S]`` bool (True = real token) goes to the MoE layer so padding is
         excluded from its losses and telemetry; ``attn_mask`` is the prebuilt attention mask.
         """
-        h = x + self.attn(self.attn_norm(x), attn_mask=attn_mask, kv_cache=kv_cache,
-                          start_pos=start_pos)
+        h = x + self.attn(
+            self.attn_norm(x), attn_mask=attn_mask, kv_cache=kv_cache, start_pos=start_pos
+        )
         if self.is_moe:
             out = self.ffn(self.ffn_norm(h), mask=mask)
             return h + out.hidden_states, dict(out.aux_losses), out.record

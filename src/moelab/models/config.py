@@ -85,36 +85,69 @@ class ModelConfig:
         if self.n_kv_heads is None:
             self.n_kv_heads = H
         kv = self.n_kv_heads
-        _check(_is_int(kv) and 1 <= kv <= H and H % kv == 0, "n_kv_heads",
-               f"must be an int in [1, n_heads={H}] dividing n_heads, got {kv!r}")
+        _check(
+            _is_int(kv) and 1 <= kv <= H and H % kv == 0,
+            "n_kv_heads",
+            f"must be an int in [1, n_heads={H}] dividing n_heads, got {kv!r}",
+        )
         if self.head_dim is None:
-            _check(self.d_model % H == 0, "head_dim",
-                   f"not given and n_heads={H} does not divide d_model={self.d_model}; set it")
+            _check(
+                self.d_model % H == 0,
+                "head_dim",
+                f"not given and n_heads={H} does not divide d_model={self.d_model}; set it",
+            )
             self.head_dim = self.d_model // H
         hd = self.head_dim
-        _check(_is_int(hd) and hd >= 2 and hd % 2 == 0, "head_dim",
-               f"must be an even int >= 2 (RoPE rotates pairs), got {hd!r}")
-        _check(isinstance(self.rope_theta, (int, float)) and self.rope_theta > 0, "rope_theta",
-               f"must be > 0, got {self.rope_theta!r}")
-        _check(isinstance(self.norm_eps, (int, float)) and self.norm_eps > 0, "norm_eps",
-               f"must be > 0, got {self.norm_eps!r}")
-        _check(isinstance(self.tie_embeddings, bool), "tie_embeddings",
-               f"must be a bool, got {self.tie_embeddings!r}")
+        _check(
+            _is_int(hd) and hd >= 2 and hd % 2 == 0,
+            "head_dim",
+            f"must be an even int >= 2 (RoPE rotates pairs), got {hd!r}",
+        )
+        _check(
+            isinstance(self.rope_theta, (int, float)) and self.rope_theta > 0,
+            "rope_theta",
+            f"must be > 0, got {self.rope_theta!r}",
+        )
+        _check(
+            isinstance(self.norm_eps, (int, float)) and self.norm_eps > 0,
+            "norm_eps",
+            f"must be > 0, got {self.norm_eps!r}",
+        )
+        _check(
+            isinstance(self.tie_embeddings, bool),
+            "tie_embeddings",
+            f"must be a bool, got {self.tie_embeddings!r}",
+        )
         fd = self.first_dense_layers
-        _check(_is_int(fd) and 0 <= fd <= self.n_layers, "first_dense_layers",
-               f"must be an int in [0, n_layers={self.n_layers}], got {fd!r}")
+        _check(
+            _is_int(fd) and 0 <= fd <= self.n_layers,
+            "first_dense_layers",
+            f"must be an int in [0, n_layers={self.n_layers}], got {fd!r}",
+        )
         if self.dense_ffn_size is None:
             self.dense_ffn_size = default_dense_ffn_size(self.d_model)
-        _check(_is_int(self.dense_ffn_size) and self.dense_ffn_size >= 1, "dense_ffn_size",
-               f"must be an int >= 1, got {self.dense_ffn_size!r}")
-        _check(isinstance(self.init_std, (int, float)) and self.init_std > 0, "init_std",
-               f"must be > 0, got {self.init_std!r}")
+        _check(
+            _is_int(self.dense_ffn_size) and self.dense_ffn_size >= 1,
+            "dense_ffn_size",
+            f"must be an int >= 1, got {self.dense_ffn_size!r}",
+        )
+        _check(
+            isinstance(self.init_std, (int, float)) and self.init_std > 0,
+            "init_std",
+            f"must be > 0, got {self.init_std!r}",
+        )
         if self.moe is not None:
-            _check(isinstance(self.moe, MoEConfig), "moe",
-                   f"must be a MoEConfig or None, got {type(self.moe).__name__}")
+            _check(
+                isinstance(self.moe, MoEConfig),
+                "moe",
+                f"must be a MoEConfig or None, got {type(self.moe).__name__}",
+            )
             hs = self.moe.experts.hidden_size
-            _check(hs == self.d_model, "moe.experts.hidden_size",
-                   f"must equal d_model={self.d_model}, got {hs}")
+            _check(
+                hs == self.d_model,
+                "moe.experts.hidden_size",
+                f"must equal d_model={self.d_model}, got {hs}",
+            )
 
     # ------------------------------------------------------------------ helpers
     def is_moe_layer(self, i: int) -> bool:
@@ -126,9 +159,17 @@ class ModelConfig:
         return sum(self.is_moe_layer(i) for i in range(self.n_layers))
 
     @classmethod
-    def tiny(cls, *, vocab_size: int = 64, d_model: int = 32, n_layers: int = 2,
-             num_experts: int = 4, top_k: int = 2, ffn_hidden_size: int = 32,
-             **overrides: Any) -> ModelConfig:
+    def tiny(
+        cls,
+        *,
+        vocab_size: int = 64,
+        d_model: int = 32,
+        n_layers: int = 2,
+        num_experts: int = 4,
+        top_k: int = 2,
+        ffn_hidden_size: int = 32,
+        **overrides: Any,
+    ) -> ModelConfig:
         """A small config for tests and examples (``moe.experts.hidden_size`` = ``d_model``)."""
         overrides.setdefault("n_heads", 4)
         overrides.setdefault("max_seq_len", 64)
@@ -136,8 +177,7 @@ class ModelConfig:
             router=RouterConfig(num_experts=num_experts, top_k=top_k),
             experts=ExpertsConfig(hidden_size=d_model, ffn_hidden_size=ffn_hidden_size),
         )
-        return cls(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, moe=moe,
-                   **overrides)
+        return cls(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, moe=moe, **overrides)
 
     # ------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:

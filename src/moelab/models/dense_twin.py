@@ -35,8 +35,9 @@ def _routed_expert_params(layer: nn.Module, num_experts: int) -> int:
     experts = getattr(layer, "experts", None)
     if experts is None:
         return 0
-    return sum(p.numel() for p in experts.parameters()
-               if p.dim() >= 1 and p.shape[0] == num_experts)
+    return sum(
+        p.numel() for p in experts.parameters() if p.dim() >= 1 and p.shape[0] == num_experts
+    )
 
 
 def moe_layer_params(moe: MoEConfig) -> dict[str, int]:
@@ -101,8 +102,12 @@ def count_params(model: nn.Module) -> dict[str, int]:
                     seen.add(id(p))
                     embedding += p.numel()
     active = total - inactive
-    return {"total": total, "active_per_token": active, "embedding": embedding,
-            "active_non_embedding": active - embedding}
+    return {
+        "total": total,
+        "active_per_token": active,
+        "embedding": embedding,
+        "active_non_embedding": active - embedding,
+    }
 
 
 def _moe_config_of(model: nn.Module, layer: nn.Module) -> MoEConfig:

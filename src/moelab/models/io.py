@@ -128,10 +128,13 @@ def save_model(model: MoETransformer, folder: str | os.PathLike[str]) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     state = _stored_state(model)
-    _write_json(folder / CONFIG_FILE,
-                {"format_version": FORMAT_VERSION, "model": model.cfg.to_dict()})
-    _atomic_write(folder / WEIGHTS_FILE, lambda tmp: save_file(
-        state, tmp, metadata={"format_version": str(FORMAT_VERSION)}))
+    _write_json(
+        folder / CONFIG_FILE, {"format_version": FORMAT_VERSION, "model": model.cfg.to_dict()}
+    )
+    _atomic_write(
+        folder / WEIGHTS_FILE,
+        lambda tmp: save_file(state, tmp, metadata={"format_version": str(FORMAT_VERSION)}),
+    )
     files = {}
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         p = folder / name
@@ -181,8 +184,9 @@ def verify_folder(folder: str | os.PathLike[str]) -> None:
             raise CheckpointError(f"{p}: sha256 checksum mismatch (file is corrupt)")
 
 
-def load_model(folder: str | os.PathLike[str], *, device: torch.device | str | None = None
-               ) -> MoETransformer:
+def load_model(
+    folder: str | os.PathLike[str], *, device: torch.device | str | None = None
+) -> MoETransformer:
     """Load a model saved by :func:`save_model`.
 
     The model is built from ``config.json``, cast to the dtype of the stored weights, and

@@ -22,8 +22,9 @@ def rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def rope_cos_sin(max_len: int, head_dim: int, theta: float,
-                 device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
+def rope_cos_sin(
+    max_len: int, head_dim: int, theta: float, device: torch.device | str | None = None
+) -> tuple[Tensor, Tensor]:
     """fp32 ``cos, sin`` caches ``[max_len, head_dim]`` (angles computed in fp64 for accuracy)."""
     if head_dim % 2:
         raise ValueError(f"head_dim: must be even, got {head_dim}")
@@ -61,8 +62,7 @@ class RotaryEmbedding(nn.Module):
     def cos_sin(self, device: torch.device) -> tuple[Tensor, Tensor]:
         """fp32 ``cos, sin`` ``[max_seq_len, head_dim]`` on ``device``."""
         if device not in self._cache:
-            self._cache[device] = rope_cos_sin(self.max_seq_len, self.head_dim, self.theta,
-                                               device)
+            self._cache[device] = rope_cos_sin(self.max_seq_len, self.head_dim, self.theta, device)
         return self._cache[device]
 
     def forward(self, q: Tensor, k: Tensor, start_pos: int = 0) -> tuple[Tensor, Tensor]:

@@ -121,8 +121,7 @@ class MoETransformer(nn.Module):
                 for name, p in block.ffn.named_parameters():
                     if p.dim() < 2:
                         continue
-                    leaf = name.rsplit(".", 1)[-1]
-                    is_down = "down" in leaf or ".down" in name or "down_proj" in name
+                    is_down = "down" in name.rsplit(".", 1)[-1]
                     nn.init.normal_(p, 0.0, resid_std if is_down else std)
 
     # -------------------------------------------------------------- caching
@@ -132,15 +131,28 @@ class MoETransformer(nn.Module):
         cfg = self.cfg
         max_len = cfg.max_seq_len if max_len is None else max_len
         if not isinstance(max_len, int) or not 1 <= max_len <= cfg.max_seq_len:
-            raise ValueError(f"max_len: must be an int in [1, max_seq_len={cfg.max_seq_len}], "
-                             f"got {max_len!r}")
+            raise ValueError(
+                f"max_len: must be an int in [1, max_seq_len={cfg.max_seq_len}], got {max_len!r}"
+            )
         p = self.embed.weight
-        return KVCache(cfg.n_layers, batch_size, cfg.n_kv_heads, max_len, cfg.head_dim,
-                       dtype=p.dtype, device=p.device)
+        return KVCache(
+            cfg.n_layers,
+            batch_size,
+            cfg.n_kv_heads,
+            max_len,
+            cfg.head_dim,
+            dtype=p.dtype,
+            device=p.device,
+        )
 
     # -------------------------------------------------------------- forward
-    def forward(self, input_ids: Tensor, mask: Tensor | None = None,
-                kv_cache: KVCache | None = None, start_pos: int = 0) -> LMOutput:
+    def forward(
+        self,
+        input_ids: Tensor,
+        mask: Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        start_pos: int = 0,
+    ) -> LMOutput:
         """Next-token logits for ``input_ids`` at positions ``start_pos .. start_pos+S-1``.
 
         Args:
@@ -158,7 +170,11 @@ class MoETransformer(nn.Module):
                 ``max_seq_len`` or the cache.
         """
         cfg = self.cfg
-        if input_ids.dim() != 2 or input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
+        if (
+            input_ids.dim() != 2
+            or input_ids.dtype.is_floating_point
+            or input_ids.dtype == torch.bool
+        ):
             raise ValueError(
                 f"input_ids: must be an integer tensor [B, S], got {input_ids.dtype} "
                 f"{tuple(input_ids.shape)}"
@@ -166,19 +182,26 @@ class MoETransformer(nn.Module):
         B, S = input_ids.shape
         if S < 1:
             raise ValueError("input_ids: needs at least one position")
-        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= cfg.vocab_size):
+        if input_ids.numel() and (
+            int(input_ids.min()) < 0 or int(input_ids.max()) >= cfg.vocab_size
+        ):
             raise ValueError(f"input_ids: ids must be in [0, vocab_size={cfg.vocab_size})")
         if mask is not None and (mask.shape != input_ids.shape or mask.dtype != torch.bool):
-            raise ValueError(f"mask: must be bool {tuple(input_ids.shape)}, got {mask.dtype} "
-                             f"{tuple(mask.shape)}")
+            raise ValueError(
+                f"mask: must be bool {tuple(input_ids.shape)}, got {mask.dtype} {tuple(mask.shape)}"
+            )
         if not isinstance(start_pos, int) or start_pos < 0:
             raise ValueError(f"start_pos: must be an int >= 0, got {start_pos!r}")
         if start_pos + S > cfg.max_seq_len:
-            raise ValueError(f"start_pos: positions up to {start_pos + S - 1} exceed "
-                             f"max_seq_len={cfg.max_seq_len}")
+            raise ValueError(
+                f"start_pos: positions up to {start_pos + S - 1} exceed "
+                f"max_seq_len={cfg.max_seq_len}"
+            )
         if kv_cache is None:
             if start_pos != 0:
-                raise ValueError("start_pos: must be 0 without a kv_cache holding earlier positions")
+                raise ValueError(
+                    "start_pos: must be 0 without a kv_cache holding earlier positions"
+                )
             key_mask = mask
         else:
             if kv_cache.n_layers != cfg.n_layers:
@@ -191,8 +214,9 @@ class MoETransformer(nn.Module):
         aux_losses: dict[str, Tensor] = {}
         records: list[RoutingRecord | None] = []
         for block in self.blocks:
-            x, layer_aux, record = block(x, mask=mask, attn_mask=attn_mask, kv_cache=kv_cache,
-                                         start_pos=start_pos)
+            x, layer_aux, record = block(
+                x, mask=mask, attn_mask=attn_mask, kv_cache=kv_cache, start_pos=start_pos
+            )
             for name, value in layer_aux.items():
                 v = value.float()
                 aux_losses[name] = aux_losses[name] + v if name in aux_losses else v
@@ -202,11 +226,21 @@ class MoETransformer(nn.Module):
         aux_loss = torch.zeros((), dtype=torch.float32, device=logits.device)
         for value in aux_losses.values():
             aux_loss = aux_loss + value
-        return LMOutput(logits=logits, aux_loss=aux_loss, aux_losses=aux_losses,
-                        records=records, hidden_states=h)
+        return LMOutput(
+            logits=logits,
+            aux_loss=aux_loss,
+            aux_losses=aux_losses,
+            records=records,
+            hidden_states=h,
+        )
 
-    def loss(self, input_ids: Tensor, targets: Tensor, mask: Tensor | None = None,
-             ignore_index: int = -100) -> LMLoss:
+    def loss(
+        self,
+        input_ids: Tensor,
+        targets: Tensor,
+        mask: Tensor | None = None,
+        ignore_index: int = -100,
+    ) -> LMLoss:
         """Cross-entropy of ``targets`` under the model, plus the aux losses.
 
         Args:
@@ -221,16 +255,22 @@ class MoETransformer(nn.Module):
             ``loss = ce + aux_loss``.
         """
         if targets.shape != input_ids.shape:
-            raise ValueError(f"targets: must have shape {tuple(input_ids.shape)}, got "
-                             f"{tuple(targets.shape)}")
+            raise ValueError(
+                f"targets: must have shape {tuple(input_ids.shape)}, got {tuple(targets.shape)}"
+            )
         out = self(input_ids, mask=mask)
         tgt = targets.long()
         if mask is not None:
             tgt = tgt.masked_fill(~mask, ignore_index)
         counted = tgt != ignore_index
         n = int(counted.sum())
-        ce_sum = F.cross_entropy(out.logits.float().flatten(0, 1), tgt.flatten(),
-                                 ignore_index=ignore_index, reduction="sum")
+        ce_sum = F.cross_entropy(
+            out.logits.float().flatten(0, 1),
+            tgt.flatten(),
+            ignore_index=ignore_index,
+            reduction="sum",
+        )
         ce = ce_sum / max(n, 1)
-        return LMLoss(loss=ce + out.aux_loss, ce=ce, aux_loss=out.aux_loss, num_tokens=n,
-                      output=out)
+        return LMLoss(
+            loss=ce + out.aux_loss, ce=ce, aux_loss=out.aux_loss, num_tokens=n, output=out
+        )
