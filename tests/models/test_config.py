@@ -49,7 +49,7 @@ def test_validation_names_field(cfg_factory, override, field):
 
 
 def test_moe_must_be_moeconfig():
-    with pytest.raises(ValueError, match="^moe:"):
+    with pytest.raises(ValueError, match=r"^moe:"):
         ModelConfig(moe={"router": {}})
 
 

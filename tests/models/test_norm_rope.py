@@ -50,6 +50,8 @@ def test_rope_position_zero_is_identity_and_preserves_norm():
     q, k = torch.randn(1, 2, 5, 8), torch.randn(1, 1, 5, 8)
     rq, rk = rope(q, k, start_pos=0)
     torch.testing.assert_close(rq[:, :, 0], q[:, :, 0])
+    torch.testing.assert_close(rk[:, :, 0], k[:, :, 0])
+    torch.testing.assert_close(rk.norm(dim=-1), k.norm(dim=-1))
     torch.testing.assert_close(rq.norm(dim=-1), q.norm(dim=-1))
     assert not torch.allclose(rq[:, :, 1:], q[:, :, 1:])
 
