@@ -50,7 +50,7 @@ class LocalDispatcher:
 
     def combine(self, y_ND: Tensor, d: Dispatched, num_tokens: int) -> Tensor:
         """``out[t] = Σ_{pairs of t} w · y``, summed in float32, returned as ``[T, D]`` float32."""
-        y = y_ND.float() * d.weight.unsqueeze(-1)
+        y = y_ND.to(d.weight.dtype) * d.weight.unsqueeze(-1)
         if y.device.type == "cpu" or not self.deterministic:
             out = y.new_zeros(num_tokens, y.shape[-1])
             return out.index_add(0, d.token_idx, y)

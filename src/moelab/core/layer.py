@@ -101,7 +101,7 @@ class MoELayer(nn.Module):
         expert_out = self.experts(dispatched.x, dispatched.counts)
         y = self.dispatcher.combine(expert_out, dispatched, T)
         if self.shared_expert is not None:
-            y = y + self.shared_expert(x_TD).float()
+            y = y + self.shared_expert(x_TD).to(y.dtype)
         losses = self.config.losses
         aux: dict[str, Tensor] = {}
         if self.balance_loss is not None and losses.aux_loss_coeff > 0:

@@ -5,7 +5,8 @@ Two backends with one contract:
 - ``loop``: a custom autograd Function that runs one ``torch.mm`` per expert into preallocated
   outputs, forward and backward. Unlike slicing under autograd (whose backward materialises a
   full-size zero gradient per slice, O(E·N·D)), its backward writes each block once.
-``"auto"`` picks ``torch`` when available. Experts that receive no rows are skipped (their
+``"auto"`` picks ``torch`` when the inputs meet its kernel's requirements (float32/bfloat16,
+rows 16-byte aligned) and ``loop`` otherwise. Experts that receive no rows are skipped (their
 weight gradient is zero).
 """
 
@@ -63,6 +64,13 @@ class _ContiguousGrad(torch.autograd.Function):
         return grad.contiguous()
 
 
+def _torch_supported(x: Tensor, w: Tensor) -> bool:
+    if not _HAS_TORCH_GROUPED_MM or x.dtype not in (torch.float32, torch.bfloat16):
+        return False
+    size = x.element_size()
+    return (x.shape[1] * size) % 16 == 0 and (w.shape[2] * size) % 16 == 0
+
+
 def grouped_mm(x: Tensor, w: Tensor, counts: Tensor, backend: str = "auto") -> Tensor:
     """Per-expert matmul over sorted rows.
 
@@ -75,7 +83,7 @@ def grouped_mm(x: Tensor, w: Tensor, counts: Tensor, backend: str = "auto") -> T
         ``[N, O]`` with ``y[rows_e] = x[rows_e] @ w[e]``.
     """
     if backend == "auto":
-        backend = "torch" if _HAS_TORCH_GROUPED_MM else "loop"
+        backend = "torch" if _torch_supported(x, w) else "loop"
     if backend == "torch":
         offs = torch.cumsum(counts, 0, dtype=torch.int32)
         return _ContiguousGrad.apply(F.grouped_mm(x, w, offs=offs))

@@ -11,7 +11,8 @@ from moelab.core.plan import RoutingPlan
 
 
 class Router(nn.Module):
-    """Linear router ``logits = x·Wᵀ`` computed in float32 whatever the input dtype.
+    """Linear router ``logits = x·Wᵀ`` computed in float32 whatever the input dtype (float64
+    inputs keep float64, for gradient checks; Megatron's ``moe_router_dtype``).
 
     Subclasses turn the logits into a :class:`RoutingPlan` in :meth:`plan`.
 
@@ -27,11 +28,11 @@ class Router(nn.Module):
 
     def logits(self, x_TD: Tensor) -> Tensor:
         """Router logits ``[T, E]`` float32; input jitter U(1−eps, 1+eps) in training."""
-        x = x_TD.float()
+        x = x_TD.to(torch.promote_types(x_TD.dtype, torch.float32))
         eps = self.config.jitter_eps
         if self.training and eps > 0:
             x = x * torch.empty_like(x).uniform_(1.0 - eps, 1.0 + eps)
-        logits = F.linear(x, self.weight.float())
+        logits = F.linear(x, self.weight.to(x.dtype))
         if not torch.isfinite(logits).all():
             raise ValueError("router logits are not finite: the layer input contains NaN or Inf")
         return logits

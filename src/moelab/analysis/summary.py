@@ -1,0 +1,206 @@
+"""``analyze``: every routing metric of a run as one JSON-serialisable dict, and ``write_json``."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from moelab.analysis._common import check_records, to_list
+from moelab.analysis.coactivation import coactivation_conditional, coactivation_counts
+from moelab.analysis.confidence import confidence_stats
+from moelab.analysis.consistency import adjacent_consistency
+from moelab.analysis.load import load_stats
+from moelab.analysis.pathways import transitions
+from moelab.analysis.rank import effective_rank
+from moelab.analysis.redundancy import expert_redundancy
+from moelab.analysis.specialisation import domain_stats
+from moelab.core.telemetry import RoutingRecord
+
+FORMAT = "moelab.analysis"
+FORMAT_VERSION = 1
+
+#: Per-layer headline numbers, in the order the report's summary table shows them.
+HEADLINE_KEYS = (
+    "layer",
+    "num_experts",
+    "cv",
+    "max_over_mean",
+    "num_dead",
+    "dropped",
+    "entropy",
+    "normalized_entropy",
+    "margin",
+    "adjacent_consistency",
+    "pathway_nmi_next",
+    "domain_nmi",
+    "effective_rank",
+    "redundancy",
+)
+
+
+def _check_per_layer(name: str, value: Sequence | None, num_layers: int) -> None:
+    if value is not None and len(value) != num_layers:
+        raise ValueError(f"{name} has {len(value)} entries but records_by_layer has {num_layers}")
+
+
+def analyze(
+    records_by_layer: list[list[RoutingRecord]],
+    domains: Tensor | None = None,
+    domain_names: list[str] | None = None,
+    hidden_by_layer: list[Tensor] | None = None,
+    expert_outputs_by_layer: list[Tensor] | None = None,
+) -> dict:
+    """Every routing metric of a model, per layer, as a JSON-serialisable dict.
+
+    Args:
+        records_by_layer: ``records_by_layer[l]`` is the list of :class:`RoutingRecord` that
+            layer ``l`` produced, one per batch; batch ``b`` must be the same tokens in every
+            layer (needed for the cross-layer transitions).
+        domains: optional per-token int64 domain labels of all batches concatenated in record
+            order (``[Σ_b T_b]``), or a list of ``[T_b]`` tensors; shared by all layers.
+        domain_names: optional names of the domains (label d is ``domain_names[d]``); fixes
+            the number of domains.
+        hidden_by_layer: optional ``[T, D]`` representation per layer (e.g. the layer's input
+            or output hidden states) for the effective rank; an entry may be None.
+        expert_outputs_by_layer: optional ``[E, T, D]`` outputs of every expert of layer ``l``
+            on the same tokens, for expert redundancy; an entry may be None.
+
+    Returns:
+        ``{"format", "version", "num_layers", "num_experts": [E_l], "domain_names",
+        "layers": [per-layer dict], "transitions": [L-1 dicts], "headline": [per-layer row]}``.
+        Each per-layer dict holds ``load`` (:class:`~moelab.analysis.load.LoadStats`),
+        ``confidence``, ``coactivation`` (``counts``, ``tokens_per_expert``, ``conditional``),
+        ``adjacent_consistency``, and when given ``domains``, ``effective_rank``, ``redundancy``.
+        Matrices are nested lists; no NaN or infinity appears.
+
+    Raises:
+        ValueError: for an empty ``records_by_layer``, mismatched list lengths, or
+            ``domain_names`` without ``domains``.
+    """
+    if len(records_by_layer) == 0:
+        raise ValueError("records_by_layer must hold at least one layer")
+    num_layers = len(records_by_layer)
+    num_experts = [
+        check_records(recs, f"records_by_layer[{i}]") for i, recs in enumerate(records_by_layer)
+    ]
+    _check_per_layer("hidden_by_layer", hidden_by_layer, num_layers)
+    _check_per_layer("expert_outputs_by_layer", expert_outputs_by_layer, num_layers)
+    if domain_names is not None and domains is None:
+        raise ValueError("domain_names was given without domains")
+    num_domains = len(domain_names) if domain_names is not None else None
+
+    trans = transitions(records_by_layer)
+    layers: list[dict[str, Any]] = []
+    headline: list[dict[str, Any]] = []
+    for i, recs in enumerate(records_by_layer):
+        load = load_stats(recs)
+        conf = confidence_stats(recs)
+        C, n = coactivation_counts(recs)
+        adj = adjacent_consistency(recs)
+        entry: dict[str, Any] = {
+            "layer": i,
+            "num_experts": num_experts[i],
+            "num_records": len(recs),
+            "load": load.to_dict(),
+            "confidence": conf.to_dict(),
+            "coactivation": {
+                "counts": to_list(C),
+                "tokens_per_expert": to_list(n),
+                "conditional": to_list(coactivation_conditional(C, n)),
+            },
+            "adjacent_consistency": adj.to_dict(),
+        }
+        row: dict[str, Any] = {
+            "layer": i,
+            "num_experts": num_experts[i],
+            "cv": load.cv,
+            "max_over_mean": load.max_over_mean,
+            "num_dead": len(load.dead_experts),
+            "dropped": load.dropped,
+            "entropy": conf.entropy,
+            "normalized_entropy": conf.normalized_entropy,
+            "margin": conf.margin,
+            "adjacent_consistency": adj.fraction,
+            "pathway_nmi_next": trans[i].nmi if i < len(trans) else None,
+            "domain_nmi": None,
+            "effective_rank": None,
+            "redundancy": None,
+        }
+        if domains is not None:
+            ds = domain_stats(recs, domains, num_domains)
+            entry["domains"] = ds.to_dict()
+            row["domain_nmi"] = ds.nmi
+        if hidden_by_layer is not None and hidden_by_layer[i] is not None:
+            er = effective_rank(hidden_by_layer[i])
+            entry["effective_rank"] = er
+            row["effective_rank"] = er
+        if expert_outputs_by_layer is not None and expert_outputs_by_layer[i] is not None:
+            red = expert_redundancy(expert_outputs_by_layer[i])
+            entry["redundancy"] = red.to_dict()
+            row["redundancy"] = red.mean_pairwise
+        layers.append(entry)
+        headline.append(row)
+
+    if domains is not None and domain_names is None:
+        n_dom = len(layers[0]["domains"]["counts"])
+        domain_names = [f"domain {d}" for d in range(n_dom)]
+    return {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "num_layers": num_layers,
+        "num_experts": num_experts,
+        "domain_names": list(domain_names) if domain_names is not None else None,
+        "layers": layers,
+        "transitions": [t.to_dict() for t in trans],
+        "headline": headline,
+    }
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, Tensor):
+        return to_list(obj)
+    if hasattr(obj, "tolist"):  # numpy arrays and scalars
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"object of type {type(obj).__name__} is not JSON serialisable")
+
+
+def atomic_write_bytes(data: bytes, path: str | os.PathLike) -> Path:
+    """Write ``data`` to ``path`` atomically: temp file in the same folder, fsync, ``os.replace``.
+
+    The parent folder is created if missing. Returns the path written.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def write_json(obj: Any, path: str | os.PathLike) -> Path:
+    """Write ``obj`` as indented JSON to ``path`` atomically (see :func:`atomic_write_bytes`).
+
+    Tensors and numpy arrays are written as nested lists.
+
+    Raises:
+        ValueError: when ``obj`` holds NaN or infinity (not valid JSON).
+        TypeError: when ``obj`` holds a value JSON cannot represent.
+    """
+    text = json.dumps(obj, indent=2, allow_nan=False, default=_json_default)
+    return atomic_write_bytes((text + "\n").encode("utf-8"), path)
