@@ -77,3 +77,9 @@ def test_from_dict_rejects_unknown_and_invalid(cfg_factory):
     d["moe"]["router"]["top_k"] = 9
     with pytest.raises(ValueError, match="top_k"):
         ModelConfig.from_dict(d)
+
+
+def test_tiny_helper_builds_a_consistent_config():
+    cfg = ModelConfig.tiny(d_model=24, n_heads=3, num_experts=6, top_k=3)
+    assert cfg.moe.experts.hidden_size == 24 and cfg.head_dim == 8
+    assert (cfg.moe.router.num_experts, cfg.moe.router.top_k) == (6, 3)
