@@ -1,0 +1,45 @@
+"""Decoder-only MoE transformer LM, its dense twin, and model-folder save/load."""
+
+from moelab.models.attention import Attention, KVCache, causal_mask
+from moelab.models.block import DecoderBlock
+from moelab.models.config import ModelConfig, default_dense_ffn_size
+from moelab.models.dense_twin import count_params, dense_twin_config, moe_layer_params
+from moelab.models.ffn import SwiGLUFFN
+from moelab.models.io import (
+    FORMAT_VERSION,
+    CheckpointError,
+    load_config,
+    load_model,
+    save_model,
+    verify_folder,
+)
+from moelab.models.norm import RMSNorm
+from moelab.models.rope import RotaryEmbedding, apply_rope, rope_cos_sin, rotate_half
+from moelab.models.transformer import LMLoss, LMOutput, MoETransformer
+
+__all__ = [
+    "FORMAT_VERSION",
+    "Attention",
+    "CheckpointError",
+    "DecoderBlock",
+    "KVCache",
+    "LMLoss",
+    "LMOutput",
+    "MoETransformer",
+    "ModelConfig",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "SwiGLUFFN",
+    "apply_rope",
+    "causal_mask",
+    "count_params",
+    "default_dense_ffn_size",
+    "dense_twin_config",
+    "load_config",
+    "load_model",
+    "moe_layer_params",
+    "rope_cos_sin",
+    "rotate_half",
+    "save_model",
+    "verify_folder",
+]

@@ -1,0 +1,196 @@
+"""Causal grouped-query self-attention with rotary embeddings and a KV cache for decoding."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from moelab.models.rope import RotaryEmbedding
+
+
+class KVCache:
+    """Preallocated keys/values of every layer for incremental decoding.
+
+    Attributes:
+        k, v: per layer ``[B, n_kv_heads, max_len, head_dim]`` (model dtype).
+        key_mask: ``[B, max_len]`` bool, True where the cached position is a real token
+            (padding given through ``mask`` stays masked out of later attention).
+        length: number of positions filled (the next ``start_pos`` of plain decoding).
+
+    Allocate through :meth:`moelab.models.MoETransformer.new_kv_cache`. Use it under
+    ``torch.no_grad()`` / ``torch.inference_mode()``: it is written in place. Calling the
+    model with ``start_pos < length`` overwrites from ``start_pos`` on (rewind).
+    """
+
+    def __init__(
+        self,
+        n_layers: int,
+        batch_size: int,
+        n_kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        for name, v in (
+            ("n_layers", n_layers),
+            ("batch_size", batch_size),
+            ("n_kv_heads", n_kv_heads),
+            ("max_len", max_len),
+            ("head_dim", head_dim),
+        ):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}: must be an int >= 1, got {v!r}")
+        shape = (batch_size, n_kv_heads, max_len, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.key_mask = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)
+        self.length = 0
+
+    @property
+    def batch_size(self) -> int:
+        return self.key_mask.shape[0]
+
+    @property
+    def max_len(self) -> int:
+        return self.key_mask.shape[1]
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.k)
+
+    def reset(self) -> None:
+        """Forget every cached position (buffers are kept)."""
+        self.key_mask.zero_()
+        self.length = 0
+
+    def check(self, batch_size: int, start_pos: int, num_new: int) -> None:
+        """Raise ``ValueError`` unless ``num_new`` tokens can be written at ``start_pos``."""
+        if batch_size != self.batch_size:
+            raise ValueError(f"kv_cache: built for batch_size={self.batch_size}, got {batch_size}")
+        if start_pos > self.length:
+            raise ValueError(
+                f"start_pos: {start_pos} leaves a gap; the cache holds {self.length} positions"
+            )
+        if start_pos + num_new > self.max_len:
+            raise ValueError(
+                f"kv_cache: positions up to {start_pos + num_new - 1} exceed its "
+                f"max_len={self.max_len}"
+            )
+
+    def advance(self, start_pos: int, mask: Tensor | None, num_new: int) -> Tensor:
+        """Record ``num_new`` new positions from ``start_pos`` (``mask [B, S]`` or None = all
+        real) and return the key mask ``[B, start_pos+S]`` of everything attendable."""
+        end = start_pos + num_new
+        if mask is None:
+            self.key_mask[:, start_pos:end] = True
+        else:
+            self.key_mask[:, start_pos:end] = mask
+        self.key_mask[:, end:] = False
+        self.length = end
+        return self.key_mask[:, :end]
+
+    def update(self, layer: int, start_pos: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write ``k, v [B, Hkv, S, hd]`` at ``start_pos``; return all keys/values so far,
+        ``[B, Hkv, start_pos+S, hd]``."""
+        end = start_pos + k.shape[2]
+        self.k[layer][:, :, start_pos:end] = k
+        self.v[layer][:, :, start_pos:end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+
+class Attention(nn.Module):
+    """Multi-head causal self-attention with grouped-query heads (GQA) and RoPE.
+
+    ``q = x W_q`` (``H`` heads), ``k, v = x W_k, x W_v`` (``H_kv`` heads, each shared by
+    ``H / H_kv`` query heads), RoPE on q and k, ``softmax(q kᵀ / sqrt(hd) + mask) v`` through
+    :func:`torch.nn.functional.scaled_dot_product_attention`, then ``W_o``. No biases.
+
+    Weights: ``q_proj [H·hd, D]``, ``k_proj``/``v_proj [H_kv·hd, D]``, ``o_proj [D, H·hd]``
+    (``nn.Linear`` layout).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        rope: RotaryEmbedding,
+        layer_idx: int = 0,
+    ) -> None:
+        super().__init__()
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_kv_heads: {n_kv_heads} must divide n_heads={n_heads}")
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.layer_idx = layer_idx
+        self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=False)
+        self.rope = rope
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        attn_mask: Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        start_pos: int = 0,
+    ) -> Tensor:
+        """``x [B, S, D]`` → ``[B, S, D]``.
+
+        Args:
+            attn_mask: bool ``[B or 1, 1, S, start_pos+S]``, True = may attend; must already
+                be causal. ``None`` means plain causal attention over ``x`` alone (then
+                ``start_pos`` must be 0 or a ``kv_cache`` given with a full-causal view).
+            kv_cache: when given, this call's keys/values are written at ``start_pos`` and
+                attention runs over cached positions ``0 .. start_pos+S-1``.
+            start_pos: absolute position of ``x[:, 0]`` (RoPE offset and cache slot).
+        """
+        B, S, _ = x.shape
+        q = self.q_proj(x).view(B, S, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, S, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, S, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = self.rope(q, k, start_pos)
+        if kv_cache is not None:
+            k, v = kv_cache.update(self.layer_idx, start_pos, k, v)
+        L = k.shape[2]
+        if attn_mask is None and L != S:
+            raise ValueError("attn_mask: needed when attending over cached positions")
+        if self.n_kv_heads != self.n_heads:
+            rep = self.n_heads // self.n_kv_heads
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None
+        )
+        return self.o_proj(out.transpose(1, 2).reshape(B, S, self.n_heads * self.head_dim))
+
+
+def causal_mask(
+    num_new: int, start_pos: int, key_mask: Tensor | None, device: torch.device
+) -> Tensor | None:
+    """Bool attention mask ``[B or 1, 1, S, start_pos+S]`` (True = may attend), or None when
+    plain causal attention over the new tokens suffices (``start_pos == 0``, no padding).
+
+    Query ``i`` (absolute position ``start_pos+i``) sees keys ``j <= start_pos+i`` where
+    ``key_mask [B, start_pos+S]`` is True. Every query always sees itself, so a padding
+    query whose visible keys are all padding yields finite (ignored) values instead of NaN;
+    real queries are unaffected.
+    """
+    L = start_pos + num_new
+    if key_mask is not None and bool(key_mask[:, :L].all()):
+        key_mask = None
+    if key_mask is None and start_pos == 0:
+        return None
+    q_pos = torch.arange(start_pos, L, device=device)
+    k_pos = torch.arange(L, device=device)
+    allowed = k_pos[None, :] <= q_pos[:, None]  # [S, L]
+    if key_mask is None:
+        return allowed[None, None]
+    diag = k_pos[None, :] == q_pos[:, None]
+    allowed = (allowed[None] & key_mask[:, None, :L]) | diag[None]  # [B, S, L]
+    return allowed[:, None]

@@ -1,0 +1,60 @@
+"""Pre-norm decoder block: ``x + Attn(Norm(x))`` then ``+ FFN(Norm(·))`` (MoE or dense)."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from moelab.core.layer import MoELayer
+from moelab.core.telemetry import RoutingRecord
+from moelab.models.attention import Attention, KVCache
+from moelab.models.config import ModelConfig
+from moelab.models.ffn import SwiGLUFFN
+from moelab.models.norm import RMSNorm
+from moelab.models.rope import RotaryEmbedding
+
+
+class DecoderBlock(nn.Module):
+    """One pre-norm (Llama-style) decoder block.
+
+    ``h = x + attn(attn_norm(x))``; ``out = h + ffn(ffn_norm(h))`` where ``ffn`` is a
+    :class:`moelab.core.layer.MoELayer` when ``cfg.is_moe_layer(layer_idx)`` and a dense
+    :class:`SwiGLUFFN` of width ``cfg.dense_ffn_size`` otherwise.
+    """
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int, rope: RotaryEmbedding) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.is_moe = cfg.is_moe_layer(layer_idx)
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(
+            cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, rope, layer_idx
+        )
+        self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.ffn: nn.Module
+        if self.is_moe:
+            assert cfg.moe is not None
+            self.ffn = MoELayer(cfg.moe)
+        else:
+            self.ffn = SwiGLUFFN(cfg.d_model, cfg.dense_ffn_size)
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        start_pos: int = 0,
+    ) -> tuple[Tensor, dict[str, Tensor], RoutingRecord | None]:
+        """``x [B, S, D]`` → ``(x', aux_losses, record)``; dense blocks give ``({}, None)``.
+
+        ``mask [B, S]`` bool (True = real token) goes to the MoE layer so padding is
+        excluded from its losses and telemetry; ``attn_mask`` is the prebuilt attention mask.
+        """
+        h = x + self.attn(
+            self.attn_norm(x), attn_mask=attn_mask, kv_cache=kv_cache, start_pos=start_pos
+        )
+        if self.is_moe:
+            out = self.ffn(self.ffn_norm(h), mask=mask)
+            return h + out.hidden_states, dict(out.aux_losses), out.record
+        return h + self.ffn(self.ffn_norm(h)), {}, None

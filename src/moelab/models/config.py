@@ -1,0 +1,229 @@
+"""Typed config of the decoder-only MoE transformer LM (and its dense twin).
+
+Field names follow Llama / Hugging Face where they exist (``n_kv_heads`` is
+``num_key_value_heads``, ``first_dense_layers`` is DeepSeek's ``first_k_dense_replace``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from moelab.core.config import ExpertsConfig, MoEConfig, RouterConfig
+
+
+def _check(cond: bool, name: str, msg: str) -> None:
+    if not cond:
+        raise ValueError(f"{name}: {msg}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def default_dense_ffn_size(d_model: int) -> int:
+    """Llama's SwiGLU width rule ``2/3 · 4·d_model``, rounded up to a multiple of 8."""
+    f = (8 * d_model) // 3
+    return -(-f // 8) * 8
+
+
+@dataclass
+class ModelConfig:
+    """A decoder-only transformer LM whose feed-forward layers are MoE layers.
+
+    Layer ``i`` is an MoE layer when ``moe is not None and i >= first_dense_layers``; every
+    other layer has one dense SwiGLU FFN of width ``dense_ffn_size``. ``moe=None`` is a fully
+    dense model (what :func:`moelab.models.dense_twin.dense_twin_config` produces).
+
+    Attributes:
+        vocab_size: V, token vocabulary size (>= 1).
+        d_model: D, residual stream width; must equal ``moe.experts.hidden_size``.
+        n_layers: L, decoder blocks (>= 1).
+        n_heads: H, query heads.
+        n_kv_heads: key/value heads for grouped-query attention (GQA; Ainslie et al. 2023,
+            arXiv 2305.13245); must divide ``n_heads``. ``None`` means ``n_heads`` (MHA).
+        head_dim: per-head width; ``None`` means ``d_model // n_heads`` (then ``n_heads`` must
+            divide ``d_model``). Must be even (rotary embeddings rotate pairs).
+        max_seq_len: longest sequence (positions ``0 .. max_seq_len-1``), sizes the RoPE cache.
+        rope_theta: RoPE base θ (Su et al. 2021, arXiv 2104.09864; Llama uses 10000 / 500000).
+        norm_eps: ε of RMSNorm.
+        tie_embeddings: share the input embedding matrix with the LM head (saved once).
+        first_dense_layers: the first n layers use a dense FFN instead of MoE (DeepSeek-V2/V3
+            ``first_k_dense_replace``); in ``[0, n_layers]``.
+        dense_ffn_size: hidden width of every dense SwiGLU FFN; ``None`` means
+            :func:`default_dense_ffn_size` (``8·D/3`` rounded up to a multiple of 8).
+        init_std: std of the normal weight initialisation (residual output projections use
+            ``init_std / sqrt(2·n_layers)``; see :meth:`MoETransformer.reset_parameters`).
+        moe: the config of every MoE layer, or ``None`` for a dense model.
+
+    Raises:
+        ValueError: naming the offending field and the accepted range.
+    """
+
+    vocab_size: int = 32000
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int | None = None
+    head_dim: int | None = None
+    max_seq_len: int = 1024
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    first_dense_layers: int = 0
+    dense_ffn_size: int | None = None
+    init_std: float = 0.02
+    moe: MoEConfig | None = field(default_factory=MoEConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len"):
+            v = getattr(self, name)
+            _check(_is_int(v) and v >= 1, name, f"must be an int >= 1, got {v!r}")
+        H = self.n_heads
+        if self.n_kv_heads is None:
+            self.n_kv_heads = H
+        kv = self.n_kv_heads
+        _check(
+            _is_int(kv) and 1 <= kv <= H and H % kv == 0,
+            "n_kv_heads",
+            f"must be an int in [1, n_heads={H}] dividing n_heads, got {kv!r}",
+        )
+        if self.head_dim is None:
+            _check(
+                self.d_model % H == 0,
+                "head_dim",
+                f"not given and n_heads={H} does not divide d_model={self.d_model}; set it",
+            )
+            self.head_dim = self.d_model // H
+        hd = self.head_dim
+        _check(
+            _is_int(hd) and hd >= 2 and hd % 2 == 0,
+            "head_dim",
+            f"must be an even int >= 2 (RoPE rotates pairs), got {hd!r}",
+        )
+        _check(
+            isinstance(self.rope_theta, (int, float)) and self.rope_theta > 0,
+            "rope_theta",
+            f"must be > 0, got {self.rope_theta!r}",
+        )
+        _check(
+            isinstance(self.norm_eps, (int, float)) and self.norm_eps > 0,
+            "norm_eps",
+            f"must be > 0, got {self.norm_eps!r}",
+        )
+        _check(
+            isinstance(self.tie_embeddings, bool),
+            "tie_embeddings",
+            f"must be a bool, got {self.tie_embeddings!r}",
+        )
+        fd = self.first_dense_layers
+        _check(
+            _is_int(fd) and 0 <= fd <= self.n_layers,
+            "first_dense_layers",
+            f"must be an int in [0, n_layers={self.n_layers}], got {fd!r}",
+        )
+        if self.dense_ffn_size is None:
+            self.dense_ffn_size = default_dense_ffn_size(self.d_model)
+        _check(
+            _is_int(self.dense_ffn_size) and self.dense_ffn_size >= 1,
+            "dense_ffn_size",
+            f"must be an int >= 1, got {self.dense_ffn_size!r}",
+        )
+        _check(
+            isinstance(self.init_std, (int, float)) and self.init_std > 0,
+            "init_std",
+            f"must be > 0, got {self.init_std!r}",
+        )
+        if self.moe is not None:
+            _check(
+                isinstance(self.moe, MoEConfig),
+                "moe",
+                f"must be a MoEConfig or None, got {type(self.moe).__name__}",
+            )
+            hs = self.moe.experts.hidden_size
+            _check(
+                hs == self.d_model,
+                "moe.experts.hidden_size",
+                f"must equal d_model={self.d_model}, got {hs}",
+            )
+
+    # ------------------------------------------------------------------ helpers
+    def is_moe_layer(self, i: int) -> bool:
+        """True when layer ``i`` (0-based) is an MoE layer."""
+        return self.moe is not None and i >= self.first_dense_layers
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.n_layers))
+
+    @classmethod
+    def tiny(
+        cls,
+        *,
+        vocab_size: int = 64,
+        d_model: int = 32,
+        n_layers: int = 2,
+        num_experts: int = 4,
+        top_k: int = 2,
+        ffn_hidden_size: int = 32,
+        **overrides: Any,
+    ) -> ModelConfig:
+        """A small config for tests and examples (``moe.experts.hidden_size`` = ``d_model``)."""
+        overrides.setdefault("n_heads", 4)
+        overrides.setdefault("max_seq_len", 64)
+        moe = overrides.pop("moe", None) or MoEConfig(
+            router=RouterConfig(num_experts=num_experts, top_k=top_k),
+            experts=ExpertsConfig(hidden_size=d_model, ffn_hidden_size=ffn_hidden_size),
+        )
+        return cls(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, moe=moe, **overrides)
+
+    # ------------------------------------------------------------ serialisation
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict (nested configs become nested dicts; ``moe`` may be None)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError`` naming them."""
+        return _from_dict(cls, d, "")
+
+
+def _from_dict(cls: type, d: Any, where: str) -> Any:
+    """Build dataclass ``cls`` from dict ``d``, recursing into dataclass-typed fields."""
+    label = where or cls.__name__
+    if not isinstance(d, dict):
+        raise ValueError(f"{label}: expected a dict for {cls.__name__}, got {type(d).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise ValueError(f"{label}: unknown field(s) {unknown} for {cls.__name__}")
+    kwargs: dict[str, Any] = {}
+    for key, value in d.items():
+        sub = _dataclass_in(hints[key])
+        path = f"{where}.{key}" if where else key
+        if sub is not None and value is not None:
+            kwargs[key] = _from_dict(sub, value, path)
+        elif isinstance(value, list):
+            kwargs[key] = tuple(value) if _wants_tuple(hints[key]) else value
+        else:
+            kwargs[key] = value
+    return cls(**kwargs)
+
+
+def _dataclass_in(hint: Any) -> type | None:
+    """The dataclass type in ``hint`` (``X`` or ``X | None``), else None."""
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        return hint
+    for arg in typing.get_args(hint):
+        if dataclasses.is_dataclass(arg) and isinstance(arg, type):
+            return arg
+    return None
+
+
+def _wants_tuple(hint: Any) -> bool:
+    if typing.get_origin(hint) is tuple:
+        return True
+    return any(typing.get_origin(a) is tuple for a in typing.get_args(hint))

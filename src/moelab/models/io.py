@@ -1,0 +1,235 @@
+"""Save and load a model folder (config + safetensors weights + checksum manifest).
+
+Folder layout (``FORMAT_VERSION = 1``)::
+
+    config.json        {"format_version": 1, "model": ModelConfig.to_dict()}
+    model.safetensors  every tensor of the state dict once (a tied LM head is not stored:
+                       it is ``embed.weight``); metadata {"format_version": "1"}
+    manifest.json      {"format_version": 1, "files": {"model.safetensors":
+                        {"sha256": ..., "bytes": ...}, "config.json": {...}}}
+
+Every file is written atomically (temp file in the folder, fsync, ``os.replace``, fsync of
+the folder); the manifest is written last, so a crash mid-save leaves a folder whose
+checksum does not verify rather than a silently mixed one. Loading verifies the format
+version, the checksums and the exact tensor names and shapes, and raises
+:class:`CheckpointError` naming the file or tensor otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from moelab.models.config import ModelConfig
+from moelab.models.transformer import MoETransformer
+
+FORMAT_VERSION = 1
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+MANIFEST_FILE = "manifest.json"
+
+
+class CheckpointError(ValueError):
+    """A model folder cannot be saved or loaded; the message names the file or tensor."""
+
+
+# ------------------------------------------------------------------------- helpers
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # e.g. platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: Path, write: Any) -> None:
+    """Write ``path`` atomically: ``write(tmp_path)`` then fsync, ``os.replace``."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    text = json.dumps(obj, indent=2, sort_keys=True) + "\n"
+    _atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in ``chunk``-byte pieces."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _stored_state(model: MoETransformer) -> dict[str, torch.Tensor]:
+    """The state dict as it is stored: tied LM head dropped, tensors detached/contiguous."""
+    state = model.state_dict()
+    if model.cfg.tie_embeddings:
+        state.pop("lm_head.weight", None)
+    return {k: v.detach().contiguous().cpu() for k, v in state.items()}
+
+
+def _read_json(path: Path) -> Any:
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from e
+
+
+def _check_version(path: Path, obj: Any) -> None:
+    v = obj.get("format_version") if isinstance(obj, dict) else None
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise CheckpointError(f"{path}: missing or non-integer 'format_version'")
+    if v > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path}: format_version {v} is newer than this moelab reads ({FORMAT_VERSION}); "
+            "upgrade moelab"
+        )
+    if v < 1:
+        raise CheckpointError(f"{path}: invalid format_version {v}")
+
+
+# ------------------------------------------------------------------------- public
+def save_model(model: MoETransformer, folder: str | os.PathLike[str]) -> Path:
+    """Save ``model`` to ``folder`` (created if needed; existing files are replaced).
+
+    Returns:
+        The folder path.
+    """
+    if not isinstance(model, MoETransformer):
+        raise TypeError(f"model: expected MoETransformer, got {type(model).__name__}")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = _stored_state(model)
+    _write_json(
+        folder / CONFIG_FILE, {"format_version": FORMAT_VERSION, "model": model.cfg.to_dict()}
+    )
+    _atomic_write(
+        folder / WEIGHTS_FILE,
+        lambda tmp: save_file(state, tmp, metadata={"format_version": str(FORMAT_VERSION)}),
+    )
+    files = {}
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        p = folder / name
+        files[name] = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+    _write_json(folder / MANIFEST_FILE, {"format_version": FORMAT_VERSION, "files": files})
+    return folder
+
+
+def load_config(folder: str | os.PathLike[str]) -> ModelConfig:
+    """The :class:`ModelConfig` stored in ``folder/config.json`` (no checksum check)."""
+    path = Path(folder) / CONFIG_FILE
+    obj = _read_json(path)
+    _check_version(path, obj)
+    if "model" not in obj:
+        raise CheckpointError(f"{path}: missing 'model' section")
+    try:
+        return ModelConfig.from_dict(obj["model"])
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: invalid model config ({e})") from e
+
+
+def verify_folder(folder: str | os.PathLike[str]) -> None:
+    """Check the manifest's format version and every listed file's size and sha256.
+
+    Raises:
+        CheckpointError: naming the missing, truncated or corrupt file.
+    """
+    folder = Path(folder)
+    mpath = folder / MANIFEST_FILE
+    manifest = _read_json(mpath)
+    _check_version(mpath, manifest)
+    files = manifest.get("files")
+    if not isinstance(files, dict) or WEIGHTS_FILE not in files:
+        raise CheckpointError(f"{mpath}: no checksum entry for {WEIGHTS_FILE}")
+    for name, entry in files.items():
+        p = folder / name
+        if not p.is_file():
+            raise CheckpointError(f"{p}: missing (listed in {MANIFEST_FILE})")
+        if not isinstance(entry, dict) or "sha256" not in entry:
+            raise CheckpointError(f"{mpath}: malformed entry for {name}")
+        size = p.stat().st_size
+        if "bytes" in entry and size != entry["bytes"]:
+            raise CheckpointError(
+                f"{p}: truncated or altered ({size} bytes, manifest says {entry['bytes']})"
+            )
+        if sha256_file(p) != entry["sha256"]:
+            raise CheckpointError(f"{p}: sha256 checksum mismatch (file is corrupt)")
+
+
+def load_model(
+    folder: str | os.PathLike[str], *, device: torch.device | str | None = None
+) -> MoETransformer:
+    """Load a model saved by :func:`save_model`.
+
+    The model is built from ``config.json``, cast to the dtype of the stored weights, and
+    the weights are copied in bit for bit.
+
+    Raises:
+        CheckpointError: newer ``format_version``; missing, truncated or corrupt files
+            (checksum); unreadable safetensors; missing or unexpected tensors; shape
+            mismatches — each naming the file or tensor.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: not a model folder")
+    cfg = load_config(folder)
+    wpath = folder / WEIGHTS_FILE
+    if not wpath.is_file():
+        raise CheckpointError(f"{wpath}: missing")
+    verify_folder(folder)
+    try:
+        tensors = load_file(str(wpath))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{wpath}: cannot read safetensors ({e})") from e
+
+    model = MoETransformer(cfg)
+    expected = _stored_state(model)
+    missing = sorted(set(expected) - set(tensors))
+    extra = sorted(set(tensors) - set(expected))
+    if missing:
+        raise CheckpointError(f"{wpath}: missing tensor(s) {missing}")
+    if extra:
+        raise CheckpointError(f"{wpath}: unexpected tensor(s) {extra}")
+    for name, t in tensors.items():
+        if tuple(t.shape) != tuple(expected[name].shape):
+            raise CheckpointError(
+                f"{wpath}: tensor {name!r} has shape {tuple(t.shape)}, the config needs "
+                f"{tuple(expected[name].shape)}"
+            )
+    w = tensors["embed.weight"]
+    if w.dtype != model.embed.weight.dtype:
+        model = model.to(w.dtype)
+    model.load_state_dict(tensors, strict=not cfg.tie_embeddings)
+    if cfg.tie_embeddings and model.lm_head.weight is not model.embed.weight:
+        raise CheckpointError(f"{wpath}: tied embeddings came apart while loading")
+    if device is not None:
+        model = model.to(device)
+    return model

@@ -1,0 +1,85 @@
+"""Rotary position embeddings (RoPE; Su et al. 2021, arXiv 2104.09864), Llama convention.
+
+Llama / Hugging Face "rotate-half" layout: the head dimension is split into two halves
+``[x1, x2]`` and pair ``(x1[i], x2[i])`` is rotated by angle ``pos · θ^(-2i/head_dim)``:
+
+    rope(x, pos) = x · cos + rotate_half(x) · sin,   rotate_half([x1, x2]) = [-x2, x1]
+
+with ``cos``/``sin`` ``[pos, head_dim]`` = the per-pair angles repeated for both halves. Because
+each pair is rotated by an angle linear in the position, ``<rope(q, m), rope(k, n)>`` depends on
+``m - n`` only (the relative-position property).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """``[x1, x2] → [-x2, x1]`` over the last dimension."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope_cos_sin(
+    max_len: int, head_dim: int, theta: float, device: torch.device | str | None = None
+) -> tuple[Tensor, Tensor]:
+    """fp32 ``cos, sin`` caches ``[max_len, head_dim]`` (angles computed in fp64 for accuracy)."""
+    if head_dim % 2:
+        raise ValueError(f"head_dim: must be even, got {head_dim}")
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    t = torch.arange(max_len, dtype=torch.float64)
+    ang = torch.outer(t, inv_freq)
+    emb = torch.cat((ang, ang), dim=-1)
+    return emb.cos().float().to(device), emb.sin().float().to(device)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate ``x [B, H, S, hd]`` with ``cos/sin [S, hd]``; computed in fp32, cast back."""
+    x32 = x.float()
+    return (x32 * cos + rotate_half(x32) * sin).to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """Applies RoPE to queries and keys at absolute positions ``start_pos .. start_pos+S-1``.
+
+    The cos/sin caches are fp32 and are *not* buffers: they never enter the state dict and
+    a ``model.to(torch.bfloat16)`` cannot round them (they are rebuilt per device on demand).
+    """
+
+    def __init__(self, head_dim: int, max_seq_len: int, theta: float = 10000.0) -> None:
+        super().__init__()
+        if head_dim < 2 or head_dim % 2:
+            raise ValueError(f"head_dim: must be an even int >= 2, got {head_dim}")
+        if max_seq_len < 1:
+            raise ValueError(f"max_seq_len: must be >= 1, got {max_seq_len}")
+        if theta <= 0:
+            raise ValueError(f"theta: must be > 0, got {theta}")
+        self.head_dim, self.max_seq_len, self.theta = head_dim, max_seq_len, theta
+        self._cache: dict[torch.device, tuple[Tensor, Tensor]] = {}
+
+    def cos_sin(self, device: torch.device) -> tuple[Tensor, Tensor]:
+        """fp32 ``cos, sin`` ``[max_seq_len, head_dim]`` on ``device``."""
+        if device not in self._cache:
+            self._cache[device] = rope_cos_sin(self.max_seq_len, self.head_dim, self.theta, device)
+        return self._cache[device]
+
+    def forward(self, q: Tensor, k: Tensor, start_pos: int = 0) -> tuple[Tensor, Tensor]:
+        """``q [B, H, S, hd]``, ``k [B, Hkv, S, hd]`` → rotated (same shapes and dtypes).
+
+        Raises:
+            ValueError: when ``start_pos + S`` exceeds ``max_seq_len``.
+        """
+        S = q.shape[-2]
+        if start_pos < 0 or start_pos + S > self.max_seq_len:
+            raise ValueError(
+                f"start_pos: positions {start_pos}..{start_pos + S - 1} exceed "
+                f"max_seq_len={self.max_seq_len}"
+            )
+        cos, sin = self.cos_sin(q.device)
+        cos, sin = cos[start_pos : start_pos + S], sin[start_pos : start_pos + S]
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, max_seq_len={self.max_seq_len}, theta={self.theta}"

@@ -1,0 +1,276 @@
+"""Decoder-only MoE transformer language model (Llama-style blocks, MoE feed-forwards)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from moelab.core.layer import MoELayer
+from moelab.core.telemetry import RoutingRecord
+from moelab.models.attention import KVCache, causal_mask
+from moelab.models.block import DecoderBlock
+from moelab.models.config import ModelConfig
+from moelab.models.ffn import SwiGLUFFN
+from moelab.models.norm import RMSNorm
+from moelab.models.rope import RotaryEmbedding
+
+
+@dataclass
+class LMOutput:
+    """What one forward pass of :class:`MoETransformer` returns.
+
+    Attributes:
+        logits: ``[B, S, V]`` next-token logits (model dtype).
+        aux_loss: fp32 scalar, the sum of every layer's aux losses (coefficients already
+            applied by the layers); 0 for a dense model.
+        aux_losses: name → fp32 scalar summed over layers (e.g. ``"load_balance"``,
+            ``"z_loss"``).
+        records: one entry per layer: the MoE layer's RoutingRecord, None for dense layers.
+        hidden_states: ``[B, S, D]`` final hidden states (after the final norm).
+    """
+
+    logits: Tensor
+    aux_loss: Tensor
+    aux_losses: dict[str, Tensor] = field(default_factory=dict)
+    records: list[RoutingRecord | None] = field(default_factory=list)
+    hidden_states: Tensor | None = None
+
+
+@dataclass
+class LMLoss:
+    """What :meth:`MoETransformer.loss` returns.
+
+    Attributes:
+        loss: ``ce + aux_loss``, the fp32 scalar to back-propagate.
+        ce: mean next-token cross-entropy in nats per counted target token (fp32 scalar).
+        aux_loss: fp32 scalar sum of the aux losses (see :class:`LMOutput`).
+        num_tokens: number of target tokens counted in ``ce``.
+        output: the forward pass's :class:`LMOutput`.
+    """
+
+    loss: Tensor
+    ce: Tensor
+    aux_loss: Tensor
+    num_tokens: int
+    output: LMOutput
+
+
+class MoETransformer(nn.Module):
+    """Token embedding → ``n_layers`` pre-norm decoder blocks → RMSNorm → LM head.
+
+    Blocks are :class:`DecoderBlock` (GQA attention with RoPE + MoE or dense SwiGLU FFN).
+    With ``tie_embeddings`` the LM head shares ``embed.weight`` ``[V, D]``.
+
+    Initialisation (:meth:`reset_parameters`; GPT-2 / Megatron convention): every weight
+    matrix (embedding, attention projections, FFN and expert matrices, router) is drawn from
+    ``N(0, init_std²)``, except the projections that write into the residual stream —
+    ``attn.o_proj``, the dense FFN's ``w_down`` and the MoE layer's down projections (every
+    parameter whose name contains ``down``) — which use ``init_std / sqrt(2·n_layers)`` so the
+    residual stream's variance does not grow with depth (two residual writes per block).
+    Norm weights are ones; the MoE layer's 1-D parameters and buffers keep the layer's own
+    initialisation. ``ExpertsConfig.init_std`` is overridden by ``ModelConfig.init_std``.
+
+    Causality and caching hold exactly for dropless token-choice routing (each token's
+    output depends on that token alone); expert-choice routing or capacity dropping couple
+    tokens of a batch, so future tokens can then change past outputs.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        if not isinstance(cfg, ModelConfig):
+            raise TypeError(f"cfg: expected ModelConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.blocks = nn.ModuleList(DecoderBlock(cfg, i, self.rope) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.reset_parameters()
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> MoETransformer:
+        return cls(cfg)
+
+    # ----------------------------------------------------------------- init
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Re-initialise every parameter (see the class docstring for the rule)."""
+        std = self.cfg.init_std
+        resid_std = std / math.sqrt(2 * self.cfg.n_layers)
+        nn.init.normal_(self.embed.weight, 0.0, std)
+        if not self.cfg.tie_embeddings:
+            nn.init.normal_(self.lm_head.weight, 0.0, std)
+        self.norm.reset_parameters()
+        for block in self.blocks:
+            block.attn_norm.reset_parameters()
+            block.ffn_norm.reset_parameters()
+            for proj in (block.attn.q_proj, block.attn.k_proj, block.attn.v_proj):
+                nn.init.normal_(proj.weight, 0.0, std)
+            nn.init.normal_(block.attn.o_proj.weight, 0.0, resid_std)
+            if isinstance(block.ffn, SwiGLUFFN):
+                nn.init.normal_(block.ffn.w_gate.weight, 0.0, std)
+                nn.init.normal_(block.ffn.w_up.weight, 0.0, std)
+                nn.init.normal_(block.ffn.w_down.weight, 0.0, resid_std)
+            elif isinstance(block.ffn, MoELayer):
+                for name, p in block.ffn.named_parameters():
+                    if p.dim() < 2:
+                        continue
+                    is_down = "down" in name.rsplit(".", 1)[-1]
+                    nn.init.normal_(p, 0.0, resid_std if is_down else std)
+
+    # -------------------------------------------------------------- caching
+    def new_kv_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
+        """A :class:`KVCache` for ``batch_size`` sequences of up to ``max_len`` positions
+        (default and maximum ``cfg.max_seq_len``), on the model's device and dtype."""
+        cfg = self.cfg
+        max_len = cfg.max_seq_len if max_len is None else max_len
+        if not isinstance(max_len, int) or not 1 <= max_len <= cfg.max_seq_len:
+            raise ValueError(
+                f"max_len: must be an int in [1, max_seq_len={cfg.max_seq_len}], got {max_len!r}"
+            )
+        p = self.embed.weight
+        return KVCache(
+            cfg.n_layers,
+            batch_size,
+            cfg.n_kv_heads,
+            max_len,
+            cfg.head_dim,
+            dtype=p.dtype,
+            device=p.device,
+        )
+
+    # -------------------------------------------------------------- forward
+    def forward(
+        self,
+        input_ids: Tensor,
+        mask: Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        start_pos: int = 0,
+    ) -> LMOutput:
+        """Next-token logits for ``input_ids`` at positions ``start_pos .. start_pos+S-1``.
+
+        Args:
+            input_ids: ``[B, S]`` integer token ids in ``[0, vocab_size)``.
+            mask: ``[B, S]`` bool, True = real token; padding is never attended to and is
+                excluded from the MoE losses/telemetry. ``None`` = all real. Positions are
+                not shifted for left padding (RoPE uses the absolute slot index).
+            kv_cache: from :meth:`new_kv_cache`; this call's keys/values are stored at
+                ``start_pos`` and attention also covers the cached positions before it.
+            start_pos: absolute position of ``input_ids[:, 0]``; must be 0 without a cache
+                and ``<= kv_cache.length`` with one.
+
+        Raises:
+            ValueError: bad shapes/dtypes, ids out of range, positions beyond
+                ``max_seq_len`` or the cache.
+        """
+        cfg = self.cfg
+        if (
+            input_ids.dim() != 2
+            or input_ids.dtype.is_floating_point
+            or input_ids.dtype == torch.bool
+        ):
+            raise ValueError(
+                f"input_ids: must be an integer tensor [B, S], got {input_ids.dtype} "
+                f"{tuple(input_ids.shape)}"
+            )
+        B, S = input_ids.shape
+        if S < 1:
+            raise ValueError("input_ids: needs at least one position")
+        if input_ids.numel() and (
+            int(input_ids.min()) < 0 or int(input_ids.max()) >= cfg.vocab_size
+        ):
+            raise ValueError(f"input_ids: ids must be in [0, vocab_size={cfg.vocab_size})")
+        if mask is not None and (mask.shape != input_ids.shape or mask.dtype != torch.bool):
+            raise ValueError(
+                f"mask: must be bool {tuple(input_ids.shape)}, got {mask.dtype} {tuple(mask.shape)}"
+            )
+        if not isinstance(start_pos, int) or start_pos < 0:
+            raise ValueError(f"start_pos: must be an int >= 0, got {start_pos!r}")
+        if start_pos + S > cfg.max_seq_len:
+            raise ValueError(
+                f"start_pos: positions up to {start_pos + S - 1} exceed "
+                f"max_seq_len={cfg.max_seq_len}"
+            )
+        if kv_cache is None:
+            if start_pos != 0:
+                raise ValueError(
+                    "start_pos: must be 0 without a kv_cache holding earlier positions"
+                )
+            key_mask = mask
+        else:
+            if kv_cache.n_layers != cfg.n_layers:
+                raise ValueError(f"kv_cache: has {kv_cache.n_layers} layers, model {cfg.n_layers}")
+            kv_cache.check(B, start_pos, S)
+            key_mask = kv_cache.advance(start_pos, mask, S)
+        attn_mask = causal_mask(S, start_pos, key_mask, input_ids.device)
+
+        x = self.embed(input_ids)
+        aux_losses: dict[str, Tensor] = {}
+        records: list[RoutingRecord | None] = []
+        for block in self.blocks:
+            x, layer_aux, record = block(
+                x, mask=mask, attn_mask=attn_mask, kv_cache=kv_cache, start_pos=start_pos
+            )
+            for name, value in layer_aux.items():
+                v = value.float()
+                aux_losses[name] = aux_losses[name] + v if name in aux_losses else v
+            records.append(record)
+        h = self.norm(x)
+        logits = self.lm_head(h)
+        aux_loss = torch.zeros((), dtype=torch.float32, device=logits.device)
+        for value in aux_losses.values():
+            aux_loss = aux_loss + value
+        return LMOutput(
+            logits=logits,
+            aux_loss=aux_loss,
+            aux_losses=aux_losses,
+            records=records,
+            hidden_states=h,
+        )
+
+    def loss(
+        self,
+        input_ids: Tensor,
+        targets: Tensor,
+        mask: Tensor | None = None,
+        ignore_index: int = -100,
+    ) -> LMLoss:
+        """Cross-entropy of ``targets`` under the model, plus the aux losses.
+
+        Args:
+            input_ids: ``[B, S]`` inputs.
+            targets: ``[B, S]`` the token that should follow each input position (already
+                shifted by the caller); ``ignore_index`` entries are not counted.
+            mask: ``[B, S]`` bool, True = real token; False positions are neither attended
+                to nor counted.
+
+        Returns:
+            :class:`LMLoss`: ``ce`` in nats per counted token (fp32, 0 when none counted),
+            ``loss = ce + aux_loss``.
+        """
+        if targets.shape != input_ids.shape:
+            raise ValueError(
+                f"targets: must have shape {tuple(input_ids.shape)}, got {tuple(targets.shape)}"
+            )
+        out = self(input_ids, mask=mask)
+        tgt = targets.long()
+        if mask is not None:
+            tgt = tgt.masked_fill(~mask, ignore_index)
+        counted = tgt != ignore_index
+        n = int(counted.sum())
+        ce_sum = F.cross_entropy(
+            out.logits.float().flatten(0, 1),
+            tgt.flatten(),
+            ignore_index=ignore_index,
+            reduction="sum",
+        )
+        ce = ce_sum / max(n, 1)
+        return LMLoss(
+            loss=ce + out.aux_loss, ce=ce, aux_loss=out.aux_loss, num_tokens=n, output=out
+        )
