@@ -16,7 +16,8 @@ from moelab.data import (
     load_tokenizer,
     make_tokenizer,
 )
-from moelab.data.tokenizer import BPE_FILE, META_FILE, atomic_write_text
+from moelab.data.tokenizer import BPE_FILE, META_FILE
+from moelab.utils.atomic import atomic_write_text
 
 SAMPLES = [
     "",

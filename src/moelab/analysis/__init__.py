@@ -57,7 +57,7 @@ from moelab.analysis.specialisation import (
     domain_stats,
     split_domains,
 )
-from moelab.analysis.summary import analyze, atomic_write_bytes, write_json
+from moelab.analysis.summary import analyze, write_json
 
 _LAZY = {"plot_all": "moelab.analysis.plots", "write_report": "moelab.analysis.report"}
 
@@ -81,7 +81,6 @@ __all__ = [
     "adjacent_consistency",
     "aggregate_counts",
     "analyze",
-    "atomic_write_bytes",
     "coactivation_conditional",
     "coactivation_counts",
     "confidence_stats",

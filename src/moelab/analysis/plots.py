@@ -18,7 +18,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from moelab.analysis.summary import atomic_write_bytes
+from moelab.utils.atomic import atomic_write_bytes
 
 LOAD_HEATMAP = "load_heatmap.png"
 ENTROPY = "entropy.png"
@@ -34,7 +34,7 @@ def _save(fig: Figure, out_dir: str | os.PathLike, name: str) -> Path:
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
-    return atomic_write_bytes(buf.getvalue(), Path(out_dir) / name)
+    return atomic_write_bytes(Path(out_dir) / name, buf.getvalue())
 
 
 def _heatmap(fig: Figure, ax, m: np.ndarray, vmin=None, vmax=None, fmt="{:.2f}", cmap="viridis"):

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from moelab.analysis import plots
-from moelab.analysis.summary import HEADLINE_KEYS, atomic_write_bytes
+from moelab.analysis.summary import HEADLINE_KEYS
+from moelab.utils.atomic import atomic_write_text
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -201,4 +202,4 @@ def write_report(
         FileNotFoundError: when a plot file is missing.
     """
     text = render_report(analysis, plot_paths, title)
-    return atomic_write_bytes(text.encode("utf-8"), out_path)
+    return atomic_write_text(out_path, text)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from moelab.analysis.rank import effective_rank
 from moelab.analysis.redundancy import expert_redundancy
 from moelab.analysis.specialisation import domain_stats
 from moelab.core.telemetry import RoutingRecord
+from moelab.utils.atomic import atomic_write_text
 
 FORMAT = "moelab.analysis"
 FORMAT_VERSION = 1
@@ -172,27 +172,6 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"object of type {type(obj).__name__} is not JSON serialisable")
 
 
-def atomic_write_bytes(data: bytes, path: str | os.PathLike) -> Path:
-    """Write ``data`` to ``path`` atomically: temp file in the same folder, fsync, ``os.replace``.
-
-    The parent folder is created if missing. Returns the path written.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
-
-
 def write_json(obj: Any, path: str | os.PathLike) -> Path:
     """Write ``obj`` as indented JSON to ``path`` atomically (see :func:`atomic_write_bytes`).
 
@@ -203,4 +182,4 @@ def write_json(obj: Any, path: str | os.PathLike) -> Path:
         TypeError: when ``obj`` holds a value JSON cannot represent.
     """
     text = json.dumps(obj, indent=2, allow_nan=False, default=_json_default)
-    return atomic_write_bytes((text + "\n").encode("utf-8"), path)
+    return atomic_write_text(path, text + "\n")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from moelab.data.errors import TokenizerError
+from moelab.utils.atomic import atomic_write_text
 
 META_FILE = "tokenizer_meta.json"
 """Name of the file recording which kind of tokenizer a folder holds."""
@@ -25,22 +25,6 @@ BPE_FILE = "tokenizer.json"
 FORMAT_VERSION = 1
 EOT_TOKEN = "<|endoftext|>"
 """The BPE end-of-text special token (id 0)."""
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically: temp file in the same folder, fsync, replace."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class Tokenizer(ABC):

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from safetensors.torch import load_file, save_file
 
 from moelab.models.config import ModelConfig
 from moelab.models.transformer import MoETransformer
+from moelab.utils.atomic import atomic_write, atomic_write_json
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
@@ -41,40 +41,8 @@ class CheckpointError(ValueError):
     """A model folder cannot be saved or loaded; the message names the file or tensor."""
 
 
-# ------------------------------------------------------------------------- helpers
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # e.g. platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: Path, write: Any) -> None:
-    """Write ``path`` atomically: ``write(tmp_path)`` then fsync, ``os.replace``."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-
-
 def _write_json(path: Path, obj: Any) -> None:
-    text = json.dumps(obj, indent=2, sort_keys=True) + "\n"
-    _atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    atomic_write_json(path, obj, sort_keys=True)
 
 
 def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
@@ -131,7 +99,7 @@ def save_model(model: MoETransformer, folder: str | os.PathLike[str]) -> Path:
     _write_json(
         folder / CONFIG_FILE, {"format_version": FORMAT_VERSION, "model": model.cfg.to_dict()}
     )
-    _atomic_write(
+    atomic_write(
         folder / WEIGHTS_FILE,
         lambda tmp: save_file(state, tmp, metadata={"format_version": str(FORMAT_VERSION)}),
     )

@@ -1,0 +1,62 @@
+"""Atomic file writes: write a temp file in the target folder, fsync, ``os.replace``, fsync the
+folder. A crash leaves either the old file or the new one, never a partial file."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Flush a folder's entries to disk (no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[str], Any]) -> Path:
+    """Call ``write(tmp_path)`` to fill a temp file, then move it onto ``path`` atomically.
+
+    The parent folder is created if missing. Returns ``path``.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return path
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically."""
+    return atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write UTF-8 ``text`` to ``path`` atomically."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any, **dumps_kwargs: Any) -> Path:
+    """Write ``obj`` as indented JSON (plus a newline) to ``path`` atomically."""
+    dumps_kwargs.setdefault("indent", 2)
+    return atomic_write_text(path, json.dumps(obj, **dumps_kwargs) + "\n")
