@@ -1,0 +1,312 @@
+"""``moelab`` command line: thin wrappers that parse options and call library functions."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from moelab.data import DataError
+from moelab.models import CheckpointError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="moelab: train, evaluate, analyse and serve Mixture-of-Experts language models.",
+)
+console = Console()
+err_console = Console(stderr=True)
+
+USER_ERRORS = (DataError, CheckpointError, ValueError, FileNotFoundError, FloatingPointError)
+
+
+def _fail(exc: BaseException) -> None:
+    err_console.print(
+        f"[bold red]error:[/] {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+    )
+    raise typer.Exit(code=2)
+
+
+def _run(fn, *args, **kwargs):
+    """Call ``fn``; a user error becomes one red line and exit code 2 (no traceback)."""
+    try:
+        return fn(*args, **kwargs)
+    except USER_ERRORS as exc:
+        _fail(exc)
+
+
+def _model_overrides(**flags: Any) -> dict[str, Any]:
+    moe = {
+        "router": {
+            "num_experts": flags["experts"],
+            "top_k": flags["top_k"],
+            "kind": flags["router"],
+            "score_func": flags["score_func"],
+            "capacity_factor": flags["capacity_factor"],
+            "expert_bias": flags["expert_bias"],
+            "bias_update_rate": flags["bias_rate"],
+        },
+        "experts": {
+            "ffn_hidden_size": flags["expert_ffn"],
+            "shared_expert_size": flags["shared_expert"],
+        },
+        "losses": {
+            "load_balance": flags["aux_loss"],
+            "aux_loss_coeff": flags["aux_coeff"],
+            "z_loss_coeff": flags["z_coeff"],
+        },
+    }
+    return {
+        "d_model": flags["d_model"],
+        "n_layers": flags["layers"],
+        "n_heads": flags["heads"],
+        "n_kv_heads": flags["kv_heads"],
+        "first_dense_layers": flags["first_dense"],
+        "moe": moe,
+    }
+
+
+def build_configs(
+    config_file: Path | None, model_flags: dict[str, Any], train_flags: dict[str, Any], dense: bool
+):
+    """defaults < ``--config`` file < explicit flags. Returns (ModelConfig, TrainConfig)."""
+    from moelab.models import ModelConfig, dense_twin_config
+    from moelab.train.config import TrainConfig, read_config_file
+    from moelab.train.presets import default_model_config, merge
+
+    file_cfg = read_config_file(config_file) if config_file else {}
+    model_dict = merge(default_model_config().to_dict(), file_cfg.get("model", {}))
+    model_dict = merge(model_dict, _model_overrides(**model_flags))
+    if model_dict.get("moe"):
+        model_dict["moe"]["experts"]["hidden_size"] = model_dict["d_model"]
+    seq_len = train_flags.get("seq_len") or file_cfg.get("train", {}).get("seq_len")
+    if seq_len and seq_len > model_dict["max_seq_len"]:
+        model_dict["max_seq_len"] = seq_len
+    model_cfg = ModelConfig.from_dict(model_dict)
+    if dense:
+        model_cfg = dense_twin_config(model_cfg)
+    train_cfg = TrainConfig.from_dict(
+        merge(merge(TrainConfig().to_dict(), file_cfg.get("train", {})), train_flags)
+    )
+    return model_cfg, train_cfg
+
+
+def _summary_table(title: str, result) -> Table:
+    table = Table(title=title)
+    for col in ("slice", "loss (nats/token)", "perplexity", "bits/byte", "tokens"):
+        table.add_column(col, justify="right" if col != "slice" else "left")
+    rows = [("all", result.overall), *sorted(result.per_domain.items())]
+    for name, s in rows:
+        table.add_row(
+            name, f"{s.loss:.4f}", f"{s.perplexity:.2f}", f"{s.bits_per_byte:.4f}", f"{s.tokens:,}"
+        )
+    return table
+
+
+Opt = typer.Option
+
+
+@app.command()
+def train(
+    data: Annotated[
+        str | None, Opt(help="Corpus: mix, stdlib, shakespeare, kjv, or a file/folder/glob.")
+    ] = None,
+    out: Annotated[Path | None, Opt(help="Run folder (default runs/<name>).")] = None,
+    name: Annotated[str, Opt(help="Run name under runs/.")] = "main",
+    config: Annotated[
+        Path | None, Opt("--config", help="YAML/JSON/TOML file with 'model' and 'train' sections.")
+    ] = None,
+    resume: Annotated[
+        bool, Opt(help="Continue the run in --out from its latest checkpoint.")
+    ] = False,
+    dense: Annotated[
+        bool, Opt(help="Train the dense twin (same active parameters per token).")
+    ] = False,
+    init_from: Annotated[
+        str | None, Opt(help="Start from a model folder (e.g. made by `moelab upcycle`).")
+    ] = None,
+    d_model: Annotated[int | None, Opt(help="Model width D.")] = None,
+    layers: Annotated[int | None, Opt(help="Decoder layers.")] = None,
+    heads: Annotated[int | None, Opt(help="Attention heads.")] = None,
+    kv_heads: Annotated[int | None, Opt(help="Key/value heads (GQA).")] = None,
+    experts: Annotated[int | None, Opt(help="Routed experts E.")] = None,
+    top_k: Annotated[int | None, Opt(help="Experts per token k.")] = None,
+    expert_ffn: Annotated[int | None, Opt(help="Hidden width F of each expert.")] = None,
+    shared_expert: Annotated[
+        int | None, Opt(help="Hidden width of a shared expert (0 = none).")
+    ] = None,
+    first_dense: Annotated[int | None, Opt(help="First n layers dense (DeepSeek style).")] = None,
+    router: Annotated[str | None, Opt(help="token_choice or expert_choice.")] = None,
+    score_func: Annotated[str | None, Opt(help="softmax or sigmoid router scores.")] = None,
+    capacity_factor: Annotated[
+        float | None, Opt(help="Expert capacity factor (default dropless).")
+    ] = None,
+    aux_loss: Annotated[
+        str | None, Opt(help="Load-balancing loss: switch, seq, global or none.")
+    ] = None,
+    aux_coeff: Annotated[float | None, Opt(help="Load-balancing loss coefficient.")] = None,
+    z_coeff: Annotated[float | None, Opt(help="Router z-loss coefficient.")] = None,
+    expert_bias: Annotated[
+        bool | None, Opt(help="Aux-loss-free bias balancing (DeepSeek-V3).")
+    ] = None,
+    bias_rate: Annotated[float | None, Opt(help="Bias update rate γ.")] = None,
+    steps: Annotated[int | None, Opt(help="Optimizer steps.")] = None,
+    batch_size: Annotated[int | None, Opt(help="Sequences per micro-batch.")] = None,
+    seq_len: Annotated[int | None, Opt(help="Context length.")] = None,
+    grad_accum: Annotated[int | None, Opt(help="Micro-batches per step.")] = None,
+    lr: Annotated[float | None, Opt(help="Peak learning rate.")] = None,
+    warmup_steps: Annotated[int | None, Opt(help="Warmup steps.")] = None,
+    weight_decay: Annotated[float | None, Opt(help="AdamW weight decay.")] = None,
+    grad_clip: Annotated[float | None, Opt(help="Gradient clipping norm (0 = off).")] = None,
+    eval_every: Annotated[int | None, Opt(help="Steps between validations.")] = None,
+    eval_tokens: Annotated[int | None, Opt(help="Validation tokens per evaluation.")] = None,
+    checkpoint_every: Annotated[int | None, Opt(help="Steps between checkpoints.")] = None,
+    tokenizer: Annotated[str | None, Opt(help="byte or bpe.")] = None,
+    bpe_vocab_size: Annotated[int | None, Opt(help="BPE vocabulary size.")] = None,
+    max_bytes_per_domain: Annotated[int | None, Opt(help="Cap per corpus domain, bytes.")] = None,
+    time_budget: Annotated[float | None, Opt(help="Stop after this many seconds.")] = None,
+    seed: Annotated[int | None, Opt(help="Random seed.")] = None,
+    progress: Annotated[bool, Opt(help="Show the progress bar.")] = True,
+) -> None:
+    """Train an MoE language model on real text.
+
+    Examples:
+      moelab train                          # mix corpus, default model, ~10 min on 2 cores
+      moelab train --data shakespeare --experts 16 --top-k 2 --steps 2000
+      moelab train --config run.yaml --out runs/exp1
+      moelab train --out runs/exp1 --resume
+      torchrun --nproc-per-node 2 -m moelab.cli train --steps 100
+    """
+    from moelab.train.loop import train as train_run
+
+    run_dir = out or Path("runs") / name
+    model_flags = dict(
+        d_model=d_model, layers=layers, heads=heads, kv_heads=kv_heads, experts=experts, top_k=top_k,
+        expert_ffn=expert_ffn, shared_expert=shared_expert, first_dense=first_dense, router=router,
+        score_func=score_func, capacity_factor=capacity_factor, aux_loss=aux_loss, aux_coeff=aux_coeff,
+        z_coeff=z_coeff, expert_bias=expert_bias, bias_rate=bias_rate,
+    )  # fmt: skip
+    train_flags = dict(
+        data=data, steps=steps, batch_size=batch_size, seq_len=seq_len, grad_accum=grad_accum, lr=lr,
+        warmup_steps=warmup_steps, weight_decay=weight_decay, grad_clip=grad_clip, eval_every=eval_every,
+        eval_tokens=eval_tokens, checkpoint_every=checkpoint_every, tokenizer=tokenizer,
+        bpe_vocab_size=bpe_vocab_size, max_bytes_per_domain=max_bytes_per_domain,
+        time_budget_s=time_budget, seed=seed, init_from=init_from,
+    )  # fmt: skip
+    model_cfg, train_cfg = _run(build_configs, config, model_flags, train_flags, dense)
+    result = _run(train_run, model_cfg, train_cfg, run_dir, resume=resume, progress=progress)
+    if result is None:
+        return
+    if result.interrupted:
+        console.print(
+            f"[yellow]interrupted at step {result.step}; checkpoint saved.[/] "
+            f"Continue with: moelab train --out {run_dir} --resume"
+        )
+        raise typer.Exit(code=130)
+    if result.final_eval is not None:
+        console.print(
+            _summary_table(f"{run_dir}: validation after {result.step} steps", result.final_eval)
+        )
+    console.print(f"run saved to {run_dir} ({result.elapsed_s:.0f} s)")
+
+
+def _load_run(run: Path):
+    from moelab.data import load_tokenizer
+    from moelab.models import load_model
+
+    if not run.is_dir():
+        raise FileNotFoundError(f"{run}: run folder not found")
+    return load_model(run), load_tokenizer(run)
+
+
+@app.command("eval")
+def eval_cmd(
+    run: Annotated[Path, typer.Argument(help="Run folder.")],
+    data: Annotated[
+        str | None, Opt(help="Corpus to score (default: the run's validation split).")
+    ] = None,
+    tokens: Annotated[int, Opt(help="Maximum tokens to score.")] = 262_144,
+    batch_size: Annotated[int, Opt(help="Sequences per batch.")] = 16,
+    as_json: Annotated[bool, Opt("--json", help="Print JSON.")] = False,
+) -> None:
+    """Loss, perplexity and bits per byte of a run (per domain for the mix corpus).
+
+    Examples:
+      moelab eval runs/main
+      moelab eval runs/main --data kjv --json
+    """
+    result = _run(_evaluate_run, run, data, tokens, batch_size)
+    if as_json:
+        console.print_json(json.dumps(result.to_dict()))
+    else:
+        console.print(
+            _summary_table(f"{run}: {'validation split' if data is None else data}", result)
+        )
+
+
+def _evaluate_run(run: Path, data: str | None, tokens: int, batch_size: int):
+    from moelab.data import TokenStream, load_corpus
+    from moelab.train.config import TrainConfig
+    from moelab.train.evaluate import evaluate
+    from moelab.train.loop import RUN_FILE, prepare_data
+
+    model, tokenizer = _load_run(run)
+    run_file = run / RUN_FILE
+    cfg = (
+        TrainConfig.from_dict(json.loads(run_file.read_text())["train"])
+        if run_file.exists()
+        else TrainConfig()
+    )
+    seq_len = min(cfg.seq_len, model.cfg.max_seq_len)
+    if data is None:
+        _, _, streams = prepare_data(cfg, tokenizer)
+    else:
+        streams = {data: TokenStream.from_documents(load_corpus(data), tokenizer, name=data)}
+    return evaluate(model, streams, seq_len=seq_len, batch_size=batch_size, max_tokens=tokens)
+
+
+@app.command()
+def generate(
+    run: Annotated[Path, typer.Argument(help="Run folder.")],
+    prompt: Annotated[str, Opt(help="Text to continue.")] = "\n",
+    max_new_tokens: Annotated[int, Opt(help="Tokens to generate.")] = 200,
+    temperature: Annotated[float, Opt(help="Sampling temperature (0 = greedy).")] = 0.8,
+    top_k: Annotated[int, Opt(help="Keep the k most likely tokens (0 = off).")] = 50,
+    top_p: Annotated[float, Opt(help="Nucleus probability mass (1 = off).")] = 0.95,
+    seed: Annotated[int, Opt(help="Sampling seed.")] = 0,
+) -> None:
+    """Continue a prompt, streaming tokens as they are sampled.
+
+    Examples:
+      moelab generate runs/main --prompt "ROMEO:" --max-new-tokens 300
+      moelab generate runs/main --prompt "def main(" --temperature 0
+    """
+    from moelab.serve.generate import generate_ids, stream_text
+
+    model, tokenizer = _run(_load_run, run)
+
+    def go() -> None:
+        ids = generate_ids(
+            model, tokenizer.encode(prompt), max_new_tokens=max_new_tokens, temperature=temperature,
+            top_k=top_k or None, top_p=top_p if top_p < 1 else None, seed=seed, stop_id=tokenizer.eot_id,
+        )  # fmt: skip
+        sys.stdout.write(prompt)
+        for piece in stream_text(tokenizer, ids):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+
+    _run(go)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Serving: sampling-based generation with a KV cache."""

@@ -1,0 +1,1 @@
+"""Training: config, schedule, checkpoints, evaluation, the training loop."""

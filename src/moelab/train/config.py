@@ -1,0 +1,139 @@
+"""TrainConfig and the run-config file format (``--config FILE``: YAML, JSON or TOML)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A config file or value is invalid; the message names the file or field."""
+
+
+@dataclass
+class TrainConfig:
+    """Hyperparameters of ``moelab train`` (every field has a CLI flag).
+
+    Attributes:
+        data: corpus spec (``mix``, ``stdlib``, ``shakespeare``, ``kjv``, or a path/glob).
+        max_bytes_per_domain: cap per domain of the corpus (whole documents), None = all.
+        val_fraction: fraction of documents held out for validation (per domain).
+        tokenizer: ``byte`` (256 symbols) or ``bpe`` (trained on the training split).
+        bpe_vocab_size: vocabulary of the BPE tokenizer.
+        seq_len: context length in tokens.
+        batch_size: sequences per micro-batch (per process).
+        grad_accum: micro-batches per optimizer step.
+        steps: optimizer steps.
+        lr: peak learning rate of AdamW; min_lr_ratio: final lr / peak lr of the cosine decay.
+        warmup_steps: linear warmup steps.
+        weight_decay, beta1, beta2, eps: AdamW (decay on matrices only, not norms/biases).
+        grad_clip: max global gradient norm (0 = off).
+        eval_every: steps between validations; eval_tokens: validation tokens per domain
+            per evaluation.
+        checkpoint_every: steps between checkpoints (0 = only at the end and on Ctrl-C).
+        log_every: steps between metric lines in ``metrics.jsonl``.
+        time_budget_s: stop after this many seconds of training (None = run all steps).
+        seed: seeds the model init, the data split and the batch order.
+        init_from: a model folder (e.g. from ``moelab upcycle``) whose weights and tokenizer
+            start the run instead of a random init.
+    """
+
+    data: str = "mix"
+    max_bytes_per_domain: int | None = 1_500_000
+    val_fraction: float = 0.05
+    tokenizer: str = "byte"
+    bpe_vocab_size: int = 2048
+    seq_len: int = 256
+    batch_size: int = 16
+    grad_accum: int = 1
+    steps: int = 600
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 30
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    eval_every: int = 100
+    eval_tokens: int = 49_152
+    checkpoint_every: int = 100
+    log_every: int = 10
+    time_budget_s: float | None = None
+    seed: int = 0
+    init_from: str | None = None
+
+    def __post_init__(self) -> None:
+        positive = (
+            "seq_len",
+            "batch_size",
+            "grad_accum",
+            "steps",
+            "eval_every",
+            "eval_tokens",
+            "log_every",
+        )
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.tokenizer not in ("byte", "bpe"):
+            raise ConfigError(f"tokenizer: must be byte or bpe, got {self.tokenizer!r}")
+        if not 0 < self.val_fraction < 1:
+            raise ConfigError(f"val_fraction: must be in (0, 1), got {self.val_fraction}")
+        if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError("lr: must be > 0, and min_lr_ratio in [0, 1]")
+        for name in ("warmup_steps", "checkpoint_every", "grad_clip", "weight_decay"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"train: unknown field(s) {', '.join(unknown)}")
+        return cls(**d)
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML (.yaml/.yml), JSON (.json) or TOML (.toml) file into a dict.
+
+    The file holds up to two sections, ``model`` (ModelConfig fields, with a nested ``moe``)
+    and ``train`` (TrainConfig fields).
+
+    Raises:
+        ConfigError: missing file, unknown extension, parse error, or other top-level keys.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    text = path.read_text(encoding="utf-8")
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        elif path.suffix == ".json":
+            data = json.loads(text)
+        elif path.suffix == ".toml":
+            data = tomllib.loads(text)
+        else:
+            raise ConfigError(
+                f"{path}: unknown config format {path.suffix!r} (use .yaml, .json or .toml)"
+            )
+    except (yaml.YAMLError, json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"{path}: cannot parse: {e}".splitlines()[0]) from e
+    if not isinstance(data, dict) or set(data) - {"model", "train"}:
+        raise ConfigError(f"{path}: expected top-level sections 'model' and/or 'train'")
+    return data
