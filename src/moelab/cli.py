@@ -166,6 +166,7 @@ def train(
     eval_every: Annotated[int | None, Opt(help="Steps between validations.")] = None,
     eval_tokens: Annotated[int | None, Opt(help="Validation tokens per evaluation.")] = None,
     checkpoint_every: Annotated[int | None, Opt(help="Steps between checkpoints.")] = None,
+    log_every: Annotated[int | None, Opt(help="Steps between metrics.jsonl lines.")] = None,
     tokenizer: Annotated[str | None, Opt(help="byte or bpe.")] = None,
     bpe_vocab_size: Annotated[int | None, Opt(help="BPE vocabulary size.")] = None,
     max_bytes_per_domain: Annotated[int | None, Opt(help="Cap per corpus domain, bytes.")] = None,
@@ -194,7 +195,7 @@ def train(
     train_flags = dict(
         data=data, steps=steps, batch_size=batch_size, seq_len=seq_len, grad_accum=grad_accum, lr=lr,
         warmup_steps=warmup_steps, weight_decay=weight_decay, grad_clip=grad_clip, eval_every=eval_every,
-        eval_tokens=eval_tokens, checkpoint_every=checkpoint_every, tokenizer=tokenizer,
+        eval_tokens=eval_tokens, checkpoint_every=checkpoint_every, log_every=log_every, tokenizer=tokenizer,
         bpe_vocab_size=bpe_vocab_size, max_bytes_per_domain=max_bytes_per_domain,
         time_budget_s=time_budget, seed=seed, init_from=init_from,
     )  # fmt: skip

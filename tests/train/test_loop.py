@@ -1,0 +1,97 @@
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from moelab.models import load_model
+from moelab.train.config import ConfigError
+from moelab.train.loop import train
+
+from .conftest import tiny_model, tiny_train
+
+
+def _train_losses(run_dir):
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in lines if r["split"] == "train"]
+
+
+def test_training_lowers_the_loss_and_writes_the_run_folder(corpus, tmp_path):
+    run = tmp_path / "run"
+    result = train(tiny_model(), tiny_train(corpus, steps=30, eval_every=10), run, progress=False)
+    losses = [loss for _, loss in _train_losses(run)]
+    assert len(losses) == 30
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.3
+    for name in ("config.json", "model.safetensors", "manifest.json", "run.json", "metrics.jsonl"):
+        assert (run / name).exists(), name
+    assert result.final_eval is not None and math.isfinite(result.final_eval.overall.bits_per_byte)
+    # byte tokenizer: bits per byte is nats per token / ln 2
+    o = result.final_eval.overall
+    assert o.bits_per_byte == pytest.approx(o.loss / math.log(2), rel=1e-9)
+    val = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"val"' in x]
+    assert [r["step"] for r in val] == [10, 20, 30]
+
+
+def test_resume_continues_exactly_like_an_uninterrupted_run(corpus, tmp_path):
+    full, part = tmp_path / "full", tmp_path / "part"
+    train(tiny_model(expert_bias=True), tiny_train(corpus), full, progress=False)
+    stopped = train(tiny_model(expert_bias=True), tiny_train(corpus), part, progress=False, stop_after=3)
+    assert stopped.interrupted and stopped.step == 3
+    assert not (part / "model.safetensors").exists()
+    train(None, None, part, resume=True, progress=False)
+    a, b = _train_losses(full), _train_losses(part)
+    assert [s for s, _ in b] == [1, 2, 3, 4, 5, 6]
+    for (_, x), (_, y) in zip(a, b, strict=True):
+        assert x == pytest.approx(y, rel=1e-6, abs=1e-6)
+    wa, wb = load_file(full / "model.safetensors"), load_file(part / "model.safetensors")
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], rtol=1e-5, atol=1e-6)
+
+
+def test_expert_bias_moves_during_training(corpus, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_model(expert_bias=True), tiny_train(corpus, steps=3), run, progress=False)
+    model = load_model(run)
+    bias = model.blocks[0].ffn.router.expert_bias
+    assert bias.abs().sum() > 0
+    # each update moves every expert by -γ, 0 or +γ: after 3 steps values are multiples of γ
+    assert torch.allclose(bias / 0.01, (bias / 0.01).round(), atol=1e-4)
+
+
+@pytest.mark.parametrize("loss", ["seq", "global", "none"])
+def test_every_balance_loss_trains(corpus, tmp_path, loss):
+    result = train(tiny_model(load_balance=loss), tiny_train(corpus, steps=2, eval_every=2), tmp_path / loss, progress=False)
+    assert math.isfinite(result.train_loss)
+
+
+def test_refuses_to_overwrite_a_run_and_to_resume_nothing(corpus, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "keep.txt").write_text("precious")
+    with pytest.raises(ConfigError, match="not empty"):
+        train(tiny_model(), tiny_train(corpus), run, progress=False)
+    assert (run / "keep.txt").read_text() == "precious"
+    with pytest.raises(ConfigError, match="no run to resume"):
+        train(None, None, tmp_path / "nothing", resume=True, progress=False)
+
+
+@pytest.mark.slow
+def test_two_process_data_parallel_run(corpus, tmp_path):
+    run = tmp_path / "ddp"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29517",
+        "-m", "moelab.cli", "train", "--data", str(corpus), "--out", str(run), "--no-progress",
+        "--d-model", "32", "--layers", "1", "--heads", "2", "--kv-heads", "1", "--experts", "4",
+        "--top-k", "2", "--expert-ffn", "32", "--steps", "3", "--batch-size", "2", "--seq-len", "16",
+        "--eval-tokens", "64", "--eval-every", "3", "--log-every", "1", "--max-bytes-per-domain", "1000000",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines() if '"train"' in x]
+    assert steps == [1, 2, 3]
+    assert (run / "model.safetensors").exists()
