@@ -88,3 +88,18 @@ def save_hf(model, folder, layout: str):
     """``save_pretrained`` in the per-expert (Hub) or fused (v5) layout."""
     model.save_pretrained(folder, save_original_format=(layout == "per_expert"))
     return folder
+
+
+class _HF:
+    """Helpers handed to tests through the ``hf`` fixture."""
+
+    transformers = transformers
+    config = staticmethod(hf_config)
+    model = staticmethod(hf_model)
+    save = staticmethod(save_hf)
+    randomise = staticmethod(randomise)
+
+
+@pytest.fixture
+def hf() -> type[_HF]:
+    return _HF
