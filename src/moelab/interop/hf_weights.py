@@ -285,9 +285,9 @@ def detect_layout(names: Iterable[str]) -> str:
     """
     fused = per = None
     for n in names:
-        if re.search(r"\.experts\.(gate_up_proj|down_proj)$", n):
+        if re.search(r"(^|\.)experts\.(gate_up_proj|down_proj)$", n):
             fused = fused or n
-        elif re.search(r"\.experts\.\d+\.", n):
+        elif re.search(r"(^|\.)experts\.\d+\.", n):
             per = per or n
     if fused and per:
         raise InteropError(
