@@ -89,7 +89,9 @@ def test_round_trip_with_prefix(hf, layout):
     else:
         assert f"{prefix}experts.7.down_proj.weight" in out
         again = import_deepseek_v3_moe(out, cfg.to_dict(), prefix)
-        for (n, a), (_, b) in zip(layer.state_dict().items(), again.state_dict().items(), strict=True):
+        for (n, a), (_, b) in zip(
+            layer.state_dict().items(), again.state_dict().items(), strict=True
+        ):
             assert torch.equal(a, b), n
     fields = deepseek_v3_config_fields(layer)
     assert fields["n_shared_experts"] == 2 and fields["n_group"] == 4

@@ -65,7 +65,9 @@ def test_extra_tensor_is_named(qwen2_folder):
 
 def test_extra_o_proj_bias_is_not_dropped(qwen2_folder):
     folder, _ = qwen2_folder
-    _edit_weights(folder, lambda t: t.update({"model.layers.0.self_attn.o_proj.bias": torch.ones(32)}))
+    _edit_weights(
+        folder, lambda t: t.update({"model.layers.0.self_attn.o_proj.bias": torch.ones(32)})
+    )
     with pytest.raises(UnexpectedTensorError, match=r"o_proj\.bias"):
         import_hf(folder)
 
@@ -239,7 +241,9 @@ def _per_expert_by_hand(fused: dict, arch: str) -> dict:
 def test_hand_written_per_expert_layout_equals_fused(hf, tmp_path, arch, square):
     over = {}
     if square:
-        over = {"intermediate_size" if arch in ("mixtral", "olmoe") else "moe_intermediate_size": 32}
+        over = {
+            "intermediate_size" if arch in ("mixtral", "olmoe") else "moe_intermediate_size": 32
+        }
     ref = hf.model(arch, seed=7, **over)
     fused_dir = hf.save(ref, tmp_path / "fused", "fused")
     per_dir = tmp_path / "per"

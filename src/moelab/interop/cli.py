@@ -60,7 +60,7 @@ def convert_command(
         typer.echo(json.dumps(d, indent=2))
         return
     typer.echo(f"wrote {report.dst} ({report.arch}, {report.layout} experts, to {to})")
-    tok = ", ".join(report.tokenizer_files) or "none"
-    typer.echo(f"tokenizer files copied: {tok}")
+    tok = ", ".join(report.copied_files) or "none"
+    typer.echo(f"copied along: {tok}")
     for note in report.notes:
         typer.echo(f"note: {note}")

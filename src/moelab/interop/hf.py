@@ -208,13 +208,14 @@ def export_hf(
 
 @dataclass
 class ConvertReport:
-    """What :func:`convert` did: destination, architecture, layout, files, notes."""
+    """What :func:`convert` did: destination, architecture, layout, the tokenizer (and
+    generation-config) files copied along, notes."""
 
     dst: Path
     direction: str
     arch: str
     layout: str
-    tokenizer_files: list[str]
+    copied_files: list[str]
     notes: list[str]
 
 
