@@ -6,7 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from moelab.models.norm import RMSNorm
 from moelab.models.rope import RotaryEmbedding
+
+QK_NORMS = ("none", "head", "full")
 
 
 class KVCache:
@@ -106,10 +109,14 @@ class Attention(nn.Module):
 
     ``q = x W_q`` (``H`` heads), ``k, v = x W_k, x W_v`` (``H_kv`` heads, each shared by
     ``H / H_kv`` query heads), RoPE on q and k, ``softmax(q kᵀ / sqrt(hd) + mask) v`` through
-    :func:`torch.nn.functional.scaled_dot_product_attention`, then ``W_o``. No biases.
+    :func:`torch.nn.functional.scaled_dot_product_attention`, then ``W_o``.
 
     Weights: ``q_proj [H·hd, D]``, ``k_proj``/``v_proj [H_kv·hd, D]``, ``o_proj [D, H·hd]``
-    (``nn.Linear`` layout).
+    (``nn.Linear`` layout). With ``bias=True`` q/k/v (not o) have biases (Qwen2-MoE's
+    ``qkv_bias``). ``qk_norm`` normalises queries and keys with RMSNorm before RoPE:
+    ``"head"`` over each head's ``hd`` features, one weight ``[hd]`` shared by the heads
+    (Qwen3-MoE ``q_norm``/``k_norm``); ``"full"`` over the whole projection, weights
+    ``q_norm [H·hd]`` and ``k_norm [H_kv·hd]`` (OLMoE); ``"none"`` (default) for neither.
     """
 
     def __init__(
@@ -120,16 +127,31 @@ class Attention(nn.Module):
         head_dim: int,
         rope: RotaryEmbedding,
         layer_idx: int = 0,
+        *,
+        bias: bool = False,
+        qk_norm: str = "none",
+        norm_eps: float = 1e-5,
     ) -> None:
         super().__init__()
         if n_heads % n_kv_heads:
             raise ValueError(f"n_kv_heads: {n_kv_heads} must divide n_heads={n_heads}")
+        if qk_norm not in QK_NORMS:
+            raise ValueError(f"qk_norm: must be one of {QK_NORMS}, got {qk_norm!r}")
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.layer_idx = layer_idx
-        self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
-        self.k_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=False)
-        self.v_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=False)
+        self.qk_norm = qk_norm
+        self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=False)
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if qk_norm == "head":
+            self.q_norm = RMSNorm(head_dim, norm_eps)
+            self.k_norm = RMSNorm(head_dim, norm_eps)
+        elif qk_norm == "full":
+            self.q_norm = RMSNorm(n_heads * head_dim, norm_eps)
+            self.k_norm = RMSNorm(n_kv_heads * head_dim, norm_eps)
         self.rope = rope
 
     def forward(
@@ -151,8 +173,14 @@ class Attention(nn.Module):
             start_pos: absolute position of ``x[:, 0]`` (RoPE offset and cache slot).
         """
         B, S, _ = x.shape
-        q = self.q_proj(x).view(B, S, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, S, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = self.q_proj(x), self.k_proj(x)
+        if self.qk_norm == "full":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(B, S, self.n_heads, self.head_dim)
+        k = k.view(B, S, self.n_kv_heads, self.head_dim)
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(B, S, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = self.rope(q, k, start_pos)
         if kv_cache is not None:

@@ -27,7 +27,15 @@ class DecoderBlock(nn.Module):
         self.is_moe = cfg.is_moe_layer(layer_idx)
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.attn = Attention(
-            cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, rope, layer_idx
+            cfg.d_model,
+            cfg.n_heads,
+            cfg.n_kv_heads,
+            cfg.head_dim,
+            rope,
+            layer_idx,
+            bias=cfg.attention_bias,
+            qk_norm=cfg.qk_norm,
+            norm_eps=cfg.norm_eps,
         )
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.ffn: nn.Module

@@ -50,6 +50,12 @@ class ModelConfig:
         rope_theta: RoPE base θ (Su et al. 2021, arXiv 2104.09864; Llama uses 10000 / 500000).
         norm_eps: ε of RMSNorm.
         tie_embeddings: share the input embedding matrix with the LM head (saved once).
+        attention_bias: q/k/v projections have biases (Qwen2-MoE ``qkv_bias``); the output
+            projection never has one.
+        qk_norm: RMSNorm of queries and keys before RoPE: ``"none"``; ``"head"`` over each
+            head's ``head_dim`` features, one weight shared by all heads (Qwen3-MoE);
+            ``"full"`` over all heads' width at once (OLMoE ``q_norm [H·hd]``,
+            ``k_norm [H_kv·hd]``). Uses ``norm_eps``.
         first_dense_layers: the first n layers use a dense FFN instead of MoE (DeepSeek-V2/V3
             ``first_k_dense_replace``); in ``[0, n_layers]``.
         dense_ffn_size: hidden width of every dense SwiGLU FFN; ``None`` means
@@ -72,6 +78,8 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
+    attention_bias: bool = False
+    qk_norm: str = "none"
     first_dense_layers: int = 0
     dense_ffn_size: int | None = None
     init_std: float = 0.02
@@ -117,6 +125,16 @@ class ModelConfig:
             isinstance(self.tie_embeddings, bool),
             "tie_embeddings",
             f"must be a bool, got {self.tie_embeddings!r}",
+        )
+        _check(
+            isinstance(self.attention_bias, bool),
+            "attention_bias",
+            f"must be a bool, got {self.attention_bias!r}",
+        )
+        _check(
+            self.qk_norm in ("none", "head", "full"),
+            "qk_norm",
+            f"must be 'none', 'head' or 'full', got {self.qk_norm!r}",
         )
         fd = self.first_dense_layers
         _check(

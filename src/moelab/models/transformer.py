@@ -71,7 +71,8 @@ class MoETransformer(nn.Module):
     ``attn.o_proj``, the dense FFN's ``w_down`` and the MoE layer's down projections (every
     parameter whose name contains ``down``) — which use ``init_std / sqrt(2·n_layers)`` so the
     residual stream's variance does not grow with depth (two residual writes per block).
-    Norm weights are ones; the MoE layer's 1-D parameters and buffers keep the layer's own
+    Attention q/k/v biases (``attention_bias``) are zeros.
+    Norm weights (including ``qk_norm``'s) are ones; the MoE layer's 1-D parameters and buffers keep the layer's own
     initialisation. ``ExpertsConfig.init_std`` is overridden by ``ModelConfig.init_std``.
 
     Causality and caching hold exactly for dropless token-choice routing (each token's
@@ -112,6 +113,11 @@ class MoETransformer(nn.Module):
             block.ffn_norm.reset_parameters()
             for proj in (block.attn.q_proj, block.attn.k_proj, block.attn.v_proj):
                 nn.init.normal_(proj.weight, 0.0, std)
+                if proj.bias is not None:
+                    nn.init.zeros_(proj.bias)
+            for qk_norm in (block.attn.q_norm, block.attn.k_norm):
+                if qk_norm is not None:
+                    qk_norm.reset_parameters()
             nn.init.normal_(block.attn.o_proj.weight, 0.0, resid_std)
             if isinstance(block.ffn, SwiGLUFFN):
                 nn.init.normal_(block.ffn.w_gate.weight, 0.0, std)

@@ -1,0 +1,147 @@
+"""Reading Hugging Face checkpoint folders and writing output folders atomically.
+
+A checkpoint is ``config.json`` plus ``model.safetensors`` or the sharded
+``model.safetensors.index.json`` (``{"weight_map": {tensor: shard file}}``, as written by
+``PreTrainedModel.save_pretrained``). ``pytorch_model.bin`` pickles are refused (they can run
+code when loaded).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from torch import Tensor
+
+from moelab.interop.errors import InteropError
+
+SAFETENSORS = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
+
+
+def read_json(path: Path) -> Any:
+    if not path.is_file():
+        raise InteropError(f"{path}: missing")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InteropError(f"{path}: not valid JSON ({e})") from e
+
+
+def _load(path: Path) -> dict[str, Tensor]:
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise InteropError(f"{path}: cannot read safetensors ({e})") from e
+
+
+def read_tensors(folder: Path) -> dict[str, Tensor]:
+    """Every tensor of the checkpoint in ``folder`` (single file or sharded).
+
+    Raises:
+        InteropError: no safetensors weights, an unreadable shard, a tensor in two shards, or
+            an index entry whose shard lacks it.
+    """
+    index = folder / INDEX
+    if index.is_file():
+        wm = read_json(index).get("weight_map")
+        if not isinstance(wm, dict):
+            raise InteropError(f"{index}: no 'weight_map'")
+        tensors: dict[str, Tensor] = {}
+        for shard in sorted(set(wm.values())):
+            part = _load(folder / shard)
+            for name, t in part.items():
+                if name in tensors:
+                    raise InteropError(f"{folder / shard}: tensor {name!r} is in two shards")
+                if wm.get(name) != shard:
+                    raise InteropError(
+                        f"{folder / shard}: tensor {name!r} is not listed for this shard in {INDEX}"
+                    )
+                tensors[name] = t
+        missing = sorted(set(wm) - set(tensors))
+        if missing:
+            raise InteropError(f"{index}: tensor(s) {missing[:8]} not found in their shards")
+        return tensors
+    single = folder / SAFETENSORS
+    if single.is_file():
+        return _load(single)
+    if (folder / "pytorch_model.bin").is_file():
+        raise InteropError(
+            f"{folder}: only safetensors checkpoints are read (found pytorch_model.bin; "
+            "re-save it with save_pretrained(safe_serialization=True))"
+        )
+    raise InteropError(f"{folder}: no {SAFETENSORS} or {INDEX}")
+
+
+def copy_tokenizer(src: Path, dst: Path) -> list[str]:
+    """Copy the tokenizer (and generation config) files present in ``src``; their names."""
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)
+            copied.append(name)
+    return copied
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_folder_atomically(out_dir: Path, fill: Callable[[Path], Any], overwrite: bool) -> Any:
+    """Create ``out_dir`` by ``fill(tmp)`` in a sibling temp folder, fsync, then rename.
+
+    A failure leaves nothing at ``out_dir`` (or the previous folder untouched).
+
+    Raises:
+        FileExistsError: ``out_dir`` exists and is not empty, unless ``overwrite``.
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not (out_dir.is_dir() and not any(out_dir.iterdir())) and not overwrite:
+        raise FileExistsError(f"{out_dir}: exists and is not empty (pass overwrite=True)")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    try:
+        result = fill(tmp)
+        for p in tmp.iterdir():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        old = None
+        if out_dir.exists():
+            old = out_dir.with_name(f".{out_dir.name}.old.{os.getpid()}")
+            os.replace(out_dir, old)
+        os.replace(tmp, out_dir)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        _fsync_dir(out_dir.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return result
