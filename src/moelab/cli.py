@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from moelab.data import DataError
+from moelab.interop.cli import convert_command
 from moelab.models import CheckpointError
 
 app = typer.Typer(
@@ -303,6 +304,9 @@ def generate(
         sys.stdout.write("\n")
 
     _run(go)
+
+
+app.command("convert")(convert_command)
 
 
 def main() -> None:

@@ -30,7 +30,9 @@ def tiny_model(expert_bias=False, load_balance="switch"):
         n_kv_heads=2,
         max_seq_len=32,
         moe=MoEConfig(
-            router=RouterConfig(num_experts=4, top_k=2, expert_bias=expert_bias, bias_update_rate=0.01),
+            router=RouterConfig(
+                num_experts=4, top_k=2, expert_bias=expert_bias, bias_update_rate=0.01
+            ),
             experts=ExpertsConfig(hidden_size=32, ffn_hidden_size=32),
             losses=LossConfig(load_balance=load_balance),
         ),

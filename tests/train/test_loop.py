@@ -39,7 +39,9 @@ def test_training_lowers_the_loss_and_writes_the_run_folder(corpus, tmp_path):
 def test_resume_continues_exactly_like_an_uninterrupted_run(corpus, tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
     train(tiny_model(expert_bias=True), tiny_train(corpus), full, progress=False)
-    stopped = train(tiny_model(expert_bias=True), tiny_train(corpus), part, progress=False, stop_after=3)
+    stopped = train(
+        tiny_model(expert_bias=True), tiny_train(corpus), part, progress=False, stop_after=3
+    )
     assert stopped.interrupted and stopped.step == 3
     assert not (part / "model.safetensors").exists()
     train(None, None, part, resume=True, progress=False)
@@ -64,7 +66,12 @@ def test_expert_bias_moves_during_training(corpus, tmp_path):
 
 @pytest.mark.parametrize("loss", ["seq", "global", "none"])
 def test_every_balance_loss_trains(corpus, tmp_path, loss):
-    result = train(tiny_model(load_balance=loss), tiny_train(corpus, steps=2, eval_every=2), tmp_path / loss, progress=False)
+    result = train(
+        tiny_model(load_balance=loss),
+        tiny_train(corpus, steps=2, eval_every=2),
+        tmp_path / loss,
+        progress=False,
+    )
     assert math.isfinite(result.train_loss)
 
 
@@ -92,6 +99,10 @@ def test_two_process_data_parallel_run(corpus, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines() if '"train"' in x]
+    steps = [
+        json.loads(x)["step"]
+        for x in (run / "metrics.jsonl").read_text().splitlines()
+        if '"train"' in x
+    ]
     assert steps == [1, 2, 3]
     assert (run / "model.safetensors").exists()
