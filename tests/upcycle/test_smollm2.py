@@ -114,3 +114,33 @@ def test_smollm2_upcycled_logits_equal_dense(smollm2, E, k, G):
     assert (got - ref).abs().max() < 1e-5 * scale  # float32 rounding over 30 layers
     assert selects_complete_copies(moe, ids, G)
     assert torch.equal(got[0, 6].argmax(), ref[0, 6].argmax())
+
+
+EIFFEL = (
+    "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. "
+    "It is named after the engineer Gustave Eiffel, whose company designed and built the tower "
+    "from 1887 to 1889. Locally nicknamed the Iron Lady, it was constructed as the centrepiece "
+    "of the 1889 World's Fair, and to crown the centennial anniversary of the French Revolution."
+)
+
+
+@pytest.mark.slow
+@needs_smollm2
+def test_smollm2_rope_unpermute_lowers_perplexity(monkeypatch):
+    """Undoing llama.cpp's Q/K row permutation matters: perplexity ≈ 7.6 with it, ≈ 46 without
+    (greedy "Paris" survives either way, so this is the discriminating check)."""
+    import moelab.interop.gguf as gg
+
+    ckpt = gg.read_gguf(pretrained_path("smollm2"))
+    tok = gg.load_gguf_tokenizer(ckpt)
+    ids = torch.tensor([tok.encode(EIFFEL)])
+
+    def ppl(model) -> float:
+        with torch.no_grad():
+            return float(model.loss(ids[:, :-1], ids[:, 1:]).ce.exp())
+
+    good = ppl(gg.load_gguf_model(ckpt, max_seq_len=128))
+    monkeypatch.setattr(gg, "unpermute_rope_rows", lambda w, n: w)
+    bad = ppl(gg.load_gguf_model(ckpt, max_seq_len=128))
+    assert good < 12, good
+    assert bad > 2 * good, (good, bad)
