@@ -1,0 +1,294 @@
+"""``moelab upcycle``: upcycle a dense model (pretrained name or model folder) into a run folder.
+
+The written folder holds what ``moelab train --init-from FOLDER`` reads:
+
+    config.json, model.safetensors, manifest.json   (moelab.models.save_model)
+    tokenizer_meta.json, tokenizer.json              (Tokenizer.save)
+    upcycle.json                                      provenance and the measured check
+
+The folder is assembled in a temporary sibling folder and renamed into place, so ``out`` is
+either absent, its previous content, or the complete new folder — never half written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from moelab.models.config import ModelConfig
+from moelab.models.dense_twin import count_params
+from moelab.models.io import CheckpointError, load_model, save_model
+from moelab.models.pretrained import PRETRAINED, available_pretrained, load_pretrained
+from moelab.models.transformer import MoETransformer
+from moelab.train.upcycle import (
+    ROUTER_INITS,
+    max_logit_diff,
+    selects_complete_copies,
+    upcycle,
+    upcycle_spec,
+)
+
+UPCYCLE_FILE = "upcycle.json"
+PROBE_TEXT = "The capital of France is Paris. Mixture-of-experts models route each token."
+"""Text whose tokens the written model is checked on (dense vs upcycled logits)."""
+
+
+@dataclass
+class UpcycleResult:
+    """What :func:`upcycle_command` did.
+
+    Attributes:
+        out: the run folder written.
+        source: the source as given.
+        config: the upcycled model's config.
+        num_experts, top_k: routed experts (E·G) and active experts (k·G) per MoE layer.
+        granularity: G.
+        params: ``count_params`` of the upcycled model (``total``, ``active_per_token``, ...).
+        dense_params: total parameters of the dense source.
+        max_abs_logit_diff: ``max |logits_moe − logits_dense|`` on the probe tokens.
+        max_abs_logit: ``max |logits_dense|`` on the probe tokens (scale of the above).
+        complete_copies: every token picked whole copies in every layer on the probe.
+        probe_tokens: tokens in the probe.
+        seconds: wall time of the whole command.
+    """
+
+    out: Path
+    source: str
+    config: ModelConfig
+    num_experts: int
+    top_k: int
+    granularity: int
+    params: dict[str, int] = field(default_factory=dict)
+    dense_params: int = 0
+    max_abs_logit_diff: float = 0.0
+    max_abs_logit: float = 0.0
+    complete_copies: bool = True
+    probe_tokens: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able summary (what ``upcycle.json`` holds, minus the config)."""
+        return {
+            "out": str(self.out),
+            "source": self.source,
+            "num_experts": self.num_experts,
+            "top_k": self.top_k,
+            "granularity": self.granularity,
+            "params": self.params,
+            "dense_params": self.dense_params,
+            "max_abs_logit_diff": self.max_abs_logit_diff,
+            "max_abs_logit": self.max_abs_logit,
+            "complete_copies": self.complete_copies,
+            "probe_tokens": self.probe_tokens,
+            "seconds": self.seconds,
+        }
+
+
+def load_dense_source(source: str | os.PathLike[str]) -> tuple[MoETransformer, Any]:
+    """``(dense model, tokenizer)`` of a pretrained name or a moelab model/run folder.
+
+    Raises:
+        ValueError: naming ``source`` — unknown name and not a folder, a folder without a
+            model or tokenizer, or a model that already has MoE layers.
+        PretrainedNotInstalledError: the named model's package is missing (pip commands).
+    """
+    from moelab.data.tokenizer import load_tokenizer
+
+    name = str(source)
+    if name.lower() in PRETRAINED:
+        model, tok = load_pretrained(name)
+    else:
+        folder = Path(source)
+        if not folder.is_dir():
+            raise ValueError(
+                f"source: {name!r} is neither a pretrained model "
+                f"({', '.join(available_pretrained())}) nor an existing model folder"
+            )
+        try:
+            model = load_model(folder)
+        except CheckpointError as e:
+            raise ValueError(f"source: {folder} holds no loadable moelab model ({e})") from e
+        try:
+            tok = load_tokenizer(folder)
+        except ValueError as e:
+            raise ValueError(f"source: {folder} holds no tokenizer ({e})") from e
+    if model.cfg.moe is not None:
+        raise ValueError(f"source: {name!r} is already an MoE model; upcycling needs a dense one")
+    return model.eval(), tok
+
+
+def _check_args(experts: Any, top_k: Any, granularity: Any, seed: Any) -> None:
+    """Cheap checks before loading anything (the full check needs the FFN width)."""
+    for arg, v, low in (
+        ("experts", experts, 1),
+        ("top_k", top_k, 1),
+        ("granularity", granularity, 1),
+    ):
+        if not isinstance(v, int) or isinstance(v, bool) or v < low:
+            raise ValueError(f"{arg}: must be an int >= {low}, got {v!r}")
+    if top_k > experts:
+        raise ValueError(f"top_k: must be in [1, experts={experts}], got {top_k}")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ValueError(f"seed: must be an int, got {seed!r}")
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _install_folder(tmp: Path, out: Path, force: bool) -> None:
+    """Move the finished ``tmp`` folder to ``out`` (replacing it only when ``force``)."""
+    trash: Path | None = None
+    if out.exists():
+        if any(out.iterdir()):
+            if not force:
+                raise FileExistsError(f"out: {out} exists and is not empty; pass force=True")
+            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, trash / out.name)
+        else:
+            out.rmdir()
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        if trash is not None:  # put the previous folder back
+            os.replace(trash / out.name, out)
+            shutil.rmtree(trash, ignore_errors=True)
+        raise
+    _fsync_dir(out.parent)
+    if trash is not None:
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def upcycle_command(
+    source: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    experts: int,
+    top_k: int,
+    granularity: int = 1,
+    seed: int = 0,
+    *,
+    force: bool = False,
+    router_init: str = "virtual_group",
+    first_dense_layers: int = 0,
+) -> UpcycleResult:
+    """Upcycle ``source`` into an MoE model and write model + tokenizer to the run folder ``out``.
+
+    Args:
+        source: ``"smollm2"`` (see :mod:`moelab.models.pretrained`) or a folder written by
+            ``save_model`` + ``Tokenizer.save`` holding a dense model.
+        out: the run folder to write (created; parents too).
+        experts: E, copies of each dense FFN; the MoE layers get E·granularity experts.
+        top_k: k, copies active per token (k·granularity experts).
+        granularity: G, slices per FFN (divides the FFN width).
+        seed: seeds the router initialisation.
+        force: replace an existing non-empty ``out``.
+        router_init: ``"virtual_group"`` or ``"random"`` (G = 1 only); see
+            :func:`moelab.train.upcycle.upcycle`.
+        first_dense_layers: keep the first n layers dense.
+    Returns:
+        :class:`UpcycleResult` with the measured dense-vs-MoE logit difference on
+        :data:`PROBE_TEXT`.
+    Raises:
+        ValueError: bad arguments (named), bad source, ``out`` equal to the source folder.
+        FileExistsError: ``out`` is a non-empty folder and ``force`` is False.
+        RuntimeError: the written model does not reproduce the dense logits (a bug).
+    """
+    t0 = time.perf_counter()
+    _check_args(experts, top_k, granularity, seed)
+    if router_init not in ROUTER_INITS:
+        raise ValueError(f"router_init: must be one of {ROUTER_INITS}, got {router_init!r}")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out: {out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise FileExistsError(f"out: {out} exists and is not empty; pass force=True")
+    src_path = Path(source)
+    if src_path.is_dir() and out.exists() and out.resolve() == src_path.resolve():
+        raise ValueError(f"out: must differ from the source folder {src_path}")
+
+    dense, tok = load_dense_source(source)
+    spec = upcycle_spec(dense.cfg.dense_ffn_size, experts, top_k, granularity, None, router_init)
+    moe = upcycle(
+        dense,
+        experts,
+        top_k,
+        granularity,
+        router_init=router_init,  # type: ignore[arg-type]
+        seed=seed,
+        first_dense_layers=first_dense_layers,
+    ).eval()
+
+    ids = tok.encode(PROBE_TEXT)[: dense.cfg.max_seq_len] or [0]
+    probe = torch.tensor([ids], dtype=torch.long, device=dense.embed.weight.device)
+    with torch.no_grad():
+        scale = float(dense(probe).logits.double().abs().max())
+    diff = max_logit_diff(dense, moe, probe)
+    complete = selects_complete_copies(moe, probe, granularity)
+    tol = (1e-3 if dense.embed.weight.dtype == torch.float32 else 5e-2) * (1.0 + scale)
+    if not diff <= tol:
+        raise RuntimeError(
+            f"upcycled model differs from the dense model by {diff:.3g} in the logits "
+            f"(tolerance {tol:.3g}); please report this"
+        )
+    result = UpcycleResult(
+        out=out,
+        source=str(source),
+        config=moe.cfg,
+        num_experts=spec.num_experts,
+        top_k=spec.top_k,
+        granularity=granularity,
+        params=count_params(moe),
+        dense_params=sum(p.numel() for p in dense.parameters()),
+        max_abs_logit_diff=diff,
+        max_abs_logit=scale,
+        complete_copies=complete,
+        probe_tokens=len(ids),
+    )
+    del dense
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        save_model(moe, tmp)
+        tok.save(tmp)
+        info = {
+            "format_version": 1,
+            "method": "sparse upcycling (arXiv 2212.05055), granular (arXiv 2410.07524)",
+            "copies": spec.copies,
+            "top_k_copies": spec.top_k_copies,
+            "router_init": router_init,
+            "seed": seed,
+            "down_scale": spec.down_scale,
+            **result.to_dict(),
+        }
+        info.pop("out")
+        info.pop("seconds")
+        text = json.dumps(info, indent=2, sort_keys=True) + "\n"
+        with open(tmp / UPCYCLE_FILE, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        _install_folder(tmp, out, force)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    result.seconds = time.perf_counter() - t0
+    return result
