@@ -218,10 +218,14 @@ def train(
 
 
 def _load_run(run: Path):
+    """A run/model folder, or a named pretrained model (e.g. ``smollm2``)."""
     from moelab.data import load_tokenizer
     from moelab.models import load_model
+    from moelab.models.pretrained import PRETRAINED, load_pretrained
 
     if not run.is_dir():
+        if str(run) in PRETRAINED:
+            return load_pretrained(str(run))
         raise FileNotFoundError(f"{run}: run folder not found")
     return load_model(run), load_tokenizer(run)
 
@@ -274,7 +278,9 @@ def _evaluate_run(run: Path, data: str | None, tokens: int, batch_size: int):
 
 @app.command()
 def generate(
-    run: Annotated[Path, typer.Argument(help="Run folder.")],
+    run: Annotated[
+        Path, typer.Argument(help="Run folder, model folder, or a pretrained name (smollm2).")
+    ],
     prompt: Annotated[str, Opt(help="Text to continue.")] = "\n",
     max_new_tokens: Annotated[int, Opt(help="Tokens to generate.")] = 200,
     temperature: Annotated[float, Opt(help="Sampling temperature (0 = greedy).")] = 0.8,
@@ -307,6 +313,38 @@ def generate(
 
 
 app.command("convert")(convert_command)
+
+
+@app.command()
+def upcycle(
+    source: Annotated[str, Opt("--from", help="Dense model: 'smollm2' or a dense model folder.")],
+    out: Annotated[Path, Opt(help="Run folder to write.")],
+    experts: Annotated[int, Opt(help="E: copies of each dense FFN.")] = 8,
+    top_k: Annotated[int, Opt(help="k: copies active per token.")] = 2,
+    granularity: Annotated[int, Opt(help="G: split each copy into G finer experts.")] = 1,
+    seed: Annotated[int, Opt(help="Router initialisation seed.")] = 0,
+    force: Annotated[bool, Opt(help="Replace a non-empty --out.")] = False,
+) -> None:
+    """Sparse upcycling: turn a dense model into an MoE whose output is identical at step 0.
+
+    Examples:
+      moelab upcycle --from smollm2 --experts 8 --top-k 2 --out runs/smollm2-moe
+      moelab generate runs/smollm2-moe --prompt "The capital of France is" --temperature 0
+      moelab train --init-from runs/smollm2-moe --data mix --steps 50 --lr 1e-4 --out runs/smollm2-ft
+    """
+    from moelab.models.pretrained import PretrainedNotInstalledError
+    from moelab.train.upcycle_cli import upcycle_command
+
+    try:
+        result = _run(upcycle_command, source, out, experts, top_k, granularity, seed, force=force)
+    except PretrainedNotInstalledError as exc:
+        _fail(exc)
+    p = result.params
+    console.print(
+        f"upcycled {source} -> {out}: {result.num_experts} experts, {result.top_k} active, "
+        f"{p['total'] / 1e6:.1f}M params ({p['active_per_token'] / 1e6:.1f}M active); "
+        f"max |logit difference| vs dense {result.max_abs_logit_diff:.2e}"
+    )
 
 
 def main() -> None:

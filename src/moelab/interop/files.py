@@ -9,10 +9,7 @@ code when loaded).
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,49 +96,3 @@ def copy_tokenizer(src: Path, dst: Path) -> list[str]:
             shutil.copy2(src / name, dst / name)
             copied.append(name)
     return copied
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_folder_atomically(out_dir: Path, fill: Callable[[Path], Any], overwrite: bool) -> Any:
-    """Create ``out_dir`` by ``fill(tmp)`` in a sibling temp folder, fsync, then rename.
-
-    A failure leaves nothing at ``out_dir`` (or the previous folder untouched).
-
-    Raises:
-        FileExistsError: ``out_dir`` exists and is not empty, unless ``overwrite``.
-    """
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not (out_dir.is_dir() and not any(out_dir.iterdir())) and not overwrite:
-        raise FileExistsError(f"{out_dir}: exists and is not empty (pass overwrite=True)")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
-    try:
-        result = fill(tmp)
-        for p in tmp.iterdir():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
-        _fsync_dir(tmp)
-        old = None
-        if out_dir.exists():
-            old = out_dir.with_name(f".{out_dir.name}.old.{os.getpid()}")
-            os.replace(out_dir, old)
-        os.replace(tmp, out_dir)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-        _fsync_dir(out_dir.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return result

@@ -28,7 +28,6 @@ from moelab.interop.files import (
     copy_tokenizer,
     read_json,
     read_tensors,
-    write_folder_atomically,
 )
 from moelab.interop.hf_config import ARCHS, config_from_hf, config_to_hf, infer_arch
 from moelab.interop.hf_weights import (
@@ -40,6 +39,7 @@ from moelab.interop.hf_weights import (
     model_rules,
 )
 from moelab.models import MoETransformer, load_model, save_model
+from moelab.utils.atomic import write_folder_atomically
 
 HF_SOURCE_FILE = "hf_source.json"
 """Written next to a converted moelab model: the original HF config, arch and layout, so an

@@ -12,10 +12,7 @@ either absent, its previous content, or the complete new folder — never half w
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +32,7 @@ from moelab.train.upcycle import (
     upcycle,
     upcycle_spec,
 )
+from moelab.utils.atomic import atomic_write_json, write_folder_atomically
 
 UPCYCLE_FILE = "upcycle.json"
 PROBE_TEXT = "The capital of France is Paris. Mixture-of-experts models route each token."
@@ -140,42 +138,6 @@ def _check_args(experts: Any, top_k: Any, granularity: Any, seed: Any) -> None:
         raise ValueError(f"seed: must be an int, got {seed!r}")
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _install_folder(tmp: Path, out: Path, force: bool) -> None:
-    """Move the finished ``tmp`` folder to ``out`` (replacing it only when ``force``)."""
-    trash: Path | None = None
-    if out.exists():
-        if any(out.iterdir()):
-            if not force:
-                raise FileExistsError(f"out: {out} exists and is not empty; pass force=True")
-            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, trash / out.name)
-        else:
-            out.rmdir()
-    try:
-        os.replace(tmp, out)
-    except BaseException:
-        if trash is not None:  # put the previous folder back
-            os.replace(trash / out.name, out)
-            shutil.rmtree(trash, ignore_errors=True)
-        raise
-    _fsync_dir(out.parent)
-    if trash is not None:
-        shutil.rmtree(trash, ignore_errors=True)
-
-
 def upcycle_command(
     source: str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -263,32 +225,24 @@ def upcycle_command(
     )
     del dense
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    info = {
+        "format_version": 1,
+        "method": "sparse upcycling (arXiv 2212.05055), granular (arXiv 2410.07524)",
+        "copies": spec.copies,
+        "top_k_copies": spec.top_k_copies,
+        "router_init": router_init,
+        "seed": seed,
+        "down_scale": spec.down_scale,
+        **result.to_dict(),
+    }
+    info.pop("out")
+    info.pop("seconds")
+
+    def fill(tmp: Path) -> None:
         save_model(moe, tmp)
         tok.save(tmp)
-        info = {
-            "format_version": 1,
-            "method": "sparse upcycling (arXiv 2212.05055), granular (arXiv 2410.07524)",
-            "copies": spec.copies,
-            "top_k_copies": spec.top_k_copies,
-            "router_init": router_init,
-            "seed": seed,
-            "down_scale": spec.down_scale,
-            **result.to_dict(),
-        }
-        info.pop("out")
-        info.pop("seconds")
-        text = json.dumps(info, indent=2, sort_keys=True) + "\n"
-        with open(tmp / UPCYCLE_FILE, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_dir(tmp)
-        _install_folder(tmp, out, force)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        atomic_write_json(tmp / UPCYCLE_FILE, info, sort_keys=True)
+
+    write_folder_atomically(out, fill, overwrite=force)
     result.seconds = time.perf_counter() - t0
     return result

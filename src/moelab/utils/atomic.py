@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -60,3 +61,38 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any, **dumps_kwargs: An
     """Write ``obj`` as indented JSON (plus a newline) to ``path`` atomically."""
     dumps_kwargs.setdefault("indent", 2)
     return atomic_write_text(path, json.dumps(obj, **dumps_kwargs) + "\n")
+
+
+def write_folder_atomically(
+    out_dir: str | os.PathLike[str], fill: Callable[[Path], Any], overwrite: bool = False
+) -> Any:
+    """Create ``out_dir`` by ``fill(tmp)`` in a sibling temp folder, fsync, then rename.
+
+    A failure leaves nothing at ``out_dir`` (or the previous folder untouched).
+
+    Raises:
+        FileExistsError: ``out_dir`` exists and is not empty, unless ``overwrite``.
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not (out_dir.is_dir() and not any(out_dir.iterdir())) and not overwrite:
+        raise FileExistsError(f"{out_dir}: exists and is not empty (pass overwrite=True)")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    try:
+        result = fill(tmp)
+        for p in tmp.iterdir():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+        fsync_dir(tmp)
+        old = None
+        if out_dir.exists():
+            old = out_dir.with_name(f".{out_dir.name}.old.{os.getpid()}")
+            os.replace(out_dir, old)
+        os.replace(tmp, out_dir)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        fsync_dir(out_dir.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return result
