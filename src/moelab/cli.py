@@ -21,7 +21,7 @@ app = typer.Typer(
     help="moelab: train, evaluate, analyse and serve Mixture-of-Experts language models.",
 )
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True, highlight=False)
 
 USER_ERRORS = (DataError, CheckpointError, ValueError, FileNotFoundError, FloatingPointError)
 

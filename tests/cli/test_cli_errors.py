@@ -1,0 +1,158 @@
+"""Bad input through the CLI: one clear line on stderr, exit code 2, no traceback, files intact."""
+
+import pytest
+from typer.testing import CliRunner
+
+from moelab.cli import app
+from moelab.data import ByteTokenizer
+from moelab.models import ModelConfig, MoETransformer, save_model
+
+runner = CliRunner()
+
+TINY = ["--d-model", "32", "--layers", "1", "--heads", "2", "--experts", "4", "--top-k", "2",
+        "--expert-ffn", "32", "--steps", "1", "--batch-size", "2", "--seq-len", "16",
+        "--eval-tokens", "32", "--no-progress"]  # fmt: skip
+
+
+def _err(result):
+    assert result.exit_code == 2, result.output
+    text = result.output.strip()
+    assert "Traceback" not in text
+    assert text.startswith("error:"), text
+    assert len(text.splitlines()) == 1, text
+    return text
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    folder = tmp_path / "run"
+    save_model(MoETransformer(ModelConfig.tiny(vocab_size=256)), folder)
+    ByteTokenizer().save(folder)
+    return folder
+
+
+def test_missing_corpus_path(tmp_path):
+    assert "nope" in _err(
+        runner.invoke(
+            app, ["train", "--data", str(tmp_path / "nope"), "--out", str(tmp_path / "r"), *TINY]
+        )
+    )
+    assert not (tmp_path / "r").exists()
+
+
+def test_empty_binary_and_short_corpora(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    _err(runner.invoke(app, ["train", "--data", str(empty), "--out", str(tmp_path / "r1"), *TINY]))
+    binary = tmp_path / "bin.txt"
+    binary.write_bytes(b"abc\x00\x01\x02" * 50)
+    assert "bin.txt" in _err(
+        runner.invoke(app, ["train", "--data", str(binary), "--out", str(tmp_path / "r2"), *TINY])
+    )
+    short = tmp_path / "short.txt"
+    short.write_text("tiny text")
+    assert "seq_len" in _err(
+        runner.invoke(app, ["train", "--data", str(short), "--out", str(tmp_path / "r3"), *TINY])
+    )
+
+
+def test_invalid_hyperparameters_name_the_field(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("hello world " * 200)
+    assert "top_k" in _err(
+        runner.invoke(
+            app, ["train", "--data", str(text), "--out", str(tmp_path / "r"), *TINY, "--top-k", "9"]
+        )
+    )
+    assert "tokenizer" in _err(
+        runner.invoke(
+            app,
+            [
+                "train",
+                "--data",
+                str(text),
+                "--out",
+                str(tmp_path / "r"),
+                *TINY,
+                "--tokenizer",
+                "words",
+            ],
+        )
+    )
+    bad = tmp_path / "c.yaml"
+    bad.write_text("train: {stepz: 3}\n")
+    assert "stepz" in _err(
+        runner.invoke(app, ["train", "--config", str(bad), "--out", str(tmp_path / "r")])
+    )
+
+
+def test_existing_run_folder_is_not_overwritten(tmp_path, run_dir):
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    text = tmp_path / "t.txt"
+    text.write_text("hello world " * 200)
+    assert "not empty" in _err(
+        runner.invoke(app, ["train", "--data", str(text), "--out", str(run_dir), *TINY])
+    )
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+
+
+def test_corrupt_truncated_and_newer_run_folders(run_dir):
+    weights = run_dir / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    assert "model.safetensors" in _err(
+        runner.invoke(app, ["generate", str(run_dir), "--prompt", "hi"])
+    )
+    weights.write_bytes(data)
+    cfg = run_dir / "config.json"
+    cfg.write_text(cfg.read_text().replace('"format_version": 1', '"format_version": 99'))
+    assert "config.json" in _err(runner.invoke(app, ["eval", str(run_dir)]))
+
+
+def test_missing_run_and_bad_sampling(tmp_path, run_dir):
+    assert "not found" in _err(
+        runner.invoke(app, ["generate", str(tmp_path / "none"), "--prompt", "x"])
+    )
+    assert "temperature" in _err(
+        runner.invoke(app, ["generate", str(run_dir), "--temperature", "-1"])
+    )
+    assert "prompt" in _err(runner.invoke(app, ["generate", str(run_dir), "--prompt", ""]))
+
+
+def test_generate_streams_a_deterministic_sample(run_dir):
+    a = runner.invoke(
+        app, ["generate", str(run_dir), "--prompt", "ab", "--max-new-tokens", "12", "--seed", "3"]
+    )
+    b = runner.invoke(
+        app, ["generate", str(run_dir), "--prompt", "ab", "--max-new-tokens", "12", "--seed", "3"]
+    )
+    assert a.exit_code == 0 and a.output == b.output and a.output.startswith("ab")
+
+
+def test_config_file_formats_and_flag_precedence(tmp_path):
+    from moelab.cli import build_configs
+
+    none_flags = dict.fromkeys(
+        ["d_model", "layers", "heads", "kv_heads", "experts", "top_k", "expert_ffn", "shared_expert",
+         "first_dense", "router", "score_func", "capacity_factor", "aux_loss", "aux_coeff", "z_coeff",
+         "expert_bias", "bias_rate"]
+    )  # fmt: skip
+    files = {
+        "c.yaml": "model: {d_model: 64, moe: {router: {num_experts: 4}}}\ntrain: {steps: 7}\n",
+        "c.json": '{"model": {"d_model": 64, "moe": {"router": {"num_experts": 4}}}, "train": {"steps": 7}}',
+        "c.toml": "[model]\nd_model = 64\n[model.moe.router]\nnum_experts = 4\n[train]\nsteps = 7\n",
+    }
+    for name, text in files.items():
+        path = tmp_path / name
+        path.write_text(text)
+        model, train = build_configs(path, none_flags, {"lr": 1e-3}, dense=False)
+        assert (model.d_model, model.moe.experts.hidden_size, model.moe.router.num_experts) == (
+            64,
+            64,
+            4,
+        )
+        assert (train.steps, train.lr) == (7, 1e-3)
+        model, train = build_configs(path, {**none_flags, "experts": 6}, {"steps": 9}, dense=False)
+        assert (model.moe.router.num_experts, train.steps) == (6, 9)
+    dense, _ = build_configs(None, none_flags, {}, dense=True)
+    assert dense.moe is None
