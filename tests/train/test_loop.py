@@ -33,7 +33,7 @@ def test_training_lowers_the_loss_and_writes_the_run_folder(corpus, tmp_path):
     o = result.final_eval.overall
     assert o.bits_per_byte == pytest.approx(o.loss / math.log(2), rel=1e-9)
     val = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"val"' in x]
-    assert [r["step"] for r in val] == [10, 20, 30]
+    assert [r["step"] for r in val] == [0, 10, 20, 30]
 
 
 def test_resume_continues_exactly_like_an_uninterrupted_run(corpus, tmp_path):

@@ -267,6 +267,24 @@ def _train(
             save_checkpoint(run_dir, model, state, step)
         barrier(dist_info)
 
+    def validate(step: int) -> EvalResult | None:
+        """Score the validation streams on rank 0 and log them."""
+        result = None
+        if dist_info.is_main:
+            result = evaluate(
+                model,
+                val_streams,
+                seq_len=cfg.seq_len,
+                batch_size=cfg.batch_size,
+                max_tokens=cfg.eval_tokens,
+            )
+            rec = _eval_record(step, result)
+            metrics.write(rec)
+            history.append(rec)
+            bar.set_val(result.overall.bits_per_byte)
+        barrier(dist_info)
+        return result
+
     tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * dist_info.world_size
     bar = TrainProgress(cfg.steps, enabled=progress and dist_info.is_main, start=start_step)
     model.train()
@@ -277,6 +295,8 @@ def _train(
     history: list[dict[str, Any]] = []
     final_eval: EvalResult | None = None
     with _StopFlag() as stop, bar:
+        if start_step == 0:  # the starting point of the validation curve
+            validate(0)
         while step < cfg.steps:
             lr = lr_at(
                 step,
@@ -351,20 +371,7 @@ def _train(
                 metrics.write(rec)
                 history.append(rec)
             if step % cfg.eval_every == 0 or step == cfg.steps:
-                if dist_info.is_main:
-                    result = evaluate(
-                        model,
-                        val_streams,
-                        seq_len=cfg.seq_len,
-                        batch_size=cfg.batch_size,
-                        max_tokens=cfg.eval_tokens,
-                    )
-                    rec = _eval_record(step, result)
-                    metrics.write(rec)
-                    history.append(rec)
-                    bar.set_val(result.overall.bits_per_byte)
-                    final_eval = result
-                barrier(dist_info)
+                final_eval = validate(step) or final_eval
             over_budget = cfg.time_budget_s is not None and (
                 elapsed_before + time.perf_counter() - t0 >= cfg.time_budget_s
             )
