@@ -20,7 +20,7 @@ app = typer.Typer(
     no_args_is_help=True,
     help="moelab: train, evaluate, analyse and serve Mixture-of-Experts language models.",
 )
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, soft_wrap=True, highlight=False)
 
 USER_ERRORS = (DataError, CheckpointError, ValueError, FileNotFoundError, FloatingPointError)
@@ -313,6 +313,98 @@ def generate(
 
 
 app.command("convert")(convert_command)
+
+
+@app.command()
+def analyze(
+    run: Annotated[
+        Path, typer.Argument(help="Run folder or model folder (e.g. an imported HF MoE).")
+    ],
+    data: Annotated[
+        str | None, Opt(help="Corpus to route (default: the run's validation split).")
+    ] = None,
+    tokens: Annotated[int, Opt(help="Tokens per domain to route.")] = 32_768,
+    batch_size: Annotated[int, Opt(help="Sequences per batch.")] = 8,
+    seq_len: Annotated[int | None, Opt(help="Context length (default: the run's).")] = None,
+    out: Annotated[Path | None, Opt(help="Output folder (default RUN/analysis).")] = None,
+) -> None:
+    """Routing analysis: load, confidence, co-activation, pathways, specialisation, rank.
+
+    Writes analysis.json, PNG plots and a self-contained report.html.
+
+    Examples:
+      moelab analyze runs/main
+      moelab analyze runs/main --data shakespeare --tokens 8192 --out /tmp/an
+    """
+    from rich.progress import Progress
+
+    from moelab.analysis import analyze as analyze_records
+    from moelab.analysis import plot_all, write_json, write_report
+    from moelab.analysis.collect import collect
+
+    model, tokenizer = _run(_load_run, run)
+    streams, cfg_seq_len = _run(_analysis_streams, run, data, tokenizer)
+    seq_len = min(seq_len or cfg_seq_len, model.cfg.max_seq_len)
+    out = out or run / "analysis"
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("routing validation text", total=None)
+        got = _run(
+            collect, model, streams, seq_len=seq_len, batch_size=batch_size, max_tokens=tokens,
+            on_batch=lambda: bar.advance(task),
+        )  # fmt: skip
+        bar.update(task, description="computing metrics and plots")
+        result = analyze_records(
+            got.records_by_layer, domains=got.domains, domain_names=got.domain_names,
+            hidden_by_layer=got.hidden_by_layer, expert_outputs_by_layer=got.expert_outputs_by_layer,
+        )  # fmt: skip
+        write_json(result, out / "analysis.json")
+        pngs = plot_all(result, out / "plots")
+        write_report(result, pngs, out / "report.html", title=f"moelab routing report: {run}")
+    table = Table(title=f"{run}: routing per MoE layer")
+    cols = {
+        "layer": "layer", "cv": "CV", "max_over_mean": "max/mean", "num_dead": "dead",
+        "entropy": "H nats", "normalized_entropy": "H/lnE", "margin": "margin",
+        "adjacent_consistency": "adj", "pathway_nmi_next": "path NMI", "domain_nmi": "dom NMI",
+        "effective_rank": "eff rank", "redundancy": "cos",
+    }  # fmt: skip
+    present = [c for c in cols if any(c in row for row in result["headline"])]
+    for c in present:
+        table.add_column(cols[c], justify="right")
+    for row in result["headline"]:
+        table.add_row(*(_fmt(row.get(c)) for c in present))
+    console.print(table)
+    console.print(f"wrote {out / 'analysis.json'}, {len(pngs)} plots and {out / 'report.html'}")
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
+def _analysis_streams(run: Path, data: str | None, tokenizer):
+    """The run's validation streams per domain (or ``data`` split by domain) and its seq_len."""
+    from moelab.data import TokenStream, load_corpus
+    from moelab.train.config import TrainConfig
+    from moelab.train.loop import RUN_FILE, prepare_data
+
+    run_file = run / RUN_FILE
+    cfg = (
+        TrainConfig.from_dict(json.loads(run_file.read_text())["train"])
+        if run_file.exists()
+        else TrainConfig()
+    )
+    if data is None:
+        return prepare_data(cfg, tokenizer)[2], cfg.seq_len
+    docs = load_corpus(data)
+    names = sorted({d.domain for d in docs})
+    streams = {
+        n: TokenStream.from_documents(
+            [d for d in docs if d.domain == n], tokenizer, domain_names=names, name=n
+        )
+        for n in names
+    }
+    return streams, cfg.seq_len
 
 
 @app.command()

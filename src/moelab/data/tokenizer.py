@@ -105,7 +105,8 @@ class ByteTokenizer(Tokenizer):
 class BPETokenizer(Tokenizer):
     """Byte-level BPE from Hugging Face ``tokenizers`` (GPT-2 style byte alphabet).
 
-    Id 0 is the special token ``<|endoftext|>`` (``eot_id``); the 256 byte symbols follow,
+    When trained here, id 0 is the special token ``<|endoftext|>`` (``eot_id``; None for a
+    loaded ``tokenizer.json`` without it); the 256 byte symbols follow,
     then the learned merges. ``decode`` keeps special tokens, so text that literally contains
     ``<|endoftext|>`` still round-trips (it encodes to ``eot_id``, which counts 0 bytes).
     Build with :meth:`train` or :func:`load_tokenizer`.
@@ -114,11 +115,9 @@ class BPETokenizer(Tokenizer):
     kind = "bpe"
 
     def __init__(self, hf_tokenizer) -> None:
-        eot = hf_tokenizer.token_to_id(EOT_TOKEN)
-        if eot is None:
-            raise TokenizerError(f"BPE tokenizer has no {EOT_TOKEN} token")
         self._tok = hf_tokenizer
-        self.eot_id = eot
+        # a foreign tokenizer.json may lack <|endoftext|>: documents are then joined by "\n"
+        self.eot_id = hf_tokenizer.token_to_id(EOT_TOKEN)
 
     @classmethod
     def train(
@@ -181,7 +180,8 @@ class BPETokenizer(Tokenizer):
 
 
 def load_tokenizer(folder: str | os.PathLike[str]) -> Tokenizer:
-    """Load a tokenizer saved with :meth:`Tokenizer.save`.
+    """Load a tokenizer saved with :meth:`Tokenizer.save`, or a plain Hugging Face
+    ``tokenizer.json`` (e.g. one copied along by ``moelab convert``) as a :class:`BPETokenizer`.
 
     Raises:
         TokenizerError: missing, truncated or corrupt ``tokenizer_meta.json`` or
@@ -193,7 +193,11 @@ def load_tokenizer(folder: str | os.PathLike[str]) -> Tokenizer:
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise TokenizerError(f"{meta_path}: not found; no tokenizer saved in {folder}") from None
+        if not (folder / BPE_FILE).exists():
+            raise TokenizerError(
+                f"{meta_path}: not found; no tokenizer saved in {folder}"
+            ) from None
+        meta = {"kind": "bpe", "format_version": FORMAT_VERSION}
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise TokenizerError(f"{meta_path}: corrupt or truncated tokenizer meta ({exc})") from None
     if not isinstance(meta, dict) or "kind" not in meta or "format_version" not in meta:

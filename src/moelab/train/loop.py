@@ -377,10 +377,8 @@ def _train(
             )
             stopping = stop.stop or (stop_after is not None and step >= stop_after) or over_budget
             if (
-                stopping
-                or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
-                or step == cfg.steps
-            ):
+                stopping or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+            ) and step < cfg.steps:  # a finished run's result is the model at the run root
                 checkpoint(step)
             if stopping:
                 interrupted = stop.stop or (stop_after is not None and step >= stop_after)
