@@ -370,11 +370,11 @@ def _train(
                 }
                 metrics.write(rec)
                 history.append(rec)
-            if step % cfg.eval_every == 0 or step == cfg.steps:
-                final_eval = validate(step) or final_eval
             over_budget = cfg.time_budget_s is not None and (
                 elapsed_before + time.perf_counter() - t0 >= cfg.time_budget_s
             )
+            if step % cfg.eval_every == 0 or step == cfg.steps or over_budget:
+                final_eval = validate(step) or final_eval
             stopping = stop.stop or (stop_after is not None and step >= stop_after) or over_budget
             if (
                 stopping or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
