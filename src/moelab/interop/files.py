@@ -8,7 +8,6 @@ code when loaded).
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from moelab.interop.errors import InteropError
+from moelab.utils.jsonfile import read_json as read_json_file
 
 SAFETENSORS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -35,12 +35,7 @@ TOKENIZER_FILES = (
 
 
 def read_json(path: Path) -> Any:
-    if not path.is_file():
-        raise InteropError(f"{path}: missing")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InteropError(f"{path}: not valid JSON ({e})") from e
+    return read_json_file(path, InteropError)
 
 
 def _load(path: Path) -> dict[str, Tensor]:

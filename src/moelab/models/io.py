@@ -18,7 +18,6 @@ version, the checksums and the exact tensor names and shapes, and raises
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from safetensors.torch import load_file, save_file
 from moelab.models.config import ModelConfig
 from moelab.models.transformer import MoETransformer
 from moelab.utils.atomic import atomic_write, atomic_write_json
+from moelab.utils.jsonfile import read_json
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
@@ -63,12 +63,7 @@ def _stored_state(model: MoETransformer) -> dict[str, torch.Tensor]:
 
 
 def _read_json(path: Path) -> Any:
-    if not path.is_file():
-        raise CheckpointError(f"{path}: missing")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from e
+    return read_json(path, CheckpointError)
 
 
 def _check_version(path: Path, obj: Any) -> None:
