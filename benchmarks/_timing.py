@@ -31,7 +31,8 @@ def interleaved_medians(
 
     Each function is warmed up (``warmup`` calls, fewer when one call takes over 0.5 s) and
     its inner loop calibrated so a timed sample lasts at least ``min_sample_s``; it then gets
-    ``repeats`` samples, cut to ``budget_s`` of timed work but never below ``min_repeats``.
+    ``repeats`` samples, cut to ``budget_s`` of timed work but never below ``min_repeats``
+    (a single sample when one call alone exceeds the budget).
     Samples are taken round-robin over the functions with the garbage collector paused.
     """
     inner: dict[str, int] = {}
@@ -43,7 +44,8 @@ def interleaved_medians(
         one = _time_once(fn, 1)  # calibration call, also the last warm-up
         inner[name] = max(1, math.ceil(min_sample_s / max(one, 1e-9)))
         sample = one * inner[name]
-        n_samples[name] = max(min(repeats, min_repeats), min(repeats, int(budget_s / sample)))
+        floor = 1 if sample > budget_s else min(repeats, min_repeats)  # very slow: one sample
+        n_samples[name] = max(floor, min(repeats, int(budget_s / sample)))
     samples: dict[str, list[float]] = {name: [] for name in fns}
     gc_was_enabled = gc.isenabled()
     gc.collect()
