@@ -181,3 +181,13 @@ def test_aux_loss_coefficients_and_switch_off():
         )
     )(torch.randn(3, 8))
     assert out.aux_losses == {}
+
+
+def test_aux_losses_only_when_gradients_are_recorded():
+    layer = make_layer()
+    x = torch.randn(6, 8)
+    assert set(layer(x).aux_losses) == {"load_balance", "z_loss"}
+    with torch.no_grad():
+        out = layer(x)
+    assert out.aux_losses == {}
+    assert out.record.counts.sum().item() == 12

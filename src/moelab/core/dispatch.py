@@ -1,8 +1,16 @@
 """Local (single-process) token dispatch: permute rows by expert, run experts, combine.
 
 Pairs are sorted stably by expert (torchtitan ``_local_reorder``, Megatron ``permute``), the
-token rows gathered into contiguous per-expert blocks, and the expert outputs scattered back
-with their combine weights in float32. The input is never written to.
+token rows gathered into contiguous per-expert blocks, and the expert outputs combined with
+their weights in float32. The input is never written to.
+
+Two combine paths, both deterministic:
+- uniform plans (``RoutingPlan.top_k`` set: k pairs per token, token-major): the expert
+  outputs are permuted back to pair order and each token's k rows are reduced with one batched
+  matmul ``w[T,1,k] @ y[T,k,D]``; the gather and the permutation have gather-only backwards
+  (no scatter-add), so forward and backward are free of atomics on every device;
+- general plans (capacity dropping, expert choice, variable budgets): ``index_add`` on CPU
+  (sequential), and on accelerators a sort by token plus ``segment_reduce``.
 """
 
 from __future__ import annotations
@@ -15,24 +23,68 @@ from torch import Tensor
 from moelab.core.plan import RoutingPlan
 
 
+class _GatherTokens(torch.autograd.Function):
+    """``x[token_of_row]`` for a uniform plan; backward = gather back to pair order and sum the
+    k rows of each token (instead of autograd's scatter-add)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, token_of_row: Tensor, inverse: Tensor, k: int) -> Tensor:
+        ctx.save_for_backward(inverse)
+        ctx.shape = (x.shape[0], k, x.shape[1])
+        return x[token_of_row]
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (inverse,) = ctx.saved_tensors
+        return grad.index_select(0, inverse).view(ctx.shape).sum(1), None, None, None
+
+
+class _PermuteRows(torch.autograd.Function):
+    """``y[perm]`` for a permutation; backward = gather with the inverse permutation."""
+
+    @staticmethod
+    def forward(ctx, y: Tensor, perm: Tensor, inverse: Tensor) -> Tensor:
+        ctx.save_for_backward(inverse)
+        return y.index_select(0, perm)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (inverse,) = ctx.saved_tensors
+        return grad.index_select(0, inverse), None, None
+
+
 @dataclass(frozen=True)
 class Dispatched:
-    """Rows handed to the experts: ``x [N, D]`` sorted by expert, ``counts [E]`` int64, and the
-    token index ``[N]`` and combine weight ``[N]`` float32 of every row."""
+    """Rows handed to the experts.
+
+    Attributes:
+        x: ``[N, D]`` rows sorted by expert.
+        counts: ``[E]`` int64 rows per expert.
+        token_idx: ``[N]`` token of every sorted row.
+        weight: ``[N]`` float32 combine weight of every sorted row.
+        order: ``[N]`` pair index of every sorted row (sorted = pairs[order]).
+        inverse: ``[N]`` inverse of ``order``, set for uniform plans.
+        top_k: the plan's ``top_k`` (uniform plans) or None.
+        pair_weight: ``[N]`` combine weights in pair order (uniform plans).
+    """
 
     x: Tensor
     counts: Tensor
     token_idx: Tensor
-    weight: Tensor
+    weight: Tensor | None
+    order: Tensor
+    inverse: Tensor | None = None
+    top_k: int | None = None
+    pair_weight: Tensor | None = None
 
 
 class LocalDispatcher:
     """Sort-by-expert dispatch on one device.
 
     Args:
-        deterministic: combine with a fixed summation order on every device. On CPU
-            ``index_add_`` is already sequential; on accelerators the deterministic path sorts
-            rows by token and uses ``segment_reduce`` instead of atomic adds.
+        deterministic: for general plans on accelerators, combine with a sort by token and
+            ``segment_reduce`` instead of ``index_add`` (atomic adds). CPU and uniform plans
+            are always deterministic.
     """
 
     def __init__(self, deterministic: bool = True) -> None:
@@ -40,16 +92,42 @@ class LocalDispatcher:
 
     def dispatch(self, x_TD: Tensor, plan: RoutingPlan) -> Dispatched:
         order = torch.argsort(plan.expert_idx, stable=True)
+        counts = torch.bincount(plan.expert_idx, minlength=plan.num_experts)
+        if plan.top_k is not None:
+            k = plan.top_k
+            inverse = torch.empty_like(order)
+            inverse[order] = torch.arange(order.shape[0], device=order.device)
+            token_idx = torch.div(order, k, rounding_mode="floor")
+            return Dispatched(
+                x=_GatherTokens.apply(x_TD, token_idx, inverse, k),
+                counts=counts,
+                token_idx=token_idx,
+                weight=None,
+                order=order,
+                inverse=inverse,
+                top_k=k,
+                pair_weight=plan.weight,
+            )
         token_idx = plan.token_idx[order]
         return Dispatched(
             x=x_TD[token_idx],
-            counts=torch.bincount(plan.expert_idx, minlength=plan.num_experts),
+            counts=counts,
             token_idx=token_idx,
             weight=plan.weight[order],
+            order=order,
         )
 
     def combine(self, y_ND: Tensor, d: Dispatched, num_tokens: int) -> Tensor:
-        """``out[t] = Σ_{pairs of t} w · y``, summed in float32, returned as ``[T, D]`` float32."""
+        """``out[t] = Σ_{pairs of t} w · y``, summed in float32 (float64 for float64 inputs).
+
+        Returns ``[T, D]`` in the weights' dtype.
+        """
+        if d.top_k is not None:
+            w = d.pair_weight
+            y_pairs = _PermuteRows.apply(y_ND, d.inverse, d.order).to(w.dtype)
+            k = d.top_k
+            D = y_ND.shape[-1]
+            return torch.bmm(w.view(num_tokens, 1, k), y_pairs.view(num_tokens, k, D)).squeeze(1)
         y = y_ND.to(d.weight.dtype) * d.weight.unsqueeze(-1)
         if y.device.type == "cpu" or not self.deterministic:
             out = y.new_zeros(num_tokens, y.shape[-1])

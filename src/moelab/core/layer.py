@@ -23,7 +23,8 @@ class MoEOutput:
     Attributes:
         hidden_states: same shape and dtype as the input.
         aux_losses: float32 scalars with their coefficients applied: ``"load_balance"``
-            and ``"z_loss"`` when enabled. Add their sum to the training loss.
+            and ``"z_loss"`` when enabled. Add their sum to the training loss. Empty under
+            ``torch.no_grad()`` (nothing to train; inference skips the work).
         record: detached routing telemetry.
         plan: the routing plan (keeps the graph; losses defined outside the layer use it).
     """
@@ -104,15 +105,16 @@ class MoELayer(nn.Module):
             y = y + self.shared_expert(x_TD).to(y.dtype)
         losses = self.config.losses
         aux: dict[str, Tensor] = {}
-        if self.balance_loss is not None and losses.aux_loss_coeff > 0:
+        want_losses = torch.is_grad_enabled()
+        if want_losses and self.balance_loss is not None and losses.aux_loss_coeff > 0:
             aux["load_balance"] = losses.aux_loss_coeff * self.balance_loss(
                 plan, token_mask, batch_shape
             )
-        if losses.z_loss_coeff > 0:
+        if want_losses and losses.z_loss_coeff > 0:
             aux["z_loss"] = losses.z_loss_coeff * router_z_loss(plan.logits, token_mask)
         return MoEOutput(
             hidden_states=y.to(x.dtype).reshape(x.shape),
             aux_losses=aux,
-            record=RoutingRecord.from_plan(plan, token_mask, batch_shape),
+            record=RoutingRecord.from_plan(plan, token_mask, batch_shape, padded=mask is not None),
             plan=plan,
         )

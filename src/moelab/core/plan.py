@@ -28,6 +28,9 @@ class RoutingPlan:
             ``compute_routing_scores_for_aux_loss``).
         num_experts: E.
         dropped: number of pairs the router selected but capacity dropped (0 when dropless).
+        top_k: set when the pairs are token-major with exactly ``top_k`` per token (pair
+            ``t·k + j`` belongs to token t), as dropless token choice produces; the dispatcher
+            then combines with a batched matmul instead of a scatter. None otherwise.
     """
 
     token_idx: Tensor
@@ -37,6 +40,7 @@ class RoutingPlan:
     probs: Tensor
     num_experts: int
     dropped: int = 0
+    top_k: int | None = None
 
     def __post_init__(self) -> None:
         n = self.token_idx.shape[0]
@@ -49,6 +53,10 @@ class RoutingPlan:
                 "token_idx, expert_idx and weight must be 1-D of one length, got "
                 f"{tuple(self.token_idx.shape)}, {tuple(self.expert_idx.shape)}, "
                 f"{tuple(self.weight.shape)}"
+            )
+        if self.top_k is not None and n != self.logits.shape[0] * self.top_k:
+            raise ValueError(
+                f"top_k: {n} pairs are not {self.top_k} per token for T={self.logits.shape[0]}"
             )
         if self.logits.dim() != 2 or self.logits.shape[1] != self.num_experts:
             raise ValueError(

@@ -62,4 +62,5 @@ class TopKRouter(Router):
             probs=balance_probs(scores, cfg.score_func),
             num_experts=E,
             dropped=dropped,
+            top_k=None if dropped else cfg.top_k,
         )
