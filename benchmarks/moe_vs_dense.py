@@ -73,12 +73,12 @@ def main() -> None:
             dataclasses.replace(cfg), run_cfg, root / name.replace(" ", "_"), progress=False
         )
         params = count_params(MoETransformer(cfg))
-        rows.append((name, params, steps, result))
+        rows.append((name, params, result))
         print(
             f"{name}: {steps} steps in {result.elapsed_s:.0f} s, val bpb {result.final_eval.overall.bits_per_byte:.4f}"
         )
 
-    domains = sorted(rows[0][3].final_eval.per_domain)
+    domains = sorted(rows[0][2].final_eval.per_domain)
     print(
         f"\nMoE vs dense twin, {args.budget:.0f} s of training each, data={args.data}, seed={args.seed}"
     )
@@ -87,7 +87,7 @@ def main() -> None:
         + " ".join(f"{d:>11}" for d in domains)
     )
     print(head)
-    for name, params, steps, r in rows:
+    for name, params, r in rows:
         ev = r.final_eval
         tokens = r.step * base.batch_size * base.seq_len
         print(
@@ -95,7 +95,7 @@ def main() -> None:
             f"{tokens / 1e6:8.2f}M {ev.overall.bits_per_byte:8.4f} "
             + " ".join(f"{ev.per_domain[d].bits_per_byte:11.4f}" for d in domains)
         )
-    moe_bpb, dense_bpb = (r.final_eval.overall.bits_per_byte for *_, r in rows)
+    moe_bpb, dense_bpb = (r.final_eval.overall.bits_per_byte for _, _, r in rows)
     print(
         f"\nMoE - dense: {moe_bpb - dense_bpb:+.4f} bits/byte ({'MoE lower' if moe_bpb < dense_bpb else 'dense lower'})"
     )
