@@ -21,9 +21,14 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 install: $(VENV)/.installed
 
+# Trains once (an interrupted run resumes; a finished one is reused), then evaluates,
+# analyses the routing and generates a sample. `make run RUN=runs/other` starts a new run.
 run: install
-	$(VENV)/bin/moelab train --data mix --out $(RUN)
+	@if [ -f $(RUN)/model.safetensors ]; then echo "$(RUN) is already trained"; \
+	elif [ -f $(RUN)/run.json ]; then $(VENV)/bin/moelab train --out $(RUN) --resume; \
+	else $(VENV)/bin/moelab train --data mix --out $(RUN); fi
 	$(VENV)/bin/moelab eval $(RUN)
+	$(VENV)/bin/moelab analyze $(RUN)
 	$(VENV)/bin/moelab generate $(RUN) --prompt "ROMEO:" --max-new-tokens 200
 
 test: install
