@@ -51,6 +51,10 @@ def _model_overrides(**flags: Any) -> dict[str, Any]:
             "capacity_factor": flags["capacity_factor"],
             "expert_bias": flags["expert_bias"],
             "bias_update_rate": flags["bias_rate"],
+            "usmoe_rate": flags.get("usmoe_rate"),
+            "budget_fraction": flags.get("usmoe_budget"),
+            "selection_scope": flags.get("usmoe_scope"),
+            "usmoe_weight_norm": flags.get("usmoe_weight_norm"),
         },
         "experts": {
             "ffn_hidden_size": flags["expert_ffn"],
@@ -60,6 +64,11 @@ def _model_overrides(**flags: Any) -> dict[str, Any]:
             "load_balance": flags["aux_loss"],
             "aux_loss_coeff": flags["aux_coeff"],
             "z_loss_coeff": flags["z_coeff"],
+            "specialization": flags.get("spec_loss"),
+            "specialization_coeff": flags.get("spec_coeff"),
+            "cross_layer": flags.get("cross_loss"),
+            "cross_layer_coeff": flags.get("cross_coeff"),
+            "cross_layer_variant": flags.get("cross_variant"),
         },
     }
     return {
@@ -142,7 +151,17 @@ def train(
         int | None, Opt(help="Hidden width of a shared expert (0 = none).")
     ] = None,
     first_dense: Annotated[int | None, Opt(help="First n layers dense (DeepSeek style).")] = None,
-    router: Annotated[str | None, Opt(help="token_choice or expert_choice.")] = None,
+    router: Annotated[str | None, Opt(help="token_choice, expert_choice or usmoe.")] = None,
+    usmoe_budget: Annotated[
+        float | None, Opt(help="USMoE: routed pairs as a fraction of T·k (per sequence).")
+    ] = None,
+    usmoe_rate: Annotated[float | None, Opt(help="USMoE: r of the unified score.")] = None,
+    usmoe_scope: Annotated[
+        str | None, Opt(help="USMoE selection: sequence, batch or causal_prefix.")
+    ] = None,
+    usmoe_weight_norm: Annotated[
+        str | None, Opt(help="USMoE combine weights: none, all_experts or selected.")
+    ] = None,
     score_func: Annotated[str | None, Opt(help="softmax or sigmoid router scores.")] = None,
     capacity_factor: Annotated[
         float | None, Opt(help="Expert capacity factor (default dropless).")
@@ -156,6 +175,15 @@ def train(
         bool | None, Opt(help="Aux-loss-free bias balancing (DeepSeek-V3).")
     ] = None,
     bias_rate: Annotated[float | None, Opt(help="Bias update rate γ.")] = None,
+    spec_loss: Annotated[
+        bool | None, Opt(help="Specialization loss between co-activated experts.")
+    ] = None,
+    spec_coeff: Annotated[float | None, Opt(help="Specialization loss coefficient.")] = None,
+    cross_loss: Annotated[
+        bool | None, Opt(help="Cross-layer dependency loss between adjacent MoE layers.")
+    ] = None,
+    cross_coeff: Annotated[float | None, Opt(help="Cross-layer loss coefficient.")] = None,
+    cross_variant: Annotated[str | None, Opt(help="Cross-layer loss: pathway or token.")] = None,
     steps: Annotated[int | None, Opt(help="Optimizer steps.")] = None,
     batch_size: Annotated[int | None, Opt(help="Sequences per micro-batch.")] = None,
     seq_len: Annotated[int | None, Opt(help="Context length.")] = None,
@@ -182,6 +210,8 @@ def train(
       moelab train --data shakespeare --experts 16 --top-k 2 --steps 2000
       moelab train --config run.yaml --out runs/exp1
       moelab train --out runs/exp1 --resume
+      moelab train --router usmoe --usmoe-budget 0.86
+      moelab train --spec-loss --cross-loss --spec-coeff 0.01 --cross-coeff 0.01
       torchrun --nproc-per-node 2 -m moelab.cli train --steps 100
     """
     from moelab.train.loop import train as train_run
@@ -191,7 +221,10 @@ def train(
         d_model=d_model, layers=layers, heads=heads, kv_heads=kv_heads, experts=experts, top_k=top_k,
         expert_ffn=expert_ffn, shared_expert=shared_expert, first_dense=first_dense, router=router,
         score_func=score_func, capacity_factor=capacity_factor, aux_loss=aux_loss, aux_coeff=aux_coeff,
-        z_coeff=z_coeff, expert_bias=expert_bias, bias_rate=bias_rate,
+        z_coeff=z_coeff, expert_bias=expert_bias, bias_rate=bias_rate, usmoe_budget=usmoe_budget,
+        usmoe_rate=usmoe_rate, usmoe_scope=usmoe_scope, usmoe_weight_norm=usmoe_weight_norm,
+        spec_loss=spec_loss, spec_coeff=spec_coeff, cross_loss=cross_loss, cross_coeff=cross_coeff,
+        cross_variant=cross_variant,
     )  # fmt: skip
     train_flags = dict(
         data=data, steps=steps, batch_size=batch_size, seq_len=seq_len, grad_accum=grad_accum, lr=lr,

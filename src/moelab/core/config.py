@@ -6,7 +6,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 ScoreFunc = Literal["softmax", "sigmoid"]
-RouterKind = Literal["token_choice", "expert_choice"]
+RouterKind = Literal["token_choice", "expert_choice", "usmoe"]
+USMoEScore = Literal["sigmoid_scaled", "softmax_over_tokens"]
+SelectionScope = Literal["sequence", "batch", "causal_prefix"]
+USMoEWeightNorm = Literal["none", "all_experts", "selected"]
+USMoEConstraint = Literal["global", "per_token", "per_expert"]
+SpecPenalty = Literal["square", "cos", "relu"]
+CrossLayerVariant = Literal["pathway", "token"]
 DropPolicy = Literal["probs", "position"]
 Activation = Literal["swiglu", "gelu"]
 BalanceLoss = Literal["switch", "seq", "global", "none"]
@@ -47,6 +53,24 @@ class RouterConfig:
             ``moe_token_drop_policy``.
         jitter_eps: multiplicative input jitter U(1−eps, 1+eps) in training (Switch
             Transformer); 0 disables it.
+        usmoe_rate: USMoE only (``kind="usmoe"``; arXiv 2503.22996): r of the unified score
+            ``w = (1−r)·softmax_E(ℓ) + r·f_alt(ℓ)``; the authors' code uses 0.5.
+        usmoe_expert_score: f_alt: ``"sigmoid_scaled"`` = ``(2/E)·sigmoid(ℓ)`` (the released
+            code) or ``"softmax_over_tokens"`` (softmax of ℓ over the selection group's tokens,
+            the code's commented-out alternative).
+        budget_fraction: USMoE only: routed pairs per selection group =
+            ``round(budget_fraction · k · T_group)`` (half up), met exactly; in (0, E/k].
+        selection_scope: USMoE only: the group whose (token, expert) table is ranked:
+            ``"sequence"`` (each row of the layer input's ``(B, S)``, the authors' code),
+            ``"batch"`` (all T tokens) or ``"causal_prefix"`` (token t routed by the prefix
+            0..t only; causal, so usable for generation; budget met on average, not exactly).
+        usmoe_weight_norm: USMoE combine weights: ``"none"`` (w itself, the released code with
+            ``norm_topk_prob=False``, which all three of its backbones use), ``"all_experts"``
+            (w / Σ_e w, the code's ``norm_topk_prob`` branch) or ``"selected"`` (w / Σ over
+            the token's selected experts; ours, matching a model trained with normalised top-k).
+        usmoe_constraint: the LP's extra constraint: ``"global"`` (USMoE: only the budget),
+            ``"per_token"`` (at most k experts per token: token choice at a budget) or
+            ``"per_expert"`` (at most ceil(budget/E) tokens per expert: expert choice).
     """
 
     num_experts: int = 8
@@ -63,6 +87,12 @@ class RouterConfig:
     capacity_factor: float | None = None
     drop_policy: DropPolicy = "probs"
     jitter_eps: float = 0.0
+    usmoe_rate: float = 0.5
+    usmoe_expert_score: USMoEScore = "sigmoid_scaled"
+    budget_fraction: float = 1.0
+    selection_scope: SelectionScope = "sequence"
+    usmoe_weight_norm: USMoEWeightNorm = "none"
+    usmoe_constraint: USMoEConstraint = "global"
 
     def __post_init__(self) -> None:
         E, k = self.num_experts, self.top_k
@@ -73,7 +103,7 @@ class RouterConfig:
             f"must be in [1, num_experts={E}], got {k!r}",
         )
         _check(
-            self.kind in ("token_choice", "expert_choice"),
+            self.kind in ("token_choice", "expert_choice", "usmoe"),
             "kind",
             f"unknown router kind {self.kind!r}",
         )
@@ -102,6 +132,7 @@ class RouterConfig:
                 "kind",
                 "expert choice takes no group limits or expert bias",
             )
+        self._check_usmoe()
         if (self.n_group is None) != (self.topk_group is None):
             raise ValueError("n_group, topk_group: set both or neither")
         if self.n_group is not None:
@@ -113,6 +144,69 @@ class RouterConfig:
                 "top_k",
                 f"{k} exceeds the {g * (E // G)} experts in topk_group={g} groups of {E // G}",
             )
+
+    def _check_usmoe(self) -> None:
+        E, k = self.num_experts, self.top_k
+        if self.kind != "usmoe":
+            defaults = {
+                "usmoe_rate": 0.5,
+                "usmoe_expert_score": "sigmoid_scaled",
+                "budget_fraction": 1.0,
+                "selection_scope": "sequence",
+                "usmoe_weight_norm": "none",
+                "usmoe_constraint": "global",
+            }
+            for name, default in defaults.items():
+                _check(
+                    getattr(self, name) == default,
+                    name,
+                    f"only used by kind='usmoe', got {getattr(self, name)!r} with kind={self.kind!r}",
+                )
+            return
+        _check(
+            0.0 <= self.usmoe_rate <= 1.0, "usmoe_rate", f"must be in [0, 1], got {self.usmoe_rate}"
+        )
+        _check(
+            self.usmoe_expert_score in ("sigmoid_scaled", "softmax_over_tokens"),
+            "usmoe_expert_score",
+            f"must be sigmoid_scaled or softmax_over_tokens, got {self.usmoe_expert_score!r}",
+        )
+        _check(
+            0.0 < self.budget_fraction <= E / k,
+            "budget_fraction",
+            f"must be in (0, E/k={E / k:g}], got {self.budget_fraction}",
+        )
+        _check(
+            self.selection_scope in ("sequence", "batch", "causal_prefix"),
+            "selection_scope",
+            f"must be sequence, batch or causal_prefix, got {self.selection_scope!r}",
+        )
+        _check(
+            self.usmoe_weight_norm in ("none", "all_experts", "selected"),
+            "usmoe_weight_norm",
+            f"must be none, all_experts or selected, got {self.usmoe_weight_norm!r}",
+        )
+        _check(
+            self.usmoe_constraint in ("global", "per_token", "per_expert"),
+            "usmoe_constraint",
+            f"must be global, per_token or per_expert, got {self.usmoe_constraint!r}",
+        )
+        _check(
+            self.usmoe_constraint != "per_token" or self.budget_fraction <= 1.0,
+            "budget_fraction",
+            f"must be <= 1 with usmoe_constraint='per_token' (k per token), got {self.budget_fraction}",
+        )
+        _check(
+            self.selection_scope != "causal_prefix" or self.usmoe_constraint == "global",
+            "usmoe_constraint",
+            "causal_prefix selection supports only the global budget",
+        )
+        _check(
+            self.n_group is None and not self.expert_bias and self.capacity_factor is None,
+            "kind",
+            "usmoe takes no group limits, expert bias or capacity factor (the budget is the capacity)",
+        )
+        _check(self.score_func == "softmax", "score_func", "usmoe's unified score uses softmax")
 
 
 @dataclass
@@ -169,12 +263,29 @@ class LossConfig:
         convention: ``"megatron"``: f_i = count_i/(T·k), perfectly balanced routing gives
             1.0; ``"hf"``: transformers' ``load_balancing_loss_func``, f_i = count_i/T, balanced
             routing gives k.
+        specialization: add the intra-layer specialization loss (arXiv 2602.14159; see
+            :mod:`moelab.core.losses.specialization`), reported as ``"specialization"``.
+        specialization_coeff: its coefficient.
+        specialization_penalty: φ of the cosine: ``"square"`` (cos², the paper's R_sp as
+            secondary sources give it), ``"cos"`` or ``"relu"`` (max(cos, 0)).
+        cross_layer: add the cross-layer dependency (coupling) loss between adjacent MoE
+            layers (:mod:`moelab.core.losses.cross_layer`), reported as ``"cross_layer"``;
+            computed by the model, not the layer.
+        cross_layer_coeff: its coefficient.
+        cross_layer_variant: ``"pathway"`` (batch joint routing distribution; default) or
+            ``"token"`` (per-token joint top-k probability).
     """
 
     load_balance: BalanceLoss = "switch"
     aux_loss_coeff: float = 1e-2
     z_loss_coeff: float = 1e-3
     convention: BalanceConvention = "megatron"
+    specialization: bool = False
+    specialization_coeff: float = 1e-2
+    specialization_penalty: SpecPenalty = "square"
+    cross_layer: bool = False
+    cross_layer_coeff: float = 1e-2
+    cross_layer_variant: CrossLayerVariant = "pathway"
 
     def __post_init__(self) -> None:
         _check(
@@ -189,6 +300,18 @@ class LossConfig:
         )
         _check(self.aux_loss_coeff >= 0, "aux_loss_coeff", "must be >= 0")
         _check(self.z_loss_coeff >= 0, "z_loss_coeff", "must be >= 0")
+        _check(self.specialization_coeff >= 0, "specialization_coeff", "must be >= 0")
+        _check(self.cross_layer_coeff >= 0, "cross_layer_coeff", "must be >= 0")
+        _check(
+            self.specialization_penalty in ("square", "cos", "relu"),
+            "specialization_penalty",
+            f"must be square, cos or relu, got {self.specialization_penalty!r}",
+        )
+        _check(
+            self.cross_layer_variant in ("pathway", "token"),
+            "cross_layer_variant",
+            f"must be pathway or token, got {self.cross_layer_variant!r}",
+        )
 
 
 @dataclass

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from moelab.core.config import MoEConfig
 from moelab.core.dispatch import LocalDispatcher
 from moelab.core.experts import ExpertBank, SharedExpert
-from moelab.core.losses import build_balance_loss, router_z_loss
+from moelab.core.losses import SpecializationLoss, build_balance_loss, router_z_loss
 from moelab.core.plan import RoutingPlan
 from moelab.core.routers import build_router
 from moelab.core.telemetry import RoutingRecord
@@ -22,9 +22,9 @@ class MoEOutput:
 
     Attributes:
         hidden_states: same shape and dtype as the input.
-        aux_losses: float32 scalars with their coefficients applied: ``"load_balance"``
-            and ``"z_loss"`` when enabled. Add their sum to the training loss. Empty under
-            ``torch.no_grad()`` (nothing to train; inference skips the work).
+        aux_losses: float32 scalars with their coefficients applied: ``"load_balance"``,
+            ``"z_loss"`` and ``"specialization"`` when enabled. Add their sum to the training
+            loss. Empty under ``torch.no_grad()`` (nothing to train; inference skips the work).
         record: detached routing telemetry.
         plan: the routing plan (keeps the graph; losses defined outside the layer use it).
     """
@@ -67,6 +67,11 @@ class MoELayer(nn.Module):
         )
         self.dispatcher = dispatcher or LocalDispatcher()
         self.balance_loss = build_balance_loss(config.losses)
+        self.specialization_loss = (
+            SpecializationLoss(config.losses.specialization_penalty)
+            if config.losses.specialization
+            else None
+        )
 
     def reset_loss_state(self) -> None:
         """Clear per-step accumulators (global-batch loss); call after each optimizer step."""
@@ -97,21 +102,34 @@ class MoELayer(nn.Module):
             if mask is not None
             else torch.ones(T, dtype=torch.bool, device=x.device)
         )
-        plan = self.router(x_TD)
+        if self.router.uses_batch_shape:
+            plan = self.router(x_TD, batch_shape=batch_shape, token_mask=token_mask)
+        else:
+            plan = self.router(x_TD)
         dispatched = self.dispatcher.dispatch(x_TD, plan)
-        expert_out = self.experts(dispatched.x, dispatched.counts)
+        want_losses = torch.is_grad_enabled()
+        acts = None
+        if want_losses and self.specialization_loss is not None:
+            expert_out, acts = self.experts(
+                dispatched.x, dispatched.counts, return_activations=True
+            )
+        else:
+            expert_out = self.experts(dispatched.x, dispatched.counts)
         y = self.dispatcher.combine(expert_out, dispatched, T)
         if self.shared_expert is not None:
             y = y + self.shared_expert(x_TD).to(y.dtype)
         losses = self.config.losses
         aux: dict[str, Tensor] = {}
-        want_losses = torch.is_grad_enabled()
         if want_losses and self.balance_loss is not None and losses.aux_loss_coeff > 0:
             aux["load_balance"] = losses.aux_loss_coeff * self.balance_loss(
                 plan, token_mask, batch_shape
             )
         if want_losses and losses.z_loss_coeff > 0:
             aux["z_loss"] = losses.z_loss_coeff * router_z_loss(plan.logits, token_mask)
+        if acts is not None:
+            aux["specialization"] = losses.specialization_coeff * self.specialization_loss(
+                acts, dispatched.token_idx, token_mask
+            )
         return MoEOutput(
             hidden_states=y.to(x.dtype).reshape(x.shape),
             aux_losses=aux,

@@ -15,6 +15,7 @@ from moelab.models.io import (
 )
 from moelab.models.norm import RMSNorm
 from moelab.models.rope import RotaryEmbedding, apply_rope, rope_cos_sin, rotate_half
+from moelab.models.swap_router import with_router
 from moelab.models.transformer import LMLoss, LMOutput, MoETransformer
 
 __all__ = [
@@ -42,4 +43,5 @@ __all__ = [
     "rotate_half",
     "save_model",
     "verify_folder",
+    "with_router",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from moelab.core.layer import MoELayer
+from moelab.core.plan import RoutingPlan
 from moelab.core.telemetry import RoutingRecord
 from moelab.models.attention import Attention, KVCache
 from moelab.models.config import ModelConfig
@@ -53,16 +54,25 @@ class DecoderBlock(nn.Module):
         attn_mask: Tensor | None = None,
         kv_cache: KVCache | None = None,
         start_pos: int = 0,
-    ) -> tuple[Tensor, dict[str, Tensor], RoutingRecord | None]:
+        return_plan: bool = False,
+    ) -> (
+        tuple[Tensor, dict[str, Tensor], RoutingRecord | None]
+        | tuple[Tensor, dict[str, Tensor], RoutingRecord | None, RoutingPlan | None]
+    ):
         """``x [B, S, D]`` → ``(x', aux_losses, record)``; dense blocks give ``({}, None)``.
 
         ``mask [B, S]`` bool (True = real token) goes to the MoE layer so padding is
         excluded from its losses and telemetry; ``attn_mask`` is the prebuilt attention mask.
+        With ``return_plan`` a fourth item is the MoE layer's RoutingPlan (graph kept; None
+        for dense blocks), which model-level losses (cross-layer) read.
         """
         h = x + self.attn(
             self.attn_norm(x), attn_mask=attn_mask, kv_cache=kv_cache, start_pos=start_pos
         )
         if self.is_moe:
             out = self.ffn(self.ffn_norm(h), mask=mask)
+            if return_plan:
+                return h + out.hidden_states, dict(out.aux_losses), out.record, out.plan
             return h + out.hidden_states, dict(out.aux_losses), out.record
-        return h + self.ffn(self.ffn_norm(h)), {}, None
+        y = h + self.ffn(self.ffn_norm(h))
+        return (y, {}, None, None) if return_plan else (y, {}, None)

@@ -10,6 +10,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from moelab.core.layer import MoELayer
+from moelab.core.losses import CrossLayerLoss
+from moelab.core.plan import RoutingPlan
 from moelab.core.telemetry import RoutingRecord
 from moelab.models.attention import KVCache, causal_mask
 from moelab.models.block import DecoderBlock
@@ -28,9 +30,11 @@ class LMOutput:
         aux_loss: fp32 scalar, the sum of every layer's aux losses (coefficients already
             applied by the layers); 0 for a dense model.
         aux_losses: name → fp32 scalar summed over layers (e.g. ``"load_balance"``,
-            ``"z_loss"``).
+            ``"z_loss"``, ``"specialization"``), plus the model-level ``"cross_layer"``.
         records: one entry per layer: the MoE layer's RoutingRecord, None for dense layers.
         hidden_states: ``[B, S, D]`` final hidden states (after the final norm).
+        plans: one entry per layer: the MoE layer's RoutingPlan (graph kept), None for dense
+            layers.
     """
 
     logits: Tensor
@@ -38,6 +42,7 @@ class LMOutput:
     aux_losses: dict[str, Tensor] = field(default_factory=dict)
     records: list[RoutingRecord | None] = field(default_factory=list)
     hidden_states: Tensor | None = None
+    plans: list[RoutingPlan | None] = field(default_factory=list)
 
 
 @dataclass
@@ -77,7 +82,13 @@ class MoETransformer(nn.Module):
 
     Causality and caching hold exactly for dropless token-choice routing (each token's
     output depends on that token alone); expert-choice routing or capacity dropping couple
-    tokens of a batch, so future tokens can then change past outputs.
+    tokens of a batch, so future tokens can then change past outputs. USMoE routing
+    (``kind="usmoe"``) selects over whole sequences, so the KV-cache path refuses it
+    (``ValueError``); its ``causal_prefix`` scope is causal and generates by recomputing the
+    prefix (:func:`moelab.serve.generate.generate_ids`).
+
+    With ``moe.losses.cross_layer`` the model adds the cross-layer dependency loss
+    (:class:`moelab.core.losses.CrossLayerLoss`) over adjacent MoE layers' plans.
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -93,6 +104,12 @@ class MoETransformer(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         self.reset_parameters()
+        losses = cfg.moe.losses if cfg.moe is not None else None
+        self.cross_layer_loss = (
+            CrossLayerLoss(losses.cross_layer_variant)
+            if losses is not None and losses.cross_layer and cfg.num_moe_layers >= 2
+            else None
+        )
 
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> MoETransformer:
@@ -203,6 +220,8 @@ class MoETransformer(nn.Module):
                 f"start_pos: positions up to {start_pos + S - 1} exceed "
                 f"max_seq_len={cfg.max_seq_len}"
             )
+        if kv_cache is not None:
+            self._check_cacheable()
         if kv_cache is None:
             if start_pos != 0:
                 raise ValueError(
@@ -219,14 +238,29 @@ class MoETransformer(nn.Module):
         x = self.embed(input_ids)
         aux_losses: dict[str, Tensor] = {}
         records: list[RoutingRecord | None] = []
+        plans: list[RoutingPlan | None] = []
         for block in self.blocks:
-            x, layer_aux, record = block(
-                x, mask=mask, attn_mask=attn_mask, kv_cache=kv_cache, start_pos=start_pos
+            x, layer_aux, record, plan = block(
+                x,
+                mask=mask,
+                attn_mask=attn_mask,
+                kv_cache=kv_cache,
+                start_pos=start_pos,
+                return_plan=True,
             )
             for name, value in layer_aux.items():
                 v = value.float()
                 aux_losses[name] = aux_losses[name] + v if name in aux_losses else v
             records.append(record)
+            plans.append(plan)
+        if self.cross_layer_loss is not None:
+            moe_plans = [p for p in plans if p is not None]
+            token_mask = mask.reshape(-1) if mask is not None else None
+            ks = [b.ffn.config.router.top_k for b in self.blocks if b.is_moe]
+            aux_losses["cross_layer"] = (
+                self.cfg.moe.losses.cross_layer_coeff
+                * self.cross_layer_loss(moe_plans, token_mask, ks)
+            )
         h = self.norm(x)
         logits = self.lm_head(h)
         aux_loss = torch.zeros((), dtype=torch.float32, device=logits.device)
@@ -238,7 +272,45 @@ class MoETransformer(nn.Module):
             aux_losses=aux_losses,
             records=records,
             hidden_states=h,
+            plans=plans,
         )
+
+    def _check_cacheable(self) -> None:
+        """Refuse the KV-cache (incremental decoding) path for routers that look at other
+        positions of the sequence (USMoE). Raises ValueError."""
+        for block in self.blocks:
+            if block.is_moe and block.ffn.config.router.kind == "usmoe":
+                scope = block.ffn.config.router.selection_scope
+                hint = (
+                    "generate_ids recomputes the prefix for it instead of using the cache"
+                    if scope == "causal_prefix"
+                    else "swap in selection_scope='causal_prefix' (moelab.models.with_router) "
+                    "or a token-choice router to generate"
+                )
+                raise ValueError(
+                    f"kv_cache: layer {block.layer_idx} routes with USMoE "
+                    f"(selection_scope={scope!r}), which ranks (token, expert) pairs over the "
+                    "whole sequence, so one new token cannot be routed on its own; " + hint
+                )
+
+    def needs_full_prefix(self) -> bool:
+        """True when generation must recompute the prefix (a causal_prefix USMoE layer).
+
+        Raises:
+            ValueError: a USMoE layer with a non-causal scope (it cannot generate at all).
+        """
+        full = False
+        for block in self.blocks:
+            if block.is_moe and block.ffn.config.router.kind == "usmoe":
+                scope = block.ffn.config.router.selection_scope
+                if scope != "causal_prefix":
+                    raise ValueError(
+                        f"generate: layer {block.layer_idx} routes with USMoE over the whole "
+                        f"sequence (selection_scope={scope!r}), which looks at future tokens and "
+                        "is not valid for causal generation; use selection_scope='causal_prefix'"
+                    )
+                full = True
+        return full
 
     def loss(
         self,

@@ -28,13 +28,19 @@ def generate_ids(
     A prompt longer than the context keeps its last ``max_seq_len - 1`` tokens; generation
     stops at ``max_seq_len`` positions, after ``max_new_tokens`` or at ``stop_id``.
 
+    A model with USMoE routing must use ``selection_scope="causal_prefix"``; it is decoded
+    by recomputing the whole prefix at every step (its routing of token t depends on the
+    router scores of tokens 0..t, which the KV cache does not hold).
+
     Raises:
-        ValueError: empty prompt, max_new_tokens < 0, or bad sampling settings.
+        ValueError: empty prompt, max_new_tokens < 0, bad sampling settings, or a USMoE
+            router that looks at future tokens.
     """
     if not prompt_ids:
         raise ValueError("prompt: must encode to at least one token")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens: must be >= 0, got {max_new_tokens}")
+    full_prefix = model.needs_full_prefix()
     was_training = model.training
     model.eval()
     try:
@@ -48,7 +54,10 @@ def generate_ids(
         for _ in range(max_new_tokens):
             if pos + x.shape[1] > limit:
                 break
-            logits = model(x, kv_cache=cache, start_pos=pos).logits[:, -1]
+            if full_prefix:
+                logits = model(torch.tensor([ids], device=device)).logits[:, -1]
+            else:
+                logits = model(x, kv_cache=cache, start_pos=pos).logits[:, -1]
             pos += x.shape[1]
             nxt = sample_next(
                 logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
@@ -57,6 +66,7 @@ def generate_ids(
             if stop_id is not None and token == stop_id:
                 break
             yield token
+            ids.append(token)
             x = nxt.view(1, 1)
     finally:
         model.train(was_training)

@@ -49,17 +49,24 @@ class ExpertBank(nn.Module):
             return F.silu(gate) * up
         return F.gelu(h)
 
-    def forward(self, x_ND: Tensor, counts: Tensor) -> Tensor:
+    def forward(
+        self, x_ND: Tensor, counts: Tensor, return_activations: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """Apply expert e to its block of rows.
 
         Args:
             x_ND: ``[N, D]`` rows sorted by expert, in the weights' dtype.
             counts: ``[E]`` int64 rows per expert (sums to N).
+            return_activations: also return the intermediate activations ``[N, F]``
+                (``silu(gate) ⊙ up`` for swiglu, ``gelu(up)`` for gelu), row-aligned with
+                ``x_ND`` (the specialization loss reads them; no extra compute).
         Returns:
-            ``[N, D]`` expert outputs in the same order.
+            ``[N, D]`` expert outputs in the same order, or ``(outputs, activations)``.
         """
         h = grouped_mm(x_ND, self.w_in, counts, self.backend)
-        return grouped_mm(self.activation(h), self.w_down, counts, self.backend)
+        a = self.activation(h)
+        y = grouped_mm(a, self.w_down, counts, self.backend)
+        return (y, a) if return_activations else y
 
     def expert_output(self, x_TD: Tensor, expert: int) -> Tensor:
         """Output of one expert on all tokens ``[T, D]`` (analysis: expert redundancy)."""

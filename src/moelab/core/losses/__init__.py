@@ -1,4 +1,5 @@
-"""Router losses computed from RoutingPlans: load balancing (switch, sequence, global) and z-loss."""
+"""Router losses computed from RoutingPlans: load balancing (switch, sequence, global), z-loss,
+the specialization loss and the cross-layer dependency loss (arXiv 2602.14159)."""
 
 from moelab.core.losses.balance import (
     GlobalBalanceLoss,
@@ -7,13 +8,25 @@ from moelab.core.losses.balance import (
     build_balance_loss,
     switch_balance_loss,
 )
+from moelab.core.losses.cross_layer import CrossLayerLoss, pathway_loss, token_joint_loss
+from moelab.core.losses.specialization import (
+    SpecializationLoss,
+    coactivated_pairs,
+    specialization_loss,
+)
 from moelab.core.losses.zloss import router_z_loss
 
 __all__ = [
+    "CrossLayerLoss",
     "GlobalBalanceLoss",
     "SequenceBalanceLoss",
+    "SpecializationLoss",
     "SwitchBalanceLoss",
     "build_balance_loss",
+    "coactivated_pairs",
+    "pathway_loss",
     "router_z_loss",
+    "specialization_loss",
     "switch_balance_loss",
+    "token_joint_loss",
 ]

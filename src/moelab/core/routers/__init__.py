@@ -1,14 +1,16 @@
-"""Routers: token choice, expert choice, and the aux-loss-free bias update."""
+"""Routers: token choice, expert choice, USMoE, and the aux-loss-free bias update."""
 
 from moelab.core.config import RouterConfig
 from moelab.core.routers.base import Router
 from moelab.core.routers.bias import update_expert_bias
 from moelab.core.routers.expert_choice import ExpertChoiceRouter
 from moelab.core.routers.token_choice import TopKRouter
+from moelab.core.routers.usmoe import USMoERouter, solve_budgeted_assignment, unified_scores
 
 _ROUTERS: dict[str, type[Router]] = {
     "token_choice": TopKRouter,
     "expert_choice": ExpertChoiceRouter,
+    "usmoe": USMoERouter,
 }
 
 
@@ -17,4 +19,13 @@ def build_router(config: RouterConfig, hidden_size: int, init_std: float = 0.02)
     return _ROUTERS[config.kind](config, hidden_size, init_std)
 
 
-__all__ = ["ExpertChoiceRouter", "Router", "TopKRouter", "build_router", "update_expert_bias"]
+__all__ = [
+    "ExpertChoiceRouter",
+    "Router",
+    "TopKRouter",
+    "USMoERouter",
+    "build_router",
+    "solve_budgeted_assignment",
+    "unified_scores",
+    "update_expert_bias",
+]

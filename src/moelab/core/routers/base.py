@@ -14,7 +14,9 @@ class Router(nn.Module):
     """Linear router ``logits = x·Wᵀ`` computed in float32 whatever the input dtype (float64
     inputs keep float64, for gradient checks; Megatron's ``moe_router_dtype``).
 
-    Subclasses turn the logits into a :class:`RoutingPlan` in :meth:`plan`.
+    Subclasses turn the logits into a :class:`RoutingPlan` in :meth:`plan`. A router whose
+    ``uses_batch_shape`` is True (USMoE) is called by the layer as
+    ``router(x_TD, batch_shape=..., token_mask=...)``; every other router as ``router(x_TD)``.
 
     Attributes:
         weight: ``[E, D]`` router weight (HF ``gate.weight`` layout).
@@ -25,6 +27,8 @@ class Router(nn.Module):
         self.config = config
         self.weight = nn.Parameter(torch.empty(config.num_experts, hidden_size))
         nn.init.normal_(self.weight, std=init_std)
+
+    uses_batch_shape: bool = False
 
     def logits(self, x_TD: Tensor) -> Tensor:
         """Router logits ``[T, E]`` float32; input jitter U(1−eps, 1+eps) in training."""

@@ -1,0 +1,140 @@
+import math
+
+import pytest
+import torch
+
+from moelab.core.config import ExpertsConfig, LossConfig, MoEConfig, RouterConfig
+from moelab.core.layer import MoELayer
+from moelab.core.losses import (
+    CrossLayerLoss,
+    coactivated_pairs,
+    pathway_loss,
+    specialization_loss,
+)
+from moelab.core.plan import RoutingPlan
+from moelab.models import ModelConfig, MoETransformer
+
+
+def _layer(spec=True, penalty="square", E=4, k=2, D=8, F=6, shared=0):
+    return MoELayer(
+        MoEConfig(
+            router=RouterConfig(num_experts=E, top_k=k),
+            experts=ExpertsConfig(hidden_size=D, ffn_hidden_size=F, shared_expert_size=shared),
+            losses=LossConfig(
+                specialization=spec,
+                specialization_coeff=1.0,
+                specialization_penalty=penalty,
+                z_loss_coeff=0.0,
+                load_balance="none",
+            ),
+        )
+    )
+
+
+def test_identical_experts_give_penalty_one():
+    torch.manual_seed(0)
+    layer = _layer(shared=4)
+    with torch.no_grad():
+        layer.experts.w_gate_up.copy_(
+            layer.experts.w_gate_up[:1].expand_as(layer.experts.w_gate_up)
+        )
+    out = layer(torch.randn(2, 5, 8))
+    assert out.aux_losses["specialization"].item() == pytest.approx(1.0, abs=1e-6)
+
+
+def test_orthogonal_activations_give_zero_and_hand_values():
+    a = torch.tensor([[1.0, 0, 0], [0, 2.0, 0], [0, 0, 3.0], [1.0, 1.0, 0]])
+    tok = torch.tensor([0, 0, 1, 1])
+    assert specialization_loss(a[:2], tok[:2]).item() == 0.0
+    # token 1: cos((0,0,3), (1,1,0)) = 0; token 0: 0 -> mean 0
+    assert specialization_loss(a, tok).item() == 0.0
+    b = torch.tensor([[1.0, 0], [1.0, 1.0], [-1.0, 0]])
+    tb = torch.tensor([0, 0, 0])  # pairs: (0,1) c=1/√2, (0,2) c=-1, (1,2) c=-1/√2
+    c = [1 / math.sqrt(2), -1.0, -1 / math.sqrt(2)]
+    assert specialization_loss(b, tb, penalty="square").item() == pytest.approx(
+        sum(x * x for x in c) / 3
+    )
+    assert specialization_loss(b, tb, penalty="cos").item() == pytest.approx(sum(c) / 3)
+    assert specialization_loss(b, tb, penalty="relu").item() == pytest.approx(c[0] / 3)
+    mask = torch.tensor([False])
+    assert specialization_loss(b, tb, mask).item() == 0.0
+
+
+def test_coactivated_pairs_any_order():
+    i, j = coactivated_pairs(torch.tensor([2, 0, 2, 1, 0, 2]))
+    got = sorted(tuple(sorted(p)) for p in zip(i.tolist(), j.tolist(), strict=True))
+    assert got == [(0, 2), (0, 5), (1, 4), (2, 5)]
+
+
+def test_specialization_gradient_reaches_experts_only_when_on():
+    torch.manual_seed(1)
+    layer = _layer()
+    out = layer(torch.randn(3, 4, 8))
+    out.aux_losses["specialization"].backward()
+    assert layer.experts.w_gate_up.grad.abs().sum() > 0
+    off = _layer(spec=False)
+    assert "specialization" not in off(torch.randn(3, 4, 8)).aux_losses
+    # the default path returns the same outputs as the loss path
+    off.load_state_dict(layer.state_dict())
+    x = torch.randn(2, 3, 8)
+    torch.testing.assert_close(off(x).hidden_states, layer(x).hidden_states, rtol=0, atol=0)
+
+
+def _plan(probs, k):
+    T, E = probs.shape
+    idx = probs.topk(k, -1).indices
+    return RoutingPlan(
+        token_idx=torch.arange(T).repeat_interleave(k),
+        expert_idx=idx.reshape(-1),
+        weight=torch.ones(T * k),
+        logits=probs.log(),
+        probs=probs,
+        num_experts=E,
+    )
+
+
+def test_cross_layer_pathway_hand_value():
+    p1 = torch.tensor([[0.8, 0.2], [0.1, 0.9]])
+    p2 = torch.tensor([[0.7, 0.3], [0.4, 0.6]])
+    # J = (p1ᵀ p2)/2 = [[0.30, 0.15], [0.215, 0.285]] / ... computed by hand:
+    J = [
+        [(0.8 * 0.7 + 0.1 * 0.4) / 2, (0.8 * 0.3 + 0.1 * 0.6) / 2],
+        [(0.2 * 0.7 + 0.9 * 0.4) / 2, (0.2 * 0.3 + 0.9 * 0.6) / 2],
+    ]
+    want = 1 - (max(J[0]) + max(J[1]))  # k = 1
+    assert pathway_loss(p1, p2, 1).item() == pytest.approx(want, abs=1e-7)
+    assert want == pytest.approx(1 - (0.30 + 0.30), abs=1e-9)
+    loss = CrossLayerLoss("pathway")([_plan(p1, 1), _plan(p2, 1)], top_k=1)
+    assert loss.item() == pytest.approx(want, abs=1e-7)
+    tok = CrossLayerLoss("token")([_plan(p1, 1), _plan(p2, 1)])
+    assert tok.item() == pytest.approx(-(math.log(0.8 * 0.7) + math.log(0.9 * 0.6)) / 2, abs=1e-6)
+    # pathways that are already deterministic give 0
+    one_hot = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    assert pathway_loss(one_hot, one_hot.flip(1), 1).item() == 0.0
+
+
+def test_model_level_losses_combine_and_reach_routers():
+    torch.manual_seed(2)
+    cfg = ModelConfig.tiny(n_layers=3)
+    cfg.moe.losses = LossConfig(
+        specialization=True, cross_layer=True, specialization_coeff=0.5, cross_layer_coeff=0.5
+    )
+    model = MoETransformer(cfg)
+    ids = torch.randint(0, 64, (2, 8))
+    out = model(ids)
+    assert set(out.aux_losses) == {"load_balance", "z_loss", "specialization", "cross_layer"}
+    torch.testing.assert_close(out.aux_loss, sum(out.aux_losses.values()))
+    assert len(out.plans) == 3 and all(p is not None for p in out.plans)
+    out.aux_losses["cross_layer"].backward()
+    for block in model.blocks:
+        assert block.ffn.router.weight.grad.abs().sum() > 0
+    plans = [p for p in model(ids).plans]
+    want = sum(pathway_loss(plans[i].probs, plans[i + 1].probs, 2) for i in range(2)) / 2
+    assert model(ids).aux_losses["cross_layer"].item() == pytest.approx(0.5 * want.item(), rel=1e-5)
+
+
+def test_loss_config_errors():
+    with pytest.raises(ValueError, match="cross_layer_variant"):
+        LossConfig(cross_layer_variant="both")
+    with pytest.raises(ValueError, match="specialization_coeff"):
+        LossConfig(specialization_coeff=-1.0)
