@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -23,7 +24,17 @@ app = typer.Typer(
 console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, soft_wrap=True, highlight=False)
 
-USER_ERRORS = (DataError, CheckpointError, ValueError, FileNotFoundError, FloatingPointError)
+USER_ERRORS = (
+    DataError,
+    CheckpointError,
+    ValueError,
+    FileNotFoundError,
+    FileExistsError,
+    NotADirectoryError,
+    IsADirectoryError,
+    PermissionError,
+    FloatingPointError,
+)
 
 
 def _fail(exc: BaseException) -> None:
@@ -39,6 +50,9 @@ def _run(fn, *args, **kwargs):
         return fn(*args, **kwargs)
     except USER_ERRORS as exc:
         _fail(exc)
+    except KeyboardInterrupt:
+        err_console.print("[yellow]aborted[/]")
+        raise typer.Exit(code=130) from None
 
 
 def _model_overrides(**flags: Any) -> dict[str, Any]:
@@ -84,26 +98,47 @@ def _model_overrides(**flags: Any) -> dict[str, Any]:
 def build_configs(
     config_file: Path | None, model_flags: dict[str, Any], train_flags: dict[str, Any], dense: bool
 ):
-    """defaults < ``--config`` file < explicit flags. Returns (ModelConfig, TrainConfig)."""
+    """defaults < ``--config`` file < explicit flags. Returns (ModelConfig, TrainConfig).
+
+    Raises:
+        ConfigError / ValueError: a bad file or value, naming the field.
+    """
     from moelab.models import ModelConfig, dense_twin_config
-    from moelab.train.config import TrainConfig, read_config_file
-    from moelab.train.presets import default_model_config, merge
+    from moelab.train.config import ConfigError, TrainConfig, read_config_file
+    from moelab.train.presets import default_model_dict, merge
 
     file_cfg = read_config_file(config_file) if config_file else {}
-    model_dict = merge(default_model_config().to_dict(), file_cfg.get("model", {}))
-    model_dict = merge(model_dict, _model_overrides(**model_flags))
-    if model_dict.get("moe"):
-        model_dict["moe"]["experts"]["hidden_size"] = model_dict["d_model"]
-    seq_len = train_flags.get("seq_len") or file_cfg.get("train", {}).get("seq_len")
-    if seq_len and seq_len > model_dict["max_seq_len"]:
-        model_dict["max_seq_len"] = seq_len
-    model_cfg = ModelConfig.from_dict(model_dict)
+    train_dict = merge(TrainConfig().to_dict(), file_cfg.get("train", {}))
+    train_cfg = TrainConfig.from_dict(merge(train_dict, train_flags, skip_none=True))
+    model_dict = merge(default_model_dict(), file_cfg.get("model", {}))
+    model_dict = merge(model_dict, _model_overrides(**model_flags), skip_none=True)
+    if isinstance(model_dict.get("moe"), dict):
+        model_dict["moe"].setdefault("experts", {})["hidden_size"] = model_dict.get("d_model")
+    if (
+        isinstance(model_dict.get("max_seq_len"), int)
+        and train_cfg.seq_len > model_dict["max_seq_len"]
+    ):
+        model_dict["max_seq_len"] = train_cfg.seq_len
+    try:
+        model_cfg = ModelConfig.from_dict(model_dict)
+    except TypeError as e:
+        raise ConfigError(f"model: {e}") from e
     if dense:
         model_cfg = dense_twin_config(model_cfg)
-    train_cfg = TrainConfig.from_dict(
-        merge(merge(TrainConfig().to_dict(), file_cfg.get("train", {})), train_flags)
+    return model_cfg, _absolute_paths(train_cfg)
+
+
+def _absolute_paths(cfg):
+    """Store user paths absolute in run.json so eval/analyze/--resume work from anywhere."""
+    from moelab.data import PACKAGED_CORPORA
+
+    data = (
+        cfg.data
+        if cfg.data in PACKAGED_CORPORA or not Path(cfg.data).exists()
+        else str(Path(cfg.data).resolve())
     )
-    return model_cfg, train_cfg
+    init_from = str(Path(cfg.init_from).resolve()) if cfg.init_from else None
+    return dataclasses.replace(cfg, data=data, init_from=init_from)
 
 
 def _summary_table(title: str, result) -> Table:
@@ -196,6 +231,11 @@ def train(
     eval_tokens: Annotated[int | None, Opt(help="Validation tokens per evaluation.")] = None,
     checkpoint_every: Annotated[int | None, Opt(help="Steps between checkpoints.")] = None,
     log_every: Annotated[int | None, Opt(help="Steps between metrics.jsonl lines.")] = None,
+    val_fraction: Annotated[float | None, Opt(help="Fraction of documents held out.")] = None,
+    min_lr_ratio: Annotated[float | None, Opt(help="Final lr / peak lr of the cosine.")] = None,
+    beta1: Annotated[float | None, Opt(help="AdamW β1.")] = None,
+    beta2: Annotated[float | None, Opt(help="AdamW β2.")] = None,
+    adam_eps: Annotated[float | None, Opt(help="AdamW ε.")] = None,
     tokenizer: Annotated[str | None, Opt(help="byte or bpe.")] = None,
     bpe_vocab_size: Annotated[int | None, Opt(help="BPE vocabulary size.")] = None,
     max_bytes_per_domain: Annotated[int | None, Opt(help="Cap per corpus domain, bytes.")] = None,
@@ -231,9 +271,26 @@ def train(
         warmup_steps=warmup_steps, weight_decay=weight_decay, grad_clip=grad_clip, eval_every=eval_every,
         eval_tokens=eval_tokens, checkpoint_every=checkpoint_every, log_every=log_every, tokenizer=tokenizer,
         bpe_vocab_size=bpe_vocab_size, max_bytes_per_domain=max_bytes_per_domain,
-        time_budget_s=time_budget, seed=seed, init_from=init_from,
+        time_budget_s=time_budget, seed=seed, init_from=init_from, val_fraction=val_fraction,
+        min_lr_ratio=min_lr_ratio, beta1=beta1, beta2=beta2, eps=adam_eps,
     )  # fmt: skip
-    model_cfg, train_cfg = _run(build_configs, config, model_flags, train_flags, dense)
+    given = [k for k, v in {**model_flags, **train_flags}.items() if v is not None]
+    if resume and (given or config or dense):
+        _fail(
+            ValueError(
+                f"--resume continues with the run's saved settings; drop {_flag_names(given, config, dense)}"
+            )
+        )
+    arch = [k for k, v in model_flags.items() if v is not None]
+    if init_from and (arch or dense):
+        _fail(
+            ValueError(
+                f"--init-from takes the model from {init_from}; drop {_flag_names(arch, None, dense)}"
+            )
+        )
+    model_cfg, train_cfg = (
+        (None, None) if resume else _run(build_configs, config, model_flags, train_flags, dense)
+    )
     result = _run(train_run, model_cfg, train_cfg, run_dir, resume=resume, progress=progress)
     if result is None:
         return
@@ -250,6 +307,13 @@ def train(
     console.print(f"run saved to {run_dir} ({result.elapsed_s:.0f} s)")
 
 
+def _flag_names(names: list[str], config: Path | None, dense: bool) -> str:
+    """CLI spellings of the given option names (``time_budget_s`` is ``--time-budget``)."""
+    spelled = {"time_budget_s": "time_budget", "eps": "adam_eps"}
+    flags = ["--" + spelled.get(n, n).replace("_", "-") for n in names]
+    return " ".join(flags + (["--config"] if config else []) + (["--dense"] if dense else []))
+
+
 def _load_run(run: Path):
     """A run/model folder, or a named pretrained model (e.g. ``smollm2``)."""
     from moelab.data import load_tokenizer
@@ -260,6 +324,10 @@ def _load_run(run: Path):
         if str(run) in PRETRAINED:
             return load_pretrained(str(run))
         raise FileNotFoundError(f"{run}: run folder not found")
+    if (run / "run.json").exists() and not (run / "model.safetensors").exists():
+        raise CheckpointError(
+            f"{run}: the run has not finished; continue it with: moelab train --out {run} --resume"
+        )
     return load_model(run), load_tokenizer(run)
 
 
@@ -290,17 +358,11 @@ def eval_cmd(
 
 def _evaluate_run(run: Path, data: str | None, tokens: int, batch_size: int):
     from moelab.data import TokenStream, load_corpus
-    from moelab.train.config import TrainConfig
     from moelab.train.evaluate import evaluate
-    from moelab.train.loop import RUN_FILE, prepare_data
+    from moelab.train.loop import prepare_data, run_train_config
 
     model, tokenizer = _load_run(run)
-    run_file = run / RUN_FILE
-    cfg = (
-        TrainConfig.from_dict(json.loads(run_file.read_text())["train"])
-        if run_file.exists()
-        else TrainConfig()
-    )
+    cfg = run_train_config(run)
     seq_len = min(cfg.seq_len, model.cfg.max_seq_len)
     if data is None:
         _, _, streams = prepare_data(cfg, tokenizer)
@@ -332,15 +394,21 @@ def generate(
     model, tokenizer = _run(_load_run, run)
 
     def go() -> None:
+        prompt_ids = tokenizer.encode(prompt)
         ids = generate_ids(
-            model, tokenizer.encode(prompt), max_new_tokens=max_new_tokens, temperature=temperature,
-            top_k=top_k or None, top_p=top_p if top_p < 1 else None, seed=seed, stop_id=tokenizer.eot_id,
+            model, prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature,
+            top_k=top_k or None, top_p=top_p, seed=seed, stop_id=tokenizer.eot_id,
         )  # fmt: skip
+        counted = _Counted(ids)
         sys.stdout.write(prompt)
-        for piece in stream_text(tokenizer, ids):
+        for piece in stream_text(tokenizer, counted):
             sys.stdout.write(piece)
             sys.stdout.flush()
         sys.stdout.write("\n")
+        if counted.n < max_new_tokens and len(prompt_ids) + counted.n >= model.cfg.max_seq_len:
+            err_console.print(
+                f"[yellow]stopped after {counted.n} tokens: the context holds {model.cfg.max_seq_len}[/]"
+            )
 
     _run(go)
 
@@ -371,28 +439,18 @@ def analyze(
     """
     from rich.progress import Progress
 
-    from moelab.analysis import analyze as analyze_records
-    from moelab.analysis import plot_all, write_json, write_report
-    from moelab.analysis.collect import collect
-
     model, tokenizer = _run(_load_run, run)
     streams, cfg_seq_len = _run(_analysis_streams, run, data, tokenizer)
+    if seq_len is not None and seq_len < 1:
+        _fail(ValueError(f"seq_len: must be >= 1, got {seq_len}"))
     seq_len = min(seq_len or cfg_seq_len, model.cfg.max_seq_len)
     out = out or run / "analysis"
+    if out.exists() and not out.is_dir():
+        _fail(NotADirectoryError(f"{out}: exists and is not a folder"))
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("routing validation text", total=None)
-        got = _run(
-            collect, model, streams, seq_len=seq_len, batch_size=batch_size, max_tokens=tokens,
-            on_batch=lambda: bar.advance(task),
-        )  # fmt: skip
-        bar.update(task, description="computing metrics and plots")
-        result = analyze_records(
-            got.records_by_layer, domains=got.domains, domain_names=got.domain_names,
-            hidden_by_layer=got.hidden_by_layer, expert_outputs_by_layer=got.expert_outputs_by_layer,
-        )  # fmt: skip
-        write_json(result, out / "analysis.json")
-        pngs = plot_all(result, out / "plots")
-        write_report(result, pngs, out / "report.html", title=f"moelab routing report: {run}")
+        result, pngs = _run(_analyze_to, out, model, streams, seq_len, batch_size, tokens, run,
+                            lambda: bar.advance(task))  # fmt: skip
     table = Table(title=f"{run}: routing per MoE layer")
     cols = {
         "layer": "layer", "cv": "CV", "max_over_mean": "max/mean", "num_dead": "dead",
@@ -409,6 +467,27 @@ def analyze(
     console.print(f"wrote {out / 'analysis.json'}, {len(pngs)} plots and {out / 'report.html'}")
 
 
+def _analyze_to(
+    out: Path, model, streams, seq_len: int, batch_size: int, tokens: int, run: Path, tick
+):
+    """Collect routing, compute every metric, write analysis.json, plots and report.html."""
+    from moelab.analysis import analyze as analyze_records
+    from moelab.analysis import plot_all, write_json, write_report
+    from moelab.analysis.collect import collect
+
+    got = collect(
+        model, streams, seq_len=seq_len, batch_size=batch_size, max_tokens=tokens, on_batch=tick
+    )
+    result = analyze_records(
+        got.records_by_layer, domains=got.domains, domain_names=got.domain_names,
+        hidden_by_layer=got.hidden_by_layer, expert_outputs_by_layer=got.expert_outputs_by_layer,
+    )  # fmt: skip
+    write_json(result, out / "analysis.json")
+    pngs = plot_all(result, out / "plots")
+    write_report(result, pngs, out / "report.html", title=f"moelab routing report: {run}")
+    return result, pngs
+
+
 def _fmt(v) -> str:
     if v is None:
         return "-"
@@ -418,15 +497,9 @@ def _fmt(v) -> str:
 def _analysis_streams(run: Path, data: str | None, tokenizer):
     """The run's validation streams per domain (or ``data`` split by domain) and its seq_len."""
     from moelab.data import TokenStream, load_corpus
-    from moelab.train.config import TrainConfig
-    from moelab.train.loop import RUN_FILE, prepare_data
+    from moelab.train.loop import prepare_data, run_train_config
 
-    run_file = run / RUN_FILE
-    cfg = (
-        TrainConfig.from_dict(json.loads(run_file.read_text())["train"])
-        if run_file.exists()
-        else TrainConfig()
-    )
+    cfg = run_train_config(run)
     if data is None:
         return prepare_data(cfg, tokenizer)[2], cfg.seq_len
     docs = load_corpus(data)
@@ -470,6 +543,18 @@ def upcycle(
         f"{p['total'] / 1e6:.1f}M params ({p['active_per_token'] / 1e6:.1f}M active); "
         f"max |logit difference| vs dense {result.max_abs_logit_diff:.2e}"
     )
+
+
+class _Counted:
+    """An iterator wrapper that counts what it yields."""
+
+    def __init__(self, it) -> None:
+        self.it, self.n = it, 0
+
+    def __iter__(self):
+        for x in self.it:
+            self.n += 1
+            yield x
 
 
 def main() -> None:

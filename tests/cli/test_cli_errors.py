@@ -138,9 +138,9 @@ def test_config_file_formats_and_flag_precedence(tmp_path):
          "expert_bias", "bias_rate"]
     )  # fmt: skip
     files = {
-        "c.yaml": "model: {d_model: 64, moe: {router: {num_experts: 4}}}\ntrain: {steps: 7}\n",
-        "c.json": '{"model": {"d_model": 64, "moe": {"router": {"num_experts": 4}}}, "train": {"steps": 7}}',
-        "c.toml": "[model]\nd_model = 64\n[model.moe.router]\nnum_experts = 4\n[train]\nsteps = 7\n",
+        "c.yaml": "model: {d_model: 64, n_heads: 4, moe: {router: {num_experts: 4}}}\ntrain: {steps: 7}\n",
+        "c.json": '{"model": {"d_model": 64, "n_heads": 4, "moe": {"router": {"num_experts": 4}}}, "train": {"steps": 7}}',
+        "c.toml": "[model]\nd_model = 64\nn_heads = 4\n[model.moe.router]\nnum_experts = 4\n[train]\nsteps = 7\n",
     }
     for name, text in files.items():
         path = tmp_path / name
@@ -156,3 +156,92 @@ def test_config_file_formats_and_flag_precedence(tmp_path):
         assert (model.moe.router.num_experts, train.steps) == (6, 9)
     dense, _ = build_configs(None, none_flags, {}, dense=True)
     assert dense.moe is None
+
+
+def _none_flags():
+    names = ["d_model", "layers", "heads", "kv_heads", "experts", "top_k", "expert_ffn", "shared_expert",
+             "first_dense", "router", "score_func", "capacity_factor", "aux_loss", "aux_coeff", "z_coeff",
+             "expert_bias", "bias_rate", "usmoe_budget", "usmoe_rate", "usmoe_scope", "usmoe_weight_norm",
+             "spec_loss", "spec_coeff", "cross_loss", "cross_coeff", "cross_variant"]  # fmt: skip
+    return dict.fromkeys(names)
+
+
+def test_derived_sizes_follow_the_flags_and_paths_become_absolute(tmp_path, monkeypatch):
+    from moelab.cli import build_configs
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.txt").write_text("x" * 100)
+    model, train = build_configs(
+        None, {**_none_flags(), "d_model": 64, "heads": 4}, {"data": "t.txt"}, dense=False
+    )
+    assert model.head_dim == 16 and model.moe.experts.hidden_size == 64
+    assert train.data == str(tmp_path / "t.txt")
+    model, _ = build_configs(
+        None, {**_none_flags(), "d_model": 512, "heads": 8, "first_dense": 1}, {}, dense=False
+    )
+    assert model.head_dim == 64 and model.dense_ffn_size == 1368
+    cfg = tmp_path / "dense.yaml"
+    cfg.write_text("model: {moe: null}\ntrain:\n")
+    model, _ = build_configs(cfg, _none_flags(), {}, dense=False)
+    assert model.moe is None
+
+
+def test_config_values_of_the_wrong_type_name_the_field(tmp_path):
+    for text, field in [
+        ("train: {lr: 1e-3}\n", "lr"),
+        ("train: {steps: '20'}\n", "steps"),
+        ("train: [1, 2]\n", "train"),
+    ]:
+        path = tmp_path / "c.yaml"
+        path.write_text(text)
+        assert field in _err(
+            runner.invoke(app, ["train", "--config", str(path), "--out", str(tmp_path / "r")])
+        )
+    binary = tmp_path / "b.json"
+    binary.write_bytes(b"\xaa\xbb\x00")
+    assert "b.json" in _err(
+        runner.invoke(app, ["train", "--config", str(binary), "--out", str(tmp_path / "r")])
+    )
+
+
+def test_out_must_be_a_folder_and_resume_takes_no_settings(tmp_path, run_dir):
+    afile = tmp_path / "file.txt"
+    afile.write_text("hello world " * 200)
+    assert "not a folder" in _err(
+        runner.invoke(app, ["train", "--data", str(afile), "--out", str(afile), *TINY])
+    )
+    assert afile.read_text().startswith("hello")
+    assert "--steps" in _err(
+        runner.invoke(app, ["train", "--out", str(run_dir), "--resume", "--steps", "9"])
+    )
+    (run_dir / "run.json").write_text('{"model": {}, "train": {}}')
+    assert "finished" in _err(runner.invoke(app, ["train", "--out", str(run_dir), "--resume"]))
+    (run_dir / "run.json").write_text("{}")
+    assert "run.json" in _err(runner.invoke(app, ["eval", str(run_dir)]))
+
+
+def test_sampling_and_analysis_settings_are_checked(run_dir):
+    assert "temperature" in _err(
+        runner.invoke(app, ["generate", str(run_dir), "--temperature", "nan"])
+    )
+    assert "top_p" in _err(runner.invoke(app, ["generate", str(run_dir), "--top-p", "1.5"]))
+    tiny = runner.invoke(
+        app, ["generate", str(run_dir), "--temperature", "1e-45", "--max-new-tokens", "3"]
+    )
+    assert tiny.exit_code == 0, tiny.output
+    assert "batch_size" in _err(
+        runner.invoke(app, ["analyze", str(run_dir), "--data", "shakespeare", "--batch-size", "0"])
+    )
+
+
+def test_atomic_writes_follow_the_umask(tmp_path):
+    import os
+
+    from moelab.utils.atomic import atomic_write_text
+
+    old = os.umask(0o022)
+    try:
+        path = atomic_write_text(tmp_path / "f.txt", "x")
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o644

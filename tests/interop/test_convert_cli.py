@@ -77,9 +77,12 @@ def test_cli_errors_exit_nonzero(tmp_path):
     res = runner.invoke(
         app, ["convert", str(tmp_path / "nope"), str(tmp_path / "x"), "--to", "moelab"]
     )
-    assert res.exit_code == 1 and "error" in res.output
+    assert res.exit_code == 2 and res.output.startswith("error:")
     res = runner.invoke(app, ["convert", str(tmp_path), str(tmp_path / "x"), "--to", "onnx"])
-    assert res.exit_code != 0
+    assert (
+        res.exit_code == 2
+        and res.output.strip() == "error: --to: must be 'moelab' or 'hf', got 'onnx'"
+    )
 
 
 def test_convert_bad_direction(tmp_path):

@@ -27,14 +27,14 @@ class Collected:
         domain_names: label ``d`` is ``domain_names[d]``.
         hidden_by_layer: ``[T_sample, D]`` float32 inputs of each MoE layer.
         expert_outputs_by_layer: ``[E, T_redundancy, D]`` float32 outputs of each expert on
-            the first ``T_redundancy`` sampled tokens.
+            the first ``T_redundancy`` sampled tokens (None for a single-expert layer).
     """
 
     records_by_layer: list[list[RoutingRecord]]
     domains: list[Tensor]
     domain_names: list[str]
     hidden_by_layer: list[Tensor]
-    expert_outputs_by_layer: list[Tensor]
+    expert_outputs_by_layer: list[Tensor | None]
 
 
 @torch.no_grad()
@@ -59,8 +59,15 @@ def collect(
         redundancy_tokens: tokens on which every expert is run for expert redundancy.
         on_batch: called after each batch (progress bars).
     Raises:
-        ValueError: the model has no MoE layer.
+        ValueError: the model has no MoE layer, or a size argument is < 1.
     """
+    for name, v in (
+        ("batch_size", batch_size),
+        ("seq_len", seq_len),
+        ("sample_tokens", sample_tokens),
+    ):
+        if v < 1:
+            raise ValueError(f"{name}: must be >= 1, got {v}")
     layers = [m for m in model.modules() if isinstance(m, MoELayer)]
     if not layers:
         raise ValueError("model: has no MoE layer to analyse")
@@ -98,8 +105,11 @@ def collect(
             h.remove()
         model.train(was_training)
     hidden = [torch.cat(s)[:sample_tokens] for s in samples]
-    expert_outputs = []
+    expert_outputs: list[Tensor | None] = []
     for layer, h in zip(layers, hidden, strict=True):
+        if layer.experts.num_experts < 2:  # redundancy compares pairs of experts
+            expert_outputs.append(None)
+            continue
         x = h[:redundancy_tokens].to(device=device, dtype=layer.experts.w_down.dtype)
         outs = [
             layer.experts.expert_output(x, e).float().cpu()

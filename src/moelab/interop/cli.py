@@ -43,17 +43,16 @@ def convert_command(
 
         moelab convert ./runs/mixtral ./export/mixtral-hf --to hf --layout fused
     """
-    if to not in ("moelab", "hf"):
-        raise typer.BadParameter(f"must be 'moelab' or 'hf', got {to!r}", param_hint="--to")
-    if layout not in ("per_expert", "fused"):
-        raise typer.BadParameter(
-            f"must be 'per_expert' or 'fused', got {layout!r}", param_hint="--layout"
-        )
     try:
+        if to not in ("moelab", "hf"):
+            raise ValueError(f"--to: must be 'moelab' or 'hf', got {to!r}")
+        if layout not in ("per_expert", "fused"):
+            raise ValueError(f"--layout: must be 'per_expert' or 'fused', got {layout!r}")
         report = convert(src, dst, to, arch=arch, layout=layout, overwrite=overwrite)  # type: ignore[arg-type]
-    except (InteropError, CheckpointError, FileExistsError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1) from e
+    except (InteropError, CheckpointError, ValueError, OSError) as e:
+        # the CLI's convention for user errors: one line, exit code 2
+        typer.echo(f"error: {str(e).splitlines()[0]}", err=True)
+        raise typer.Exit(2) from e
     if json_out:
         d = asdict(report)
         d["dst"] = str(report.dst)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -16,21 +18,22 @@ def sample_next(
 ) -> Tensor:
     """Pick one token per row of ``logits`` ``[B, V]``; returns ``[B]`` int64.
 
-    ``temperature == 0`` is greedy decoding. Otherwise logits are divided by the temperature,
+    ``temperature == 0`` is greedy decoding (so is any temperature below 1e-6, where the
+    division would overflow float32). Otherwise logits are divided by the temperature,
     restricted to the ``top_k`` most likely tokens and then to the smallest set whose
     probability reaches ``top_p`` (the most likely token is always kept), and sampled.
 
     Raises:
         ValueError: temperature < 0, top_k < 1, or top_p outside (0, 1].
     """
-    if temperature < 0:
-        raise ValueError(f"temperature: must be >= 0, got {temperature}")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature: must be a finite number >= 0, got {temperature}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k: must be >= 1, got {top_k}")
     if top_p is not None and not 0 < top_p <= 1:
         raise ValueError(f"top_p: must be in (0, 1], got {top_p}")
     logits = logits.float()
-    if temperature == 0:
+    if temperature < 1e-6:
         return logits.argmax(dim=-1)
     logits = logits / temperature
     if top_k is not None and top_k < logits.shape[-1]:

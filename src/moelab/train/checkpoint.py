@@ -29,6 +29,7 @@ FORMAT_VERSION = 1
 STATE_FILE = "trainer_state.pt"
 LATEST_FILE = "latest.json"
 KEEP = 2
+STATE_KEYS = frozenset({"step", "optimizer", "torch_rng", "generator", "tokens_seen", "elapsed_s"})
 
 
 @dataclass

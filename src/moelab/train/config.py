@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -74,6 +75,8 @@ class TrainConfig:
     init_from: str | None = None
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            _check_type(f.name, getattr(self, f.name), f.type)
         positive = (
             "seq_len",
             "batch_size",
@@ -90,11 +93,25 @@ class TrainConfig:
             raise ConfigError(f"tokenizer: must be byte or bpe, got {self.tokenizer!r}")
         if not 0 < self.val_fraction < 1:
             raise ConfigError(f"val_fraction: must be in (0, 1), got {self.val_fraction}")
-        if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1:
-            raise ConfigError("lr: must be > 0, and min_lr_ratio in [0, 1]")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError(f"lr: must be a finite number > 0, got {self.lr}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"{name}: must be in [0, 1), got {getattr(self, name)}")
+        if not (math.isfinite(self.eps) and self.eps > 0):
+            raise ConfigError(f"eps: must be a finite number > 0, got {self.eps}")
         for name in ("warmup_steps", "checkpoint_every", "grad_clip", "weight_decay"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)}")
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ConfigError(f"{name}: must be a finite number >= 0, got {v}")
+        if self.time_budget_s is not None and not (
+            math.isfinite(self.time_budget_s) and self.time_budget_s > 0
+        ):
+            raise ConfigError(f"time_budget_s: must be > 0 seconds, got {self.time_budget_s}")
+        if not self.data.strip():
+            raise ConfigError("data: empty corpus name or path")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,6 +123,20 @@ class TrainConfig:
         if unknown:
             raise ConfigError(f"train: unknown field(s) {', '.join(unknown)}")
         return cls(**d)
+
+
+_TYPES = {"int": (int,), "float": (int, float), "str": (str,)}
+
+
+def _check_type(name: str, value: Any, annotation: str) -> None:
+    """Check ``value`` against a field annotation such as ``"int"`` or ``"float | None"``."""
+    kinds = [k.strip() for k in str(annotation).split("|")]
+    if value is None and "None" in kinds:
+        return
+    allowed = tuple(t for k in kinds for t in _TYPES.get(k, ()))
+    if isinstance(value, bool) or not isinstance(value, allowed):
+        want = " or ".join(k for k in kinds if k != "None")
+        raise ConfigError(f"{name}: expected {want}, got {value!r} ({type(value).__name__})")
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -120,7 +151,10 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a UTF-8 text file ({e.reason})") from e
     try:
         if path.suffix in (".yaml", ".yml"):
             data = yaml.safe_load(text) or {}
@@ -136,4 +170,9 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot parse: {e}".splitlines()[0]) from e
     if not isinstance(data, dict) or set(data) - {"model", "train"}:
         raise ConfigError(f"{path}: expected top-level sections 'model' and/or 'train'")
+    for section, body in list(data.items()):
+        if body is None:
+            data[section] = {}
+        elif not isinstance(body, dict):
+            raise ConfigError(f"{path}: section '{section}' must be a mapping of fields")
     return data

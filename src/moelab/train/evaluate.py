@@ -41,12 +41,13 @@ class EvalResult:
     per_domain: dict[str, DomainScore] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        d = {
-            "overall": asdict(self.overall),
-            "per_domain": {k: asdict(v) for k, v in self.per_domain.items()},
+        def row(score: DomainScore) -> dict:
+            return {**asdict(score), "perplexity": score.perplexity}
+
+        return {
+            "overall": row(self.overall),
+            "per_domain": {k: row(v) for k, v in self.per_domain.items()},
         }
-        d["overall"]["perplexity"] = self.overall.perplexity
-        return d
 
 
 def _score(nats: float, tokens: int, n_bytes: int) -> DomainScore:

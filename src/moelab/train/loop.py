@@ -8,7 +8,6 @@ aux-loss-free bias update once per optimizer step, periodic validation, atomic c
 
 from __future__ import annotations
 
-import json
 import math
 import signal
 import time
@@ -41,6 +40,7 @@ from moelab.train.metrics import MetricsLog
 from moelab.train.progress import TrainProgress
 from moelab.train.schedule import lr_at
 from moelab.utils.atomic import atomic_write_json
+from moelab.utils.jsonfile import read_json
 
 RUN_FILE = "run.json"
 
@@ -84,10 +84,40 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]
     ]
 
 
+def read_run_info(run_dir: Path) -> dict[str, Any]:
+    """The ``run.json`` of a run folder: ``{"model": {...}, "train": {...}}``.
+
+    Raises:
+        ConfigError: missing, unreadable or malformed, naming the file.
+    """
+    path = Path(run_dir) / RUN_FILE
+    info = read_json(path, ConfigError)
+    if (
+        not isinstance(info, dict)
+        or not isinstance(info.get("train"), dict)
+        or not isinstance(info.get("model"), dict)
+    ):
+        raise ConfigError(f"{path}: expected an object with 'model' and 'train' sections")
+    return info
+
+
+def run_train_config(folder: Path) -> TrainConfig:
+    """The training settings of a run folder, or the defaults for a bare model folder."""
+    if not (Path(folder) / RUN_FILE).exists():
+        return TrainConfig()
+    return TrainConfig.from_dict(read_run_info(folder)["train"])
+
+
 def _check_run_dir(run_dir: Path, resume: bool) -> None:
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"{run_dir}: exists and is not a folder")
     if resume:
         if not (run_dir / RUN_FILE).exists():
             raise ConfigError(f"{run_dir}: no run to resume (missing {RUN_FILE})")
+        if (run_dir / "model.safetensors").exists():
+            raise ConfigError(
+                f"{run_dir}: the run has already finished; start a new run with another --out"
+            )
     elif run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError(
             f"{run_dir}: run folder exists and is not empty; pass --resume or another --out"
@@ -194,7 +224,7 @@ def _train(
     _check_run_dir(run_dir, resume)
     ckpt = None
     if resume:
-        run_info = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))
+        run_info = read_run_info(run_dir)
         cfg = TrainConfig.from_dict(run_info["train"])
         ckpt = load_checkpoint(run_dir)
     torch.manual_seed(cfg.seed)

@@ -26,14 +26,31 @@ def default_model_config() -> ModelConfig:
     )
 
 
-def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """Recursive dict merge: ``override``'s leaves win; None values in override are skipped."""
+def default_model_dict() -> dict[str, Any]:
+    """The default model as a dict, with the fields derived from others (``head_dim``,
+    ``dense_ffn_size``) left unset so they follow a changed ``d_model``/``n_heads``."""
+    d = default_model_config().to_dict()
+    d["head_dim"] = None
+    d["dense_ffn_size"] = None
+    return d
+
+
+def merge(
+    base: dict[str, Any], override: dict[str, Any], *, skip_none: bool = False
+) -> dict[str, Any]:
+    """Recursive dict merge: ``override``'s leaves win. With ``skip_none`` a None in
+    ``override`` means "not given" (CLI flags); otherwise it is a value (``moe: null``)."""
     out = dict(base)
     for key, value in override.items():
-        if value is None:
+        if value is None and skip_none:
             continue
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
+        if isinstance(value, dict):
+            base_value = out.get(key)
+            sub = merge(
+                base_value if isinstance(base_value, dict) else {}, value, skip_none=skip_none
+            )
+            if sub or not skip_none or isinstance(base_value, dict):
+                out[key] = sub
         else:
             out[key] = value
     return out

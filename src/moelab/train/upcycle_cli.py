@@ -180,7 +180,7 @@ def upcycle_command(
     if out.exists() and not out.is_dir():
         raise ValueError(f"out: {out} exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not force:
-        raise FileExistsError(f"out: {out} exists and is not empty; pass force=True")
+        raise FileExistsError(f"out: {out} exists and is not empty; pass --force (force=True)")
     src_path = Path(source)
     if src_path.is_dir() and out.exists() and out.resolve() == src_path.resolve():
         raise ValueError(f"out: must differ from the source folder {src_path}")

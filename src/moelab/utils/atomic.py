@@ -26,6 +26,12 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | os.PathLike[str], write: Callable[[str], Any]) -> Path:
     """Call ``write(tmp_path)`` to fill a temp file, then move it onto ``path`` atomically.
 
@@ -35,6 +41,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], Any]) -> P
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_current_umask())  # mkstemp makes 0600; give a normal file's mode
     try:
         write(tmp)
         with open(tmp, "rb+") as f:
@@ -75,9 +82,12 @@ def write_folder_atomically(
     """
     out_dir = Path(out_dir)
     if out_dir.exists() and not (out_dir.is_dir() and not any(out_dir.iterdir())) and not overwrite:
-        raise FileExistsError(f"{out_dir}: exists and is not empty (pass overwrite=True)")
+        raise FileExistsError(
+            f"{out_dir}: exists and is not empty (pass --overwrite / overwrite=True)"
+        )
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    os.chmod(tmp, 0o777 & ~_current_umask())
     try:
         result = fill(tmp)
         for p in tmp.iterdir():
