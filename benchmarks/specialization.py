@@ -32,31 +32,15 @@ from pathlib import Path
 import torch
 
 from moelab.analysis import confidence_stats, expert_redundancy, transitions
-from moelab.core.config import ExpertsConfig, LossConfig, MoEConfig, RouterConfig
+from moelab.core.config import LossConfig
 from moelab.core.layer import MoELayer
 from moelab.core.losses import specialization_loss
 from moelab.data import eval_batches, load_tokenizer
-from moelab.models import ModelConfig, load_model
+from moelab.models import load_model
 from moelab.train.config import TrainConfig
 from moelab.train.evaluate import evaluate
 from moelab.train.loop import prepare_data, train
-
-
-def _model_config(losses: LossConfig) -> ModelConfig:
-    D = 128
-    return ModelConfig(
-        vocab_size=256,
-        d_model=D,
-        n_layers=4,
-        n_heads=4,
-        n_kv_heads=2,
-        max_seq_len=128,
-        moe=MoEConfig(
-            router=RouterConfig(num_experts=8, top_k=2),
-            experts=ExpertsConfig(hidden_size=D, ffn_hidden_size=256),
-            losses=losses,
-        ),
-    )
+from moelab.train.presets import small_model_config
 
 
 @torch.no_grad()
@@ -144,7 +128,7 @@ def main() -> None:
         )  # fmt: skip
         torch.manual_seed(args.seed)
         t = time.time()
-        res = train(_model_config(losses), tcfg, root / name.replace(" ", "_"), progress=False)
+        res = train(small_model_config(losses), tcfg, root / name.replace(" ", "_"), progress=False)
         run = root / name.replace(" ", "_")
         model = load_model(run)
         if val is None:

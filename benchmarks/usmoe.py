@@ -35,15 +35,16 @@ from pathlib import Path
 
 import torch
 
-from moelab.core.config import ExpertsConfig, LossConfig, MoEConfig, RouterConfig
+from moelab.core.config import RouterConfig
 from moelab.core.plan import RoutingPlan
 from moelab.core.routers import Router
 from moelab.core.routers.usmoe import budget_pairs
 from moelab.data import load_tokenizer
-from moelab.models import ModelConfig, load_model, with_router
+from moelab.models import load_model, with_router
 from moelab.train.config import TrainConfig
 from moelab.train.evaluate import evaluate
 from moelab.train.loop import RUN_FILE, prepare_data, train
+from moelab.train.presets import small_model_config
 
 BUDGETS = (1.0, 0.86, 0.7, 0.5)
 
@@ -85,23 +86,6 @@ class _BudgetedTopK(Router):
         return RoutingPlan(token_idx, expert_idx, weight, logits, probs, E)
 
 
-def _model_config() -> ModelConfig:
-    D = 128
-    return ModelConfig(
-        vocab_size=256,
-        d_model=D,
-        n_layers=4,
-        n_heads=4,
-        n_kv_heads=2,
-        max_seq_len=128,
-        moe=MoEConfig(
-            router=RouterConfig(num_experts=8, top_k=2),
-            experts=ExpertsConfig(hidden_size=D, ffn_hidden_size=256),
-            losses=LossConfig(),
-        ),
-    )
-
-
 def _usmoe(base: RouterConfig, f: float, **kw) -> RouterConfig:
     return RouterConfig(
         num_experts=base.num_experts, top_k=base.top_k, kind="usmoe", budget_fraction=f, **kw
@@ -129,7 +113,7 @@ def main() -> None:
             steps=args.steps, lr=3e-3, warmup_steps=20, eval_every=10**6, eval_tokens=4096,
             checkpoint_every=0, log_every=50, time_budget_s=args.time_budget, seed=args.seed,
         )  # fmt: skip
-        res = train(_model_config(), tcfg, run, progress=False)
+        res = train(small_model_config(), tcfg, run, progress=False)
         print(f"trained {res.step} steps in {res.elapsed_s:.0f} s -> {run}")
     model = load_model(run)
     model.eval()

@@ -26,6 +26,25 @@ def default_model_config() -> ModelConfig:
     )
 
 
+def small_model_config(losses: LossConfig | None = None) -> ModelConfig:
+    """A smaller sibling of the default (D=128, experts of width 256, context 128) for method
+    benchmarks that train several runs: 4 layers, 8 experts, top-2, byte vocabulary."""
+    d_model = 128
+    return ModelConfig(
+        vocab_size=256,
+        d_model=d_model,
+        n_layers=4,
+        n_heads=4,
+        n_kv_heads=2,
+        max_seq_len=128,
+        moe=MoEConfig(
+            router=RouterConfig(num_experts=8, top_k=2),
+            experts=ExpertsConfig(hidden_size=d_model, ffn_hidden_size=256),
+            losses=losses or LossConfig(),
+        ),
+    )
+
+
 def default_model_dict() -> dict[str, Any]:
     """The default model as a dict, with the fields derived from others (``head_dim``,
     ``dense_ffn_size``) left unset so they follow a changed ``d_model``/``n_heads``."""
