@@ -12,7 +12,7 @@ import math
 import signal
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,6 @@ class TrainResult:
     final_eval: EvalResult | None
     train_loss: float
     elapsed_s: float
-    history: list[dict[str, Any]] = field(default_factory=list)
 
 
 class _LossModule(nn.Module):
@@ -310,7 +309,6 @@ def _train(
             )
             rec = _eval_record(step, result)
             metrics.write(rec)
-            history.append(rec)
             bar.set_val(result.overall.bits_per_byte)
         barrier(dist_info)
         return result
@@ -322,7 +320,6 @@ def _train(
     step = start_step
     last_loss = math.nan
     interrupted = False
-    history: list[dict[str, Any]] = []
     final_eval: EvalResult | None = None
     with _StopFlag() as stop, bar:
         if start_step == 0:  # the starting point of the validation curve
@@ -399,7 +396,6 @@ def _train(
                     "load": [(c.float() / max(int(c.sum()), 1)).tolist() for c in counts],
                 }
                 metrics.write(rec)
-                history.append(rec)
             over_budget = cfg.time_budget_s is not None and (
                 elapsed_before + time.perf_counter() - t0 >= cfg.time_budget_s
             )
@@ -423,5 +419,4 @@ def _train(
         final_eval=final_eval,
         train_loss=last_loss,
         elapsed_s=elapsed_before + time.perf_counter() - t0,
-        history=history,
     )

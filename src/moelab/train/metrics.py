@@ -34,12 +34,3 @@ class MetricsLog:
         }
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(clean) + "\n")
-
-    def read(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        return [
-            json.loads(line)
-            for line in self.path.read_text(encoding="utf-8").splitlines()
-            if line.strip()
-        ]
