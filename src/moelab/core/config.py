@@ -164,6 +164,11 @@ class RouterConfig:
                 "usmoe_weight_norm": "auto",
                 "usmoe_constraint": "global",
             }
+            # Configs written before these defaults changed stored the old ones for every
+            # router; on a non-USMoE router they mean "unset", so read them as the new ones.
+            for name, old in (("selection_scope", "sequence"), ("usmoe_weight_norm", "none")):
+                if getattr(self, name) == old:
+                    setattr(self, name, defaults[name])
             for name, default in defaults.items():
                 _check(
                     getattr(self, name) == default,
