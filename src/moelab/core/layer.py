@@ -78,6 +78,13 @@ class MoELayer(nn.Module):
         if hasattr(self.balance_loss, "reset"):
             self.balance_loss.reset()
 
+    def end_micro_batch(self) -> None:
+        """Commit the last forward's routing counts to the step's accumulators (global-batch
+        loss); call once after each micro-batch's backward. Forward itself accumulates
+        nothing, so recomputation (activation checkpointing) cannot count tokens twice."""
+        if hasattr(self.balance_loss, "commit"):
+            self.balance_loss.commit()
+
     def _check(self, x: Tensor, mask: Tensor | None) -> None:
         D = self.config.experts.hidden_size
         if x.dim() < 1 or x.shape[-1] != D:
@@ -102,8 +109,15 @@ class MoELayer(nn.Module):
             if mask is not None
             else torch.ones(T, dtype=torch.bool, device=x.device)
         )
+        rc = self.config.router
+        if self.training and rc.jitter_experts and rc.jitter_eps > 0:
+            # transformers' Mixtral: the jittered hidden states feed the router and the experts
+            noise = torch.empty_like(x_TD).uniform_(1.0 - rc.jitter_eps, 1.0 + rc.jitter_eps)
+            x_TD = x_TD * noise
         if self.router.uses_batch_shape:
             plan = self.router(x_TD, batch_shape=batch_shape, token_mask=token_mask)
+        elif self.router.masks_padding and mask is not None:
+            plan = self.router(x_TD, token_mask=token_mask)
         else:
             plan = self.router(x_TD)
         dispatched = self.dispatcher.dispatch(x_TD, plan)

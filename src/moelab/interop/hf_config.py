@@ -250,6 +250,7 @@ def config_from_hf(hf: dict[str, Any]) -> tuple[ModelConfig, ArchSpec]:
     if spec.name in ("qwen2_moe", "qwen3_moe"):
         first_dense = _first_dense_layers(hf, L)
         dense_ffn = hf.get("intermediate_size")
+    jitter = float(hf.get("router_jitter_noise", 0.0) or 0.0)
     moe = MoEConfig(
         router=RouterConfig(
             num_experts=E,
@@ -257,7 +258,9 @@ def config_from_hf(hf: dict[str, Any]) -> tuple[ModelConfig, ArchSpec]:
             score_func="softmax",
             softmax_before_topk=True,
             norm_topk_prob=norm_topk,
-            jitter_eps=float(hf.get("router_jitter_noise", 0.0) or 0.0),
+            jitter_eps=jitter,
+            # transformers' Mixtral multiplies the hidden states (router and experts' input)
+            jitter_experts=spec.name == "mixtral" and jitter > 0,
         ),
         experts=ExpertsConfig(
             hidden_size=D,

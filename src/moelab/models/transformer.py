@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from moelab.core import checks
 from moelab.core.layer import MoELayer
 from moelab.core.losses import CrossLayerLoss
 from moelab.core.plan import RoutingPlan
@@ -53,14 +54,15 @@ class LMLoss:
         loss: ``ce + aux_loss``, the fp32 scalar to back-propagate.
         ce: mean next-token cross-entropy in nats per counted target token (fp32 scalar).
         aux_loss: fp32 scalar sum of the aux losses (see :class:`LMOutput`).
-        num_tokens: number of target tokens counted in ``ce``.
+        num_tokens: number of target tokens counted in ``ce``, a 0-d int64 tensor (reading
+            it with ``int()`` syncs with the device).
         output: the forward pass's :class:`LMOutput`.
     """
 
     loss: Tensor
     ce: Tensor
     aux_loss: Tensor
-    num_tokens: int
+    num_tokens: Tensor
     output: LMOutput
 
 
@@ -85,7 +87,13 @@ class MoETransformer(nn.Module):
     tokens of a batch, so future tokens can then change past outputs. USMoE routing
     (``kind="usmoe"``) selects over whole sequences, so the KV-cache path refuses it
     (``ValueError``); its ``causal_prefix`` scope is causal and generates by recomputing the
-    prefix (:func:`moelab.serve.generate.generate_ids`).
+    prefix (:func:`moelab.serve.generate.generate_ids`). Expert-choice routing is refused by
+    the KV-cache path too (one token at a time, every expert would take it: capacity 1, a
+    different model from the one trained); generation recomputes the prefix for it.
+
+    The forward pass reads no tensor value on the host (no device sync) unless
+    :mod:`moelab.core.checks` are enabled: then token ids are range-checked and router logits
+    checked for NaN/Inf.
 
     With ``moe.losses.cross_layer`` the model adds the cross-layer dependency loss
     (:class:`moelab.core.losses.CrossLayerLoss`) over adjacent MoE layers' plans.
@@ -189,8 +197,9 @@ class MoETransformer(nn.Module):
                 and ``<= kv_cache.length`` with one.
 
         Raises:
-            ValueError: bad shapes/dtypes, ids out of range, positions beyond
-                ``max_seq_len`` or the cache.
+            ValueError: bad shapes/dtypes, positions beyond ``max_seq_len`` or the cache,
+                ids out of range (only with :mod:`moelab.core.checks` enabled; otherwise the
+                embedding raises ``IndexError`` on CPU).
         """
         cfg = self.cfg
         if (
@@ -205,8 +214,10 @@ class MoETransformer(nn.Module):
         B, S = input_ids.shape
         if S < 1:
             raise ValueError("input_ids: needs at least one position")
-        if input_ids.numel() and (
-            int(input_ids.min()) < 0 or int(input_ids.max()) >= cfg.vocab_size
+        if (
+            checks.value_checks()
+            and input_ids.numel()
+            and (int(input_ids.min()) < 0 or int(input_ids.max()) >= cfg.vocab_size)
         ):
             raise ValueError(f"input_ids: ids must be in [0, vocab_size={cfg.vocab_size})")
         if mask is not None and (mask.shape != input_ids.shape or mask.dtype != torch.bool):
@@ -277,8 +288,15 @@ class MoETransformer(nn.Module):
 
     def _check_cacheable(self) -> None:
         """Refuse the KV-cache (incremental decoding) path for routers that look at other
-        positions of the sequence (USMoE). Raises ValueError."""
+        positions of the sequence (USMoE, expert choice). Raises ValueError."""
         for block in self.blocks:
+            if block.is_moe and block.ffn.config.router.kind == "expert_choice":
+                raise ValueError(
+                    f"kv_cache: layer {block.layer_idx} routes with expert choice, where each "
+                    "expert picks its tokens among all tokens of the batch; decoding one token "
+                    "at a time would give every expert a capacity of 1 (a different model from "
+                    "the one trained); generate_ids recomputes the prefix for it instead"
+                )
             if block.is_moe and block.ffn.config.router.kind == "usmoe":
                 scope = block.ffn.config.router.selection_scope
                 hint = (
@@ -294,13 +312,17 @@ class MoETransformer(nn.Module):
                 )
 
     def needs_full_prefix(self) -> bool:
-        """True when generation must recompute the prefix (a causal_prefix USMoE layer).
+        """True when generation must recompute the prefix (a causal_prefix USMoE layer, or an
+        expert-choice layer: its routing of the last token then depends on the prefix, as
+        in training, rather than on that token alone).
 
         Raises:
             ValueError: a USMoE layer with a non-causal scope (it cannot generate at all).
         """
         full = False
         for block in self.blocks:
+            if block.is_moe and block.ffn.config.router.kind == "expert_choice":
+                full = True
             if block.is_moe and block.ffn.config.router.kind == "usmoe":
                 scope = block.ffn.config.router.selection_scope
                 if scope != "causal_prefix":
@@ -341,14 +363,14 @@ class MoETransformer(nn.Module):
         if mask is not None:
             tgt = tgt.masked_fill(~mask, ignore_index)
         counted = tgt != ignore_index
-        n = int(counted.sum())
+        n = counted.sum()
         ce_sum = F.cross_entropy(
             out.logits.float().flatten(0, 1),
             tgt.flatten(),
             ignore_index=ignore_index,
             reduction="sum",
         )
-        ce = ce_sum / max(n, 1)
+        ce = ce_sum / n.clamp_min(1)
         return LMLoss(
             loss=ce + out.aux_loss, ce=ce, aux_loss=out.aux_loss, num_tokens=n, output=out
         )

@@ -350,6 +350,8 @@ def _train(
                 ce_sum += ce.item()
                 aux_sum += aux.item()
                 n_bytes += int(batch.target_bytes.sum())
+                for layer in layers:
+                    layer.end_micro_batch()
                 for c, rec in zip(counts, [r for r in records if r is not None], strict=True):
                     c += rec.counts
             if not math.isfinite(ce_sum):

@@ -18,8 +18,9 @@ Variants:
   eq. 17–20, Megatron ``seq_aux_loss``).
 - :class:`GlobalBalanceLoss`: f from counts summed over data-parallel ranks and over the
   micro-batches of the current optimizer step, P local (Qiu et al., "Demons in the Detail",
-  arXiv 2501.11873; Megatron ``global_aux_loss``). Call :meth:`GlobalBalanceLoss.reset` after
-  each optimizer step.
+  arXiv 2501.11873; Megatron ``global_aux_loss``). Micro-batch counts are committed outside
+  forward (:meth:`GlobalBalanceLoss.commit`), so activation checkpointing cannot count a
+  micro-batch twice; :meth:`GlobalBalanceLoss.reset` after each optimizer step.
 """
 
 from __future__ import annotations
@@ -109,17 +110,39 @@ class SequenceBalanceLoss:
 
 
 class GlobalBalanceLoss:
-    """Global-batch balance: counts accumulated over micro-batches and data-parallel ranks."""
+    """Global-batch balance: counts accumulated over micro-batches and data-parallel ranks.
+
+    Forward never accumulates: it uses the counts *committed* by earlier micro-batches plus
+    its own (all-reduced) counts, and only remembers its own counts as ``pending``
+    (overwritten, so a recomputed forward under activation checkpointing leaves the same
+    state). The training loop calls :meth:`commit` once after each micro-batch and
+    :meth:`reset` after each optimizer step (:meth:`moelab.core.layer.MoELayer.end_micro_batch`
+    and ``reset_loss_state``). Without commits, every micro-batch uses its own DP-global
+    counts.
+    """
 
     def __init__(self, convention: str = "megatron") -> None:
         self.convention = convention
         self.counts: Tensor | None = None
         self.tokens: Tensor | None = None
+        self.pending: tuple[Tensor, Tensor] | None = None
 
     def reset(self) -> None:
         """Forget the accumulated counts (call once per optimizer step)."""
         self.counts = None
         self.tokens = None
+        self.pending = None
+
+    def commit(self) -> None:
+        """Add the last forward's counts to the step's accumulated counts (call once per
+        micro-batch, outside forward)."""
+        if self.pending is None:
+            return
+        counts, tokens = self.pending
+        if self.counts is not None and self.counts.shape == counts.shape:
+            counts, tokens = counts + self.counts, tokens + self.tokens
+        self.counts, self.tokens = counts, tokens
+        self.pending = None
 
     def __call__(
         self, plan: RoutingPlan, token_mask: Tensor, batch_shape: tuple[int, ...]
@@ -130,9 +153,9 @@ class GlobalBalanceLoss:
             stacked = torch.cat([counts, tokens.to(counts.dtype)])
             dist.all_reduce(stacked)
             counts, tokens = stacked[:-1], stacked[-1:]
+        self.pending = (counts.detach(), tokens.detach())
         if self.counts is not None and self.counts.shape == counts.shape:
             counts, tokens = counts + self.counts, tokens + self.tokens
-        self.counts, self.tokens = counts, tokens
         return switch_balance_loss(plan.probs, counts, token_mask, self.convention, tokens.sum())
 
 
