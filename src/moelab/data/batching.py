@@ -22,6 +22,7 @@ from torch import Tensor
 from moelab.data.corpora import Document
 from moelab.data.errors import CorpusError
 from moelab.data.tokenizer import Tokenizer
+from moelab.errors import InvalidValueError
 
 
 @dataclass(frozen=True)
@@ -75,11 +76,13 @@ class TokenStream:
             else tuple(sorted({d.domain for d in docs}))
         )
         if len(names) > 256:
-            raise ValueError(f"at most 256 domains are supported, got {len(names)}")
+            raise InvalidValueError(f"at most 256 domains are supported, got {len(names)}")
         domain_id = {d: i for i, d in enumerate(names)}
         missing = sorted({d.domain for d in docs} - domain_id.keys())
         if missing:
-            raise ValueError(f"{name}: domains {missing} are not in domain_names {list(names)}")
+            raise InvalidValueError(
+                f"{name}: domains {missing} are not in domain_names {list(names)}"
+            )
 
         eot = tokenizer.eot_id
         sep = np.asarray([eot] if eot is not None else tokenizer.encode("\n"), dtype=np.int64)
@@ -153,7 +156,7 @@ class EvalCoverage:
 
 def _check(stream: TokenStream, batch_size: int, seq_len: int) -> None:
     if batch_size < 1 or seq_len < 1:
-        raise ValueError(f"batch_size and seq_len must be >= 1, got {batch_size}, {seq_len}")
+        raise InvalidValueError(f"batch_size and seq_len must be >= 1, got {batch_size}, {seq_len}")
     if len(stream) < seq_len + 1:
         raise CorpusError(
             f"{stream.name}: text is {len(stream)} tokens long, too short for a context of "
@@ -209,7 +212,7 @@ def eval_coverage(stream: TokenStream, seq_len: int, max_tokens: int | None = No
     n_windows = (len(stream) - 1) // seq_len
     if max_tokens is not None:
         if max_tokens < seq_len:
-            raise ValueError(f"max_tokens={max_tokens} is below seq_len={seq_len}")
+            raise InvalidValueError(f"max_tokens={max_tokens} is below seq_len={seq_len}")
         n_windows = min(n_windows, max_tokens // seq_len)
     n_tokens = n_windows * seq_len
     n_bytes = int(stream.token_bytes[stream.ids[1 : n_tokens + 1]].sum())

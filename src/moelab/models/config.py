@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moelab.core.config import ExpertsConfig, MoEConfig, RouterConfig
+from moelab.errors import InvalidValueError
 
 
 def _check(cond: bool, name: str, msg: str) -> None:
     if not cond:
-        raise ValueError(f"{name}: {msg}")
+        raise InvalidValueError(f"{name}: {msg}")
 
 
 def _is_int(v: Any) -> bool:
@@ -212,12 +213,14 @@ def _from_dict(cls: type, d: Any, where: str) -> Any:
     """Build dataclass ``cls`` from dict ``d``, recursing into dataclass-typed fields."""
     label = where or cls.__name__
     if not isinstance(d, dict):
-        raise ValueError(f"{label}: expected a dict for {cls.__name__}, got {type(d).__name__}")
+        raise InvalidValueError(
+            f"{label}: expected a dict for {cls.__name__}, got {type(d).__name__}"
+        )
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(d) - names)
     if unknown:
-        raise ValueError(f"{label}: unknown field(s) {unknown} for {cls.__name__}")
+        raise InvalidValueError(f"{label}: unknown field(s) {unknown} for {cls.__name__}")
     kwargs: dict[str, Any] = {}
     for key, value in d.items():
         sub = _dataclass_in(hints[key])

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from moelab.errors import InvalidValueError
 from moelab.models.transformer import MoETransformer
 
 
@@ -65,7 +66,7 @@ def available_pretrained() -> list[str]:
 
 def _source(name: str) -> PretrainedSource:
     if not isinstance(name, str) or name.lower() not in PRETRAINED:
-        raise ValueError(
+        raise InvalidValueError(
             f"name: unknown pretrained model {name!r}; known: {', '.join(available_pretrained())}"
         )
     return PRETRAINED[name.lower()]

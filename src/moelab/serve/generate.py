@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import torch
 
 from moelab.data import Tokenizer
+from moelab.errors import InvalidValueError
 from moelab.models import MoETransformer
 from moelab.serve.sampling import sample_next
 
@@ -37,9 +38,9 @@ def generate_ids(
             router that looks at future tokens.
     """
     if not prompt_ids:
-        raise ValueError("prompt: must encode to at least one token")
+        raise InvalidValueError("prompt: must encode to at least one token")
     if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens: must be >= 0, got {max_new_tokens}")
+        raise InvalidValueError(f"max_new_tokens: must be >= 0, got {max_new_tokens}")
     full_prefix = model.needs_full_prefix()
     was_training = model.training
     model.eval()

@@ -11,13 +11,15 @@ from typing import Any
 
 import yaml
 
+from moelab.errors import UserError
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config file or value is invalid; the message names the file or field."""
 
 

@@ -31,6 +31,7 @@ from moelab.data import (
     sample_batch,
     split_documents,
 )
+from moelab.errors import TrainingDivergedError
 from moelab.models import ModelConfig, MoETransformer, load_model, save_model
 from moelab.train.checkpoint import load_checkpoint, save_checkpoint
 from moelab.train.config import ConfigError, TrainConfig
@@ -355,7 +356,9 @@ def _train(
                 for c, rec in zip(counts, [r for r in records if r is not None], strict=True):
                     c += rec.counts
             if not math.isfinite(ce_sum):
-                raise FloatingPointError(f"step {step}: training loss is not finite")
+                raise TrainingDivergedError(
+                    f"step {step}: training loss is not finite; lower --lr or raise --warmup-steps"
+                )
             grad_norm = (
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
                 if cfg.grad_clip > 0
