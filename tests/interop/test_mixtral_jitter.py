@@ -3,6 +3,7 @@ the router and the experts; an imported Mixtral does the same in training mode."
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from moelab.interop import import_hf
@@ -24,3 +25,13 @@ def test_training_forward_with_jitter_matches_transformers(hf, tmp_path):
         other = model(ids).logits
     assert (ref - got).abs().max() < 1e-4
     assert (other - got).abs().max() > 1e-3  # the jitter is really on
+
+
+def test_exporting_a_dense_model_is_a_clear_error_not_an_assert():
+    from moelab.interop import UnsupportedConfigError
+    from moelab.interop.hf_weights import model_rules
+    from moelab.models import ModelConfig, dense_twin_config
+
+    dense = dense_twin_config(ModelConfig.tiny())
+    with pytest.raises(UnsupportedConfigError, match="moe"):
+        model_rules(dense, "mixtral", "fused")

@@ -22,15 +22,15 @@ import torch
 
 from moelab.cli._app import Opt, app, console, fail, guarded
 from moelab.errors import InvalidValueError
-from moelab.models.config import ModelConfig
-from moelab.models.dense_twin import count_params
-from moelab.models.io import CheckpointError, load_model, save_model
-from moelab.models.pretrained import (
+from moelab.interop.pretrained import (
     PRETRAINED,
     PretrainedNotInstalledError,
     available_pretrained,
     load_pretrained,
 )
+from moelab.models.config import ModelConfig
+from moelab.models.dense_twin import count_params
+from moelab.models.io import CheckpointError, load_model, save_model
 from moelab.models.transformer import MoETransformer
 from moelab.train.upcycle import (
     ROUTER_INITS,
@@ -162,7 +162,7 @@ def upcycle_command(
     """Upcycle ``source`` into an MoE model and write model + tokenizer to the run folder ``out``.
 
     Args:
-        source: ``"smollm2"`` (see :mod:`moelab.models.pretrained`) or a folder written by
+        source: ``"smollm2"`` (see :mod:`moelab.interop.pretrained`) or a folder written by
             ``save_model`` + ``Tokenizer.save`` holding a dense model.
         out: the run folder to write (created; parents too).
         experts: E, copies of each dense FFN; the MoE layers get E·granularity experts.

@@ -327,8 +327,8 @@ def config_to_hf(cfg: ModelConfig, arch: str, base: dict[str, Any] | None = None
         raise UnsupportedConfigError(f"arch: must be one of {sorted(ARCHS)}, got {arch!r}")
     spec = ARCHS[arch]
     moe = cfg.moe
-    _require(moe is not None, "moe", arch, "needs MoE layers (got a dense model)")
-    assert moe is not None
+    if moe is None:
+        raise UnsupportedConfigError(f"moe: {arch} needs MoE layers (got a dense model)")
     r, ex = moe.router, moe.experts
     _require(r.kind == "token_choice", "moe.router.kind", arch, "needs token_choice routing")
     _require(r.score_func == "softmax", "moe.router.score_func", arch, "needs softmax scores")

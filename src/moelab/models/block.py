@@ -40,8 +40,7 @@ class DecoderBlock(nn.Module):
         )
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.ffn: nn.Module
-        if self.is_moe:
-            assert cfg.moe is not None
+        if self.is_moe and cfg.moe is not None:  # is_moe_layer is False without cfg.moe
             self.ffn = MoELayer(cfg.moe)
         else:
             self.ffn = SwiGLUFFN(cfg.d_model, cfg.dense_ffn_size)
