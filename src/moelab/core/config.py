@@ -19,6 +19,7 @@ SpecPenalty = Literal["square", "cos", "relu"]
 CrossLayerVariant = Literal["pathway", "token"]
 DropPolicy = Literal["probs", "position"]
 Activation = Literal["swiglu", "gelu", "gelu_tanh", "geglu", "swiglu_clamped"]
+GATED_ACTIVATIONS = ("swiglu", "geglu", "swiglu_clamped")
 BalanceLoss = Literal["switch", "seq", "global", "none"]
 BalanceConvention = Literal["megatron", "hf"]
 
@@ -275,7 +276,13 @@ class ExpertsConfig:
     Attributes:
         hidden_size: D, model width.
         ffn_hidden_size: F, each routed expert's hidden width (Megatron ``moe_ffn_hidden_size``).
-        activation: ``"swiglu"`` (gate/up/down) or ``"gelu"`` (up/down MLP).
+        activation: ``"swiglu"`` (gate/up/down), ``"gelu"`` (up/down MLP, exact erf GELU),
+            ``"gelu_tanh"`` (up/down MLP, tanh-approximate GELU: HF ``gelu_pytorch_tanh``),
+            ``"geglu"`` (gated, ``gelu_tanh(gate) ⊙ up``) or ``"swiglu_clamped"`` (GPT-OSS:
+            ``(clamp(up, ±limit) + 1) ⊙ g·sigmoid(α·g)`` with ``g = min(gate, limit)``).
+        swiglu_limit, swiglu_alpha: ``limit`` (7.0) and ``α`` (1.702) of ``"swiglu_clamped"``.
+        bias: the routed experts' projections have biases (GPT-OSS ``gate_up_proj_bias``,
+            ``down_proj_bias``): ``b_gate_up``/``b_up`` ``[E, width]`` and ``b_down [E, D]``.
         shared_expert_size: hidden width of an always-on shared expert (0 = none). Several
             DeepSeek-style shared experts are one shared expert of their summed width.
         shared_expert_gate: scale the shared expert by ``sigmoid(x·w)`` (Qwen2-MoE).
@@ -288,6 +295,9 @@ class ExpertsConfig:
     shared_expert_size: int = 0
     shared_expert_gate: bool = False
     init_std: float = 0.02
+    swiglu_limit: float = 7.0
+    swiglu_alpha: float = 1.702
+    bias: bool = False
 
     def __post_init__(self) -> None:
         _check(self.hidden_size >= 1, "hidden_size", f"must be >= 1, got {self.hidden_size}")
@@ -297,10 +307,11 @@ class ExpertsConfig:
             f"must be >= 1, got {self.ffn_hidden_size}",
         )
         _check(
-            self.activation in ("swiglu", "gelu"),
+            self.activation in ("swiglu", "gelu", "gelu_tanh", "geglu", "swiglu_clamped"),
             "activation",
-            f"must be swiglu or gelu, got {self.activation!r}",
+            f"must be swiglu, gelu, gelu_tanh, geglu or swiglu_clamped, got {self.activation!r}",
         )
+        _check(self.swiglu_limit > 0, "swiglu_limit", f"must be > 0, got {self.swiglu_limit}")
         _check(self.shared_expert_size >= 0, "shared_expert_size", "must be >= 0")
         _check(
             not self.shared_expert_gate or self.shared_expert_size > 0,

@@ -338,6 +338,7 @@ def config_to_hf(cfg: ModelConfig, arch: str, base: dict[str, Any] | None = None
     _require(not r.expert_bias, "moe.router.expert_bias", arch, "has no expert bias")
     _require(r.capacity_factor is None, "moe.router.capacity_factor", arch, "is dropless")
     _require(ex.activation == "swiglu", "moe.experts.activation", arch, "needs swiglu")
+    _require(not ex.bias, "moe.experts.bias", arch, "has no expert biases")
     if arch == "mixtral":
         _require(r.norm_topk_prob, "moe.router.norm_topk_prob", arch, "always renormalises")
     _require(
