@@ -79,10 +79,7 @@ def test_gelu_tanh_experts_follow_the_formula(activation):
     bank = bank.double()
     for e in range(E):
         h = x @ bank.w_in[e]
-        if activation == "geglu":
-            a = _gelu_tanh(h[:, :F]) * h[:, F:]
-        else:
-            a = _gelu_tanh(h)
+        a = _gelu_tanh(h[:, :F]) * h[:, F:] if activation == "geglu" else _gelu_tanh(h)
         assert torch.allclose(bank.expert_output(x, e), a @ bank.w_down[e], atol=1e-12)
     assert bank.w_in.shape == (E, D, 2 * F if activation == "geglu" else F)
 
