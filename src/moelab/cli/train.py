@@ -22,6 +22,7 @@ MODEL_OPTIONS = [
     ConfigOption("heads", "n_heads", "Attention heads."),
     ConfigOption("kv_heads", "n_kv_heads", "Key/value heads (GQA)."),
     ConfigOption("first_dense", "first_dense_layers", "First n layers dense (DeepSeek style)."),
+    ConfigOption("moe_every", "moe_layer_step", "One MoE layer every N layers (HF decoder_sparse_step)."),
     ConfigOption("experts", "moe.router.num_experts", "Routed experts E."),
     ConfigOption("top_k", "moe.router.top_k", "Experts per token k."),
     ConfigOption("router", "moe.router.kind", "Routing rule."),

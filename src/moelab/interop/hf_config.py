@@ -187,11 +187,8 @@ def _check_unsupported(hf: dict[str, Any], spec: ArchSpec) -> None:
                 f"layer_types: only 'full_attention' layers are supported, got {lt!r}"
             )
         step = hf.get("decoder_sparse_step", 1)
-        if step != 1:
-            raise UnsupportedConfigError(
-                f"decoder_sparse_step: only 1 is supported (moelab's dense layers are a "
-                f"prefix, first_dense_layers), got {step!r}"
-            )
+        if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+            raise UnsupportedConfigError(f"decoder_sparse_step: must be an int >= 1, got {step!r}")
     if spec.name in ("qwen3_moe", "olmoe") and hf.get("attention_bias", False):
         raise UnsupportedConfigError(
             f"attention_bias: {spec.name} would bias o_proj too, which moelab's attention "
@@ -290,6 +287,7 @@ def config_from_hf(hf: dict[str, Any]) -> tuple[ModelConfig, ArchSpec]:
         attention_bias=bool(hf.get("qkv_bias", True)) if spec.name == "qwen2_moe" else False,
         qk_norm=spec.qk_norm,
         first_dense_layers=first_dense,
+        moe_layer_step=int(hf.get("decoder_sparse_step", 1) or 1),
         dense_ffn_size=dense_ffn,
         init_std=float(hf.get("initializer_range", 0.02)),
         moe=moe,
@@ -361,6 +359,7 @@ def config_to_hf(cfg: ModelConfig, arch: str, base: dict[str, Any] | None = None
         _require(ex.shared_expert_size == 0, "moe.experts.shared_expert_size", arch, "has none")
     if arch in ("mixtral", "olmoe"):
         _require(cfg.first_dense_layers == 0, "first_dense_layers", arch, "has no dense layers")
+        _require(cfg.moe_layer_step == 1, "moe_layer_step", arch, "has no dense layers")
     if arch == "olmoe":
         _require(
             cfg.head_dim * cfg.n_heads == cfg.d_model,
@@ -398,7 +397,7 @@ def config_to_hf(cfg: ModelConfig, arch: str, base: dict[str, Any] | None = None
     if arch in ("qwen2_moe", "qwen3_moe"):
         hf.update(
             intermediate_size=cfg.dense_ffn_size,
-            decoder_sparse_step=1,
+            decoder_sparse_step=cfg.moe_layer_step,
             mlp_only_layers=list(range(cfg.first_dense_layers)),
             use_sliding_window=False,
         )
