@@ -10,7 +10,12 @@ from torch import Tensor, nn
 from moelab.core.config import MoEConfig
 from moelab.core.dispatch import LocalDispatcher
 from moelab.core.experts import ExpertBank, SharedExpert
-from moelab.core.losses import SpecializationLoss, build_balance_loss, router_z_loss
+from moelab.core.losses import (
+    SpecializationLoss,
+    build_balance_loss,
+    global_token_normalised,
+    router_z_loss,
+)
 from moelab.core.plan import RoutingPlan
 from moelab.core.routers import build_router
 from moelab.core.telemetry import RoutingRecord
@@ -49,6 +54,12 @@ class MoELayer(nn.Module):
             the weighted combine in float32.
         mask: ``[...]`` bool, True for real tokens; padded tokens are still computed but
             excluded from losses and telemetry. None = all real.
+        loss_div_factor: the number of real tokens of the whole batch (over micro-batches,
+            and ranks if the gradients are summed; OLMo-core's ``loss_div_factor``). Given,
+            every aux loss, a mean over this call's n real tokens, is rescaled to
+            ``n · loss / loss_div_factor`` (:func:`moelab.core.losses.global_token_normalised`),
+            so summing the micro-batches' losses weighs every real token of the batch
+            equally, whatever the padding and micro-batch sizes.
     Raises:
         ValueError: x's last dimension is not D, the mask's shape or dtype is wrong, or the
             input contains NaN/Inf.
@@ -99,7 +110,9 @@ class MoELayer(nn.Module):
                     f"mask: expected shape {tuple(x.shape[:-1])}, got {tuple(mask.shape)}"
                 )
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> MoEOutput:
+    def forward(
+        self, x: Tensor, mask: Tensor | None = None, loss_div_factor: float | Tensor | None = None
+    ) -> MoEOutput:
         self._check(x, mask)
         batch_shape = tuple(x.shape[:-1])
         x_TD = x.reshape(-1, x.shape[-1])
@@ -144,6 +157,8 @@ class MoELayer(nn.Module):
             aux["specialization"] = losses.specialization_coeff * self.specialization_loss(
                 acts, dispatched.token_idx, token_mask
             )
+        if loss_div_factor is not None and aux:
+            aux = global_token_normalised(aux, token_mask, loss_div_factor)
         return MoEOutput(
             hidden_states=y.to(x.dtype).reshape(x.shape),
             aux_losses=aux,

@@ -54,6 +54,7 @@ class DecoderBlock(nn.Module):
         kv_cache: KVCache | None = None,
         start_pos: int = 0,
         return_plan: bool = False,
+        loss_div_factor: float | Tensor | None = None,
     ) -> (
         tuple[Tensor, dict[str, Tensor], RoutingRecord | None]
         | tuple[Tensor, dict[str, Tensor], RoutingRecord | None, RoutingPlan | None]
@@ -63,13 +64,14 @@ class DecoderBlock(nn.Module):
         ``mask [B, S]`` bool (True = real token) goes to the MoE layer so padding is
         excluded from its losses and telemetry; ``attn_mask`` is the prebuilt attention mask.
         With ``return_plan`` a fourth item is the MoE layer's RoutingPlan (graph kept; None
-        for dense blocks), which model-level losses (cross-layer) read.
+        for dense blocks), which model-level losses (cross-layer) read. ``loss_div_factor``
+        goes to the MoE layer (aux losses normalised by the batch's real tokens).
         """
         h = x + self.attn(
             self.attn_norm(x), attn_mask=attn_mask, kv_cache=kv_cache, start_pos=start_pos
         )
         if self.is_moe:
-            out = self.ffn(self.ffn_norm(h), mask=mask)
+            out = self.ffn(self.ffn_norm(h), mask=mask, loss_div_factor=loss_div_factor)
             if return_plan:
                 return h + out.hidden_states, dict(out.aux_losses), out.record, out.plan
             return h + out.hidden_states, dict(out.aux_losses), out.record

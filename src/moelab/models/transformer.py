@@ -183,6 +183,7 @@ class MoETransformer(nn.Module):
         mask: Tensor | None = None,
         kv_cache: KVCache | None = None,
         start_pos: int = 0,
+        loss_div_factor: float | Tensor | None = None,
     ) -> LMOutput:
         """Next-token logits for ``input_ids`` at positions ``start_pos .. start_pos+S-1``.
 
@@ -195,6 +196,9 @@ class MoETransformer(nn.Module):
                 ``start_pos`` and attention also covers the cached positions before it.
             start_pos: absolute position of ``input_ids[:, 0]``; must be 0 without a cache
                 and ``<= kv_cache.length`` with one.
+            loss_div_factor: real tokens of the whole batch over micro-batches (OLMo-core);
+                the aux losses become sums over this call's real tokens divided by it
+                (:mod:`moelab.core.losses.normalise`). None = per-call means.
 
         Raises:
             ValueError: bad shapes/dtypes, positions beyond ``max_seq_len`` or the cache,
@@ -258,6 +262,7 @@ class MoETransformer(nn.Module):
                 kv_cache=kv_cache,
                 start_pos=start_pos,
                 return_plan=True,
+                loss_div_factor=loss_div_factor,
             )
             for name, value in layer_aux.items():
                 v = value.float()
@@ -268,10 +273,13 @@ class MoETransformer(nn.Module):
             moe_plans = [p for p in plans if p is not None]
             token_mask = mask.reshape(-1) if mask is not None else None
             ks = [b.ffn.config.router.top_k for b in self.blocks if b.is_moe]
-            aux_losses["cross_layer"] = (
-                self.cfg.moe.losses.cross_layer_coeff
-                * self.cross_layer_loss(moe_plans, token_mask, ks)
+            cross = self.cfg.moe.losses.cross_layer_coeff * self.cross_layer_loss(
+                moe_plans, token_mask, ks
             )
+            if loss_div_factor is not None:
+                n = input_ids.numel() if mask is None else mask.sum()
+                cross = cross * n / loss_div_factor
+            aux_losses["cross_layer"] = cross
         h = self.norm(x)
         logits = self.lm_head(h)
         aux_loss = torch.zeros((), dtype=torch.float32, device=logits.device)
@@ -340,6 +348,7 @@ class MoETransformer(nn.Module):
         targets: Tensor,
         mask: Tensor | None = None,
         ignore_index: int = -100,
+        loss_div_factor: float | Tensor | None = None,
     ) -> LMLoss:
         """Cross-entropy of ``targets`` under the model, plus the aux losses.
 
@@ -349,6 +358,11 @@ class MoETransformer(nn.Module):
                 shifted by the caller); ``ignore_index`` entries are not counted.
             mask: ``[B, S]`` bool, True = real token; False positions are neither attended
                 to nor counted.
+            loss_div_factor: the counted target tokens of the whole batch over all
+                micro-batches (OLMo-core's ``loss_div_factor``): ``ce = Σ ce_t /
+                loss_div_factor`` and the aux losses are normalised the same way, so the
+                micro-batch losses *sum* to the full-batch loss (exactly for ce and z-loss,
+                see :mod:`moelab.core.losses.normalise`). None = means over this call.
 
         Returns:
             :class:`LMLoss`: ``ce`` in nats per counted token (fp32, 0 when none counted),
@@ -358,7 +372,7 @@ class MoETransformer(nn.Module):
             raise ValueError(
                 f"targets: must have shape {tuple(input_ids.shape)}, got {tuple(targets.shape)}"
             )
-        out = self(input_ids, mask=mask)
+        out = self(input_ids, mask=mask, loss_div_factor=loss_div_factor)
         tgt = targets.long()
         if mask is not None:
             tgt = tgt.masked_fill(~mask, ignore_index)
@@ -370,7 +384,7 @@ class MoETransformer(nn.Module):
             ignore_index=ignore_index,
             reduction="sum",
         )
-        ce = ce_sum / n.clamp_min(1)
+        ce = ce_sum / (n.clamp_min(1) if loss_div_factor is None else loss_div_factor)
         return LMLoss(
             loss=ce + out.aux_loss, ce=ce, aux_loss=out.aux_loss, num_tokens=n, output=out
         )

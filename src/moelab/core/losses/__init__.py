@@ -9,6 +9,7 @@ from moelab.core.losses.balance import (
     switch_balance_loss,
 )
 from moelab.core.losses.cross_layer import CrossLayerLoss, pathway_loss, token_joint_loss
+from moelab.core.losses.normalise import global_token_normalised
 from moelab.core.losses.specialization import (
     SpecializationLoss,
     coactivated_pairs,
@@ -24,6 +25,7 @@ __all__ = [
     "SwitchBalanceLoss",
     "build_balance_loss",
     "coactivated_pairs",
+    "global_token_normalised",
     "pathway_loss",
     "router_z_loss",
     "specialization_loss",
