@@ -60,6 +60,8 @@ class MoELayer(nn.Module):
             ``n · loss / loss_div_factor`` (:func:`moelab.core.losses.global_token_normalised`),
             so summing the micro-batches' losses weighs every real token of the batch
             equally, whatever the padding and micro-batch sizes.
+        segment_ids: ``[T]`` int64 in ``[0, T)``, the sequence (packed document) of every
+            token for the sequence-level balance loss (:mod:`moelab.models.packing`).
     Raises:
         ValueError: x's last dimension is not D, the mask's shape or dtype is wrong, or the
             input contains NaN/Inf.
@@ -111,7 +113,11 @@ class MoELayer(nn.Module):
                 )
 
     def forward(
-        self, x: Tensor, mask: Tensor | None = None, loss_div_factor: float | Tensor | None = None
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        loss_div_factor: float | Tensor | None = None,
+        segment_ids: Tensor | None = None,
     ) -> MoEOutput:
         self._check(x, mask)
         batch_shape = tuple(x.shape[:-1])
@@ -148,8 +154,9 @@ class MoELayer(nn.Module):
         losses = self.config.losses
         aux: dict[str, Tensor] = {}
         if want_losses and self.balance_loss is not None and losses.aux_loss_coeff > 0:
+            extra = {} if segment_ids is None else {"segment_ids": segment_ids}
             aux["load_balance"] = losses.aux_loss_coeff * self.balance_loss(
-                plan, token_mask, batch_shape
+                plan, token_mask, batch_shape, **extra
             )
         if want_losses and losses.z_loss_coeff > 0:
             aux["z_loss"] = losses.z_loss_coeff * router_z_loss(plan.logits, token_mask)

@@ -55,6 +55,7 @@ class DecoderBlock(nn.Module):
         start_pos: int = 0,
         return_plan: bool = False,
         loss_div_factor: float | Tensor | None = None,
+        segment_ids: Tensor | None = None,
     ) -> (
         tuple[Tensor, dict[str, Tensor], RoutingRecord | None]
         | tuple[Tensor, dict[str, Tensor], RoutingRecord | None, RoutingPlan | None]
@@ -65,13 +66,19 @@ class DecoderBlock(nn.Module):
         excluded from its losses and telemetry; ``attn_mask`` is the prebuilt attention mask.
         With ``return_plan`` a fourth item is the MoE layer's RoutingPlan (graph kept; None
         for dense blocks), which model-level losses (cross-layer) read. ``loss_div_factor``
-        goes to the MoE layer (aux losses normalised by the batch's real tokens).
+        goes to the MoE layer (aux losses normalised by the batch's real tokens), and so do
+        ``segment_ids`` (packed documents; :mod:`moelab.models.packing`).
         """
         h = x + self.attn(
             self.attn_norm(x), attn_mask=attn_mask, kv_cache=kv_cache, start_pos=start_pos
         )
         if self.is_moe:
-            out = self.ffn(self.ffn_norm(h), mask=mask, loss_div_factor=loss_div_factor)
+            out = self.ffn(
+                self.ffn_norm(h),
+                mask=mask,
+                loss_div_factor=loss_div_factor,
+                segment_ids=segment_ids,
+            )
             if return_plan:
                 return h + out.hidden_states, dict(out.aux_losses), out.record, out.plan
             return h + out.hidden_states, dict(out.aux_losses), out.record

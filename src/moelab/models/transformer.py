@@ -19,6 +19,7 @@ from moelab.models.block import DecoderBlock
 from moelab.models.config import ModelConfig
 from moelab.models.ffn import SwiGLUFFN
 from moelab.models.norm import RMSNorm
+from moelab.models.packing import document_attention_mask, segment_ids
 from moelab.models.rope import RotaryEmbedding
 
 
@@ -184,6 +185,7 @@ class MoETransformer(nn.Module):
         kv_cache: KVCache | None = None,
         start_pos: int = 0,
         loss_div_factor: float | Tensor | None = None,
+        doc_ids: Tensor | None = None,
     ) -> LMOutput:
         """Next-token logits for ``input_ids`` at positions ``start_pos .. start_pos+S-1``.
 
@@ -199,6 +201,10 @@ class MoETransformer(nn.Module):
             loss_div_factor: real tokens of the whole batch over micro-batches (OLMo-core);
                 the aux losses become sums over this call's real tokens divided by it
                 (:mod:`moelab.core.losses.normalise`). None = per-call means.
+            doc_ids: ``[B, S]`` integer document id of each position for packed sequences
+                (contiguous runs within a row): attention stays within a document and the
+                sequence-level balance loss is per document (:mod:`moelab.models.packing`).
+                Not with ``kv_cache``.
 
         Raises:
             ValueError: bad shapes/dtypes, positions beyond ``max_seq_len`` or the cache,
@@ -249,6 +255,17 @@ class MoETransformer(nn.Module):
             kv_cache.check(B, start_pos, S)
             key_mask = kv_cache.advance(start_pos, mask, S)
         attn_mask = causal_mask(S, start_pos, key_mask, input_ids.device)
+        segments = None
+        if doc_ids is not None:
+            if kv_cache is not None:
+                raise ValueError("doc_ids: packed documents cannot be decoded with a kv_cache")
+            if doc_ids.shape != input_ids.shape or doc_ids.is_floating_point():
+                raise ValueError(
+                    f"doc_ids: must be an integer tensor {tuple(input_ids.shape)}, got "
+                    f"{doc_ids.dtype} {tuple(doc_ids.shape)}"
+                )
+            attn_mask = document_attention_mask(doc_ids, attn_mask)
+            segments = segment_ids(doc_ids)
 
         x = self.embed(input_ids)
         aux_losses: dict[str, Tensor] = {}
@@ -263,6 +280,7 @@ class MoETransformer(nn.Module):
                 start_pos=start_pos,
                 return_plan=True,
                 loss_div_factor=loss_div_factor,
+                segment_ids=segments,
             )
             for name, value in layer_aux.items():
                 v = value.float()
@@ -349,6 +367,7 @@ class MoETransformer(nn.Module):
         mask: Tensor | None = None,
         ignore_index: int = -100,
         loss_div_factor: float | Tensor | None = None,
+        doc_ids: Tensor | None = None,
     ) -> LMLoss:
         """Cross-entropy of ``targets`` under the model, plus the aux losses.
 
@@ -363,6 +382,8 @@ class MoETransformer(nn.Module):
                 loss_div_factor`` and the aux losses are normalised the same way, so the
                 micro-batch losses *sum* to the full-batch loss (exactly for ce and z-loss,
                 see :mod:`moelab.core.losses.normalise`). None = means over this call.
+            doc_ids: packed documents (see :meth:`forward`); the caller masks the target
+                of each document's last position (it belongs to the next document).
 
         Returns:
             :class:`LMLoss`: ``ce`` in nats per counted token (fp32, 0 when none counted),
@@ -372,7 +393,7 @@ class MoETransformer(nn.Module):
             raise ValueError(
                 f"targets: must have shape {tuple(input_ids.shape)}, got {tuple(targets.shape)}"
             )
-        out = self(input_ids, mask=mask, loss_div_factor=loss_div_factor)
+        out = self(input_ids, mask=mask, loss_div_factor=loss_div_factor, doc_ids=doc_ids)
         tgt = targets.long()
         if mask is not None:
             tgt = tgt.masked_fill(~mask, ignore_index)

@@ -70,7 +70,11 @@ class SwitchBalanceLoss:
         self.convention = convention
 
     def __call__(
-        self, plan: RoutingPlan, token_mask: Tensor, batch_shape: tuple[int, ...]
+        self,
+        plan: RoutingPlan,
+        token_mask: Tensor,
+        batch_shape: tuple[int, ...],
+        segment_ids: Tensor | None = None,  # micro-batch level: documents do not matter
     ) -> Tensor:
         return switch_balance_loss(plan.probs, plan.counts(token_mask), token_mask, self.convention)
 
@@ -79,16 +83,23 @@ class SequenceBalanceLoss:
     """Per-sequence balance, averaged over sequences that have at least one valid token.
 
     The layer input's leading shape ``(B, S)`` defines the sequences; a 2-D ``[T, D]`` input is
-    one sequence.
+    one sequence. With ``segment_ids`` ``[T]`` int64 in ``[0, T)`` (packed documents,
+    :func:`moelab.models.packing.segment_ids`) every segment is a sequence instead.
     """
 
     def __init__(self, convention: str = "megatron") -> None:
         self.convention = convention
 
     def __call__(
-        self, plan: RoutingPlan, token_mask: Tensor, batch_shape: tuple[int, ...]
+        self,
+        plan: RoutingPlan,
+        token_mask: Tensor,
+        batch_shape: tuple[int, ...],
+        segment_ids: Tensor | None = None,
     ) -> Tensor:
         E = plan.num_experts
+        if segment_ids is not None:
+            return self._per_segment(plan, token_mask, segment_ids)
         B = batch_shape[0] if len(batch_shape) >= 2 else 1
         S = plan.num_tokens // max(B, 1)
         seq_of_token = torch.arange(plan.num_tokens, device=token_mask.device) // max(S, 1)
@@ -104,6 +115,26 @@ class SequenceBalanceLoss:
         P = (plan.probs.view(B, S, E) * mask_BS.unsqueeze(-1)).sum(1) / n_tok.clamp_min(
             1
         ).unsqueeze(1)
+        per_seq = E * (f * P).sum(1)
+        has_tokens = n_tok > 0
+        return (per_seq * has_tokens).sum() / has_tokens.sum().clamp_min(1)
+
+    def _per_segment(self, plan: RoutingPlan, token_mask: Tensor, seg: Tensor) -> Tensor:
+        E, T = plan.num_experts, plan.num_tokens
+        G = T  # segment ids lie in [0, T); empty segments are skipped
+        valid_pair = token_mask[plan.token_idx]
+        seg_pair = seg[plan.token_idx][valid_pair]
+        counts = torch.bincount(seg_pair * E + plan.expert_idx[valid_pair], minlength=G * E)
+        counts = counts.view(G, E)
+        n_tok = torch.zeros(G, dtype=torch.long, device=seg.device).index_add(
+            0, seg, token_mask.long()
+        )
+        denom = counts.sum(1) if self.convention == "megatron" else n_tok
+        f = counts.float() / denom.clamp_min(1).unsqueeze(1)
+        p_sum = torch.zeros(G, E, dtype=plan.probs.dtype, device=seg.device).index_add(
+            0, seg, plan.probs * token_mask.unsqueeze(-1)
+        )
+        P = p_sum / n_tok.clamp_min(1).unsqueeze(1)
         per_seq = E * (f * P).sum(1)
         has_tokens = n_tok > 0
         return (per_seq * has_tokens).sum() / has_tokens.sum().clamp_min(1)
@@ -145,7 +176,11 @@ class GlobalBalanceLoss:
         self.pending = None
 
     def __call__(
-        self, plan: RoutingPlan, token_mask: Tensor, batch_shape: tuple[int, ...]
+        self,
+        plan: RoutingPlan,
+        token_mask: Tensor,
+        batch_shape: tuple[int, ...],
+        segment_ids: Tensor | None = None,  # global batch: documents do not matter
     ) -> Tensor:
         counts = plan.counts(token_mask)
         tokens = token_mask.sum().reshape(1)
