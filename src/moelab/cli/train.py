@@ -85,6 +85,8 @@ TRAIN_OPTIONS = [
     ConfigOption("max_bytes_per_domain", "max_bytes_per_domain", "Cap per corpus domain, bytes."),
     ConfigOption("time_budget", "time_budget_s", "Stop after this many seconds."),
     ConfigOption("seed", "seed", "Random seed."),
+    ConfigOption("lora_rank", "lora_rank", "Train only LoRA adapters of this rank on the experts."),
+    ConfigOption("lora_alpha", "lora_alpha", "LoRA scale α (the adapters add α/r·A·B)."),
 ]  # fmt: skip
 
 

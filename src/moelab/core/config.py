@@ -283,6 +283,10 @@ class ExpertsConfig:
         swiglu_limit, swiglu_alpha: ``limit`` (7.0) and ``α`` (1.702) of ``"swiglu_clamped"``.
         bias: the routed experts' projections have biases (GPT-OSS ``gate_up_proj_bias``,
             ``down_proj_bias``): ``b_gate_up``/``b_up`` ``[E, width]`` and ``b_down [E, D]``.
+        lora_rank: r of LoRA adapters on both stacked expert weights (Hu et al. 2021, arXiv
+            2106.09685): ``W_e + (α/r)·A_e B_e`` per expert; 0 = none. See
+            :mod:`moelab.models.lora`.
+        lora_alpha: α of the LoRA scale ``α/r``.
         shared_expert_size: hidden width of an always-on shared expert (0 = none). Several
             DeepSeek-style shared experts are one shared expert of their summed width.
         shared_expert_gate: scale the shared expert by ``sigmoid(x·w)`` (Qwen2-MoE).
@@ -298,6 +302,8 @@ class ExpertsConfig:
     swiglu_limit: float = 7.0
     swiglu_alpha: float = 1.702
     bias: bool = False
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
 
     def __post_init__(self) -> None:
         _check(self.hidden_size >= 1, "hidden_size", f"must be >= 1, got {self.hidden_size}")
@@ -312,6 +318,12 @@ class ExpertsConfig:
             f"must be swiglu, gelu, gelu_tanh, geglu or swiglu_clamped, got {self.activation!r}",
         )
         _check(self.swiglu_limit > 0, "swiglu_limit", f"must be > 0, got {self.swiglu_limit}")
+        _check(
+            isinstance(self.lora_rank, int) and self.lora_rank >= 0,
+            "lora_rank",
+            f"must be an int >= 0, got {self.lora_rank!r}",
+        )
+        _check(self.lora_alpha > 0, "lora_alpha", f"must be > 0, got {self.lora_alpha}")
         _check(self.shared_expert_size >= 0, "shared_expert_size", "must be >= 0")
         _check(
             not self.shared_expert_gate or self.shared_expert_size > 0,

@@ -337,6 +337,7 @@ def config_to_hf(cfg: ModelConfig, arch: str, base: dict[str, Any] | None = None
     _require(r.capacity_factor is None, "moe.router.capacity_factor", arch, "is dropless")
     _require(ex.activation == "swiglu", "moe.experts.activation", arch, "needs swiglu")
     _require(not ex.bias, "moe.experts.bias", arch, "has no expert biases")
+    _require(not ex.lora_rank, "moe.experts.lora_rank", arch, "has no adapters (merge them first)")
     if arch == "mixtral":
         _require(r.norm_topk_prob, "moe.router.norm_topk_prob", arch, "always renormalises")
     _require(

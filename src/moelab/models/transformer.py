@@ -151,8 +151,8 @@ class MoETransformer(nn.Module):
                 nn.init.normal_(block.ffn.w_down.weight, 0.0, resid_std)
             elif isinstance(block.ffn, MoELayer):
                 for name, p in block.ffn.named_parameters():
-                    if p.dim() < 2 or name.rsplit(".", 1)[-1].startswith("b_"):
-                        continue  # 1-D parameters and expert biases keep the layer's init
+                    if p.dim() < 2 or name.rsplit(".", 1)[-1].startswith(("b_", "lora_")):
+                        continue  # 1-D parameters, expert biases, LoRA keep the layer's init
                     is_down = "down" in name.rsplit(".", 1)[-1]
                     nn.init.normal_(p, 0.0, resid_std if is_down else std)
 

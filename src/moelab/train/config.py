@@ -49,6 +49,9 @@ class TrainConfig:
         seed: seeds the model init, the data split and the batch order.
         init_from: a model folder (e.g. from ``moelab upcycle``) whose weights and tokenizer
             start the run instead of a random init.
+        lora_rank: > 0 adds LoRA adapters of this rank to every expert bank (unless the
+            model has them) and trains only the adapters (:mod:`moelab.models.lora`).
+        lora_alpha: α of the adapters' scale α/r.
     """
 
     data: str = "mix"
@@ -75,6 +78,8 @@ class TrainConfig:
     time_budget_s: float | None = None
     seed: int = 0
     init_from: str | None = None
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -112,6 +117,10 @@ class TrainConfig:
             math.isfinite(self.time_budget_s) and self.time_budget_s > 0
         ):
             raise ConfigError(f"time_budget_s: must be > 0 seconds, got {self.time_budget_s}")
+        if self.lora_rank < 0:
+            raise ConfigError(f"lora_rank: must be >= 0, got {self.lora_rank}")
+        if not (math.isfinite(self.lora_alpha) and self.lora_alpha > 0):
+            raise ConfigError(f"lora_alpha: must be a finite number > 0, got {self.lora_alpha}")
         if not self.data.strip():
             raise ConfigError("data: empty corpus name or path")
 

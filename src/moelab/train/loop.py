@@ -33,6 +33,7 @@ from moelab.data import (
 )
 from moelab.errors import TrainingDivergedError
 from moelab.models import ModelConfig, MoETransformer, load_model, save_model
+from moelab.models.lora import add_expert_lora, freeze_all_but_lora
 from moelab.train.checkpoint import load_checkpoint, save_checkpoint
 from moelab.train.config import ConfigError, TrainConfig
 from moelab.train.distributed import DistInfo, barrier, init_distributed, shutdown
@@ -242,6 +243,10 @@ def _train(
         model_cfg.vocab_size = tokenizer.vocab_size
         torch.manual_seed(cfg.seed)
         model = MoETransformer(model_cfg)
+    if cfg.lora_rank:
+        if model.cfg.moe is None or not model.cfg.moe.experts.lora_rank:
+            model = add_expert_lora(model, cfg.lora_rank, cfg.lora_alpha)
+        freeze_all_but_lora(model)
     if model.cfg.vocab_size != tokenizer.vocab_size:
         raise ConfigError(
             f"vocab_size: the model has {model.cfg.vocab_size} tokens, the tokenizer {tokenizer.vocab_size}"

@@ -19,9 +19,17 @@ Other activations (``ExpertsConfig.activation``):
 With ``ExpertsConfig.bias`` each expert's projections have biases (GPT-OSS); the bias of the
 expert of each sorted row is gathered by ``repeat_interleave`` with a known output size (no
 host sync).
+
+With ``ExpertsConfig.lora_rank = r`` both stacked weights carry LoRA adapters (Hu et al.,
+arXiv 2106.09685, applied per expert): ``x·W_e + (α/r)·(x·A_e)·B_e`` with ``A [E, in, r]``
+(PEFT's default init, Kaiming-uniform with a = √5) and ``B [E, r, out]`` zeros, so adding
+adapters does not change the output. Both low-rank products run as grouped matmuls on the
+same sorted rows. :mod:`moelab.models.lora` adds, freezes around and merges them.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +66,44 @@ class ExpertBank(nn.Module):
         if config.bias:
             self.register_parameter("b" + self._in_name[1:], nn.Parameter(torch.zeros(E, width)))
             self.b_down = nn.Parameter(torch.zeros(E, D))
+        if config.lora_rank:
+            r = config.lora_rank
+            self.lora_A_in = nn.Parameter(torch.empty(E, D, r))
+            self.lora_B_in = nn.Parameter(torch.zeros(E, r, width))
+            self.lora_A_down = nn.Parameter(torch.empty(E, Fh, r))
+            self.lora_B_down = nn.Parameter(torch.zeros(E, r, D))
+            self.reset_lora()
+
+    @torch.no_grad()
+    def reset_lora(self) -> None:
+        """PEFT's init: A ~ Kaiming-uniform (a = √5, fan-in = the input width), B = 0."""
+        for a in (self.lora_A_in, self.lora_A_down):
+            bound = 1.0 / math.sqrt(a.shape[1])  # kaiming_uniform_(a=√5) on fan_in
+            a.uniform_(-bound, bound)
+        self.lora_B_in.zero_()
+        self.lora_B_down.zero_()
+
+    @property
+    def lora_scale(self) -> float:
+        """``α / r`` (0 without adapters)."""
+        r = self.config.lora_rank
+        return self.config.lora_alpha / r if r else 0.0
+
+    def _project(self, x: Tensor, w: Tensor, counts: Tensor, which: str) -> Tensor:
+        y = grouped_mm(x, w, counts, self.backend)
+        if self.config.lora_rank:
+            a, b = getattr(self, f"lora_A_{which}"), getattr(self, f"lora_B_{which}")
+            low = grouped_mm(grouped_mm(x, a, counts, self.backend), b, counts, self.backend)
+            y = y + self.lora_scale * low
+        return y
+
+    def merged_weight(self, which: str) -> Tensor:
+        """``W + (α/r)·A@B`` of ``"in"`` or ``"down"`` (the weight itself without adapters)."""
+        w = self.w_in if which == "in" else self.w_down
+        if not self.config.lora_rank:
+            return w
+        a, b = getattr(self, f"lora_A_{which}"), getattr(self, f"lora_B_{which}")
+        return w + self.lora_scale * torch.bmm(a, b)
 
     @property
     def w_in(self) -> nn.Parameter:
@@ -103,7 +149,7 @@ class ExpertBank(nn.Module):
         Returns:
             ``[N, D]`` expert outputs in the same order, or ``(outputs, activations)``.
         """
-        h = grouped_mm(x_ND, self.w_in, counts, self.backend)
+        h = self._project(x_ND, self.w_in, counts, "in")
         expert_of_row = None
         if self.config.bias:
             E = self.num_experts
@@ -112,17 +158,17 @@ class ExpertBank(nn.Module):
             )
             h = h + self.b_in[expert_of_row]
         a = self.activation(h)
-        y = grouped_mm(a, self.w_down, counts, self.backend)
+        y = self._project(a, self.w_down, counts, "down")
         if expert_of_row is not None:
             y = y + self.b_down[expert_of_row]
         return (y, a) if return_activations else y
 
     def expert_output(self, x_TD: Tensor, expert: int) -> Tensor:
         """Output of one expert on all tokens ``[T, D]`` (analysis: expert redundancy)."""
-        h = x_TD @ self.w_in[expert]
+        h = x_TD @ self.merged_weight("in")[expert]
         if self.config.bias:
             h = h + self.b_in[expert]
-        y = self.activation(h) @ self.w_down[expert]
+        y = self.activation(h) @ self.merged_weight("down")[expert]
         return y + self.b_down[expert] if self.config.bias else y
 
 
