@@ -70,3 +70,28 @@ def test_lora_errors():
         merge_expert_lora(model)
     with pytest.raises(ValueError, match="already"):
         add_expert_lora(add_expert_lora(model, 2), 2)
+
+
+def test_merge_lora_command(tmp_path):
+    from typer.testing import CliRunner
+
+    from moelab.cli import app
+    from moelab.data import ByteTokenizer
+
+    torch.manual_seed(0)
+    lora = add_expert_lora(MoETransformer(ModelConfig.tiny(vocab_size=256, n_layers=1)), 2)
+    with torch.no_grad():
+        lora.blocks[0].ffn.experts.lora_B_down.normal_()
+    save_model(lora, tmp_path / "run")
+    ByteTokenizer().save(tmp_path / "run")
+    res = CliRunner().invoke(
+        app, ["merge-lora", str(tmp_path / "run"), "--out", str(tmp_path / "m")]
+    )
+    assert res.exit_code == 0, res.output
+    merged = load_model(tmp_path / "m").eval()
+    ids = torch.randint(0, 256, (1, 5))
+    assert torch.allclose(merged(ids).logits, lora.eval()(ids).logits, atol=1e-5)
+    again = CliRunner().invoke(
+        app, ["merge-lora", str(tmp_path / "m"), "--out", str(tmp_path / "x")]
+    )
+    assert again.exit_code == 2 and "no LoRA" in again.output
