@@ -82,3 +82,12 @@ def test_internal_bug_keeps_its_traceback(tmp_path, monkeypatch):
     assert result.exit_code == 1
     assert isinstance(result.exception, ValueError)
     assert not isinstance(result.exception, UserError)
+
+
+def test_debug_does_not_leak_into_the_next_command(tmp_path):
+    from moelab.core import checks
+
+    runner.invoke(app, ["--debug", "train", "--out", str(tmp_path / "r"), "--score-func", "x"])
+    assert checks.value_checks()
+    result = runner.invoke(app, ["train", "--out", str(tmp_path / "r"), "--score-func", "x"])
+    assert result.exit_code == 2 and not checks.value_checks()

@@ -49,6 +49,8 @@ def _main(
     _DEBUG = debug
     if debug:
         checks.enable(True)
+    else:
+        checks.reset()
 
 
 def fail(exc: BaseException) -> None:

@@ -19,7 +19,12 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-_ENABLED = os.environ.get("MOELAB_DEBUG_CHECKS", "") not in ("", "0", "false", "False")
+
+def _from_env() -> bool:
+    return os.environ.get("MOELAB_DEBUG_CHECKS", "") not in ("", "0", "false", "False")
+
+
+_ENABLED = _from_env()
 
 
 def value_checks() -> bool:
@@ -31,6 +36,11 @@ def enable(flag: bool = True) -> None:
     """Turn the syncing value checks on or off for the whole process."""
     global _ENABLED
     _ENABLED = bool(flag)
+
+
+def reset() -> None:
+    """Back to the default: on iff ``MOELAB_DEBUG_CHECKS`` is set."""
+    enable(_from_env())
 
 
 @contextmanager
