@@ -46,7 +46,7 @@ MODEL_OPTIONS = [
     ConfigOption("usmoe_budget", "moe.router.budget_fraction",
                  "USMoE: routed pairs as a fraction of T·k (per sequence)."),
     ConfigOption("usmoe_rate", "moe.router.usmoe_rate", "USMoE: r of the unified score."),
-    ConfigOption("usmoe_scope", "moe.router.selection_scope", "USMoE selection group."),
+    ConfigOption("usmoe_scope", "moe.router.selection_scope", "USMoE selection group (default position)."),
     ConfigOption("usmoe_weight_norm", "moe.router.usmoe_weight_norm", "USMoE combine weights."),
     ConfigOption("expert_ffn", "moe.experts.ffn_hidden_size", "Hidden width F of each expert."),
     ConfigOption("activation", "moe.experts.activation", "Expert activation."),
@@ -85,6 +85,8 @@ TRAIN_OPTIONS = [
     ConfigOption("max_bytes_per_domain", "max_bytes_per_domain", "Cap per corpus domain, bytes."),
     ConfigOption("time_budget", "time_budget_s", "Stop after this many seconds."),
     ConfigOption("seed", "seed", "Random seed."),
+    ConfigOption("allow_noncausal_routing", "allow_noncausal_routing",
+                 "Allow USMoE scopes that look at future tokens (not a causal LM)."),
     ConfigOption("lora_rank", "lora_rank", "Train only LoRA adapters of this rank on the experts."),
     ConfigOption("lora_alpha", "lora_alpha", "LoRA scale α (the adapters add α/r·A·B)."),
 ]  # fmt: skip
@@ -113,6 +115,7 @@ def build_configs(
     model_dict = merge(model_dict, nested(MODEL_OPTIONS, model_flags), skip_none=True)
     if isinstance(model_dict.get("moe"), dict):
         model_dict["moe"].setdefault("experts", {})["hidden_size"] = model_dict.get("d_model")
+        _usmoe_without_balancing(model_dict["moe"], file_cfg, model_flags)
     if (
         isinstance(model_dict.get("max_seq_len"), int)
         and train_cfg.seq_len > model_dict["max_seq_len"]
@@ -125,6 +128,20 @@ def build_configs(
     if dense:
         model_cfg = dense_twin_config(model_cfg)
     return model_cfg, _absolute_paths(train_cfg)
+
+
+def _usmoe_without_balancing(moe: dict, file_cfg: dict, model_flags: dict) -> None:
+    """Training-based USMoE as released uses no load-balancing loss (its configured gate is
+    never built; see :mod:`moelab.core.routers.usmoe`): the default unless one is given."""
+    file_losses = ((file_cfg.get("model") or {}).get("moe") or {}).get("losses") or {}
+    router = moe.get("router")
+    if (
+        isinstance(router, dict)
+        and router.get("kind") == "usmoe"
+        and model_flags.get("aux_loss") is None
+        and "load_balance" not in file_losses
+    ):
+        moe.setdefault("losses", {})["load_balance"] = "none"
 
 
 def _absolute_paths(cfg):

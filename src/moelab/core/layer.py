@@ -18,6 +18,7 @@ from moelab.core.losses import (
 )
 from moelab.core.plan import RoutingPlan
 from moelab.core.routers import build_router
+from moelab.core.routers.usmoe import PrefixState
 from moelab.core.telemetry import RoutingRecord
 
 
@@ -112,13 +113,23 @@ class MoELayer(nn.Module):
                     f"mask: expected shape {tuple(x.shape[:-1])}, got {tuple(mask.shape)}"
                 )
 
+    @property
+    def needs_prefix_state(self) -> bool:
+        """True when incremental decoding must carry router state (causal-prefix USMoE)."""
+        cfg = self.config.router
+        return cfg.kind == "usmoe" and cfg.selection_scope == "causal_prefix"
+
     def forward(
         self,
         x: Tensor,
         mask: Tensor | None = None,
+        prefix_state: PrefixState | None = None,
         loss_div_factor: float | Tensor | None = None,
         segment_ids: Tensor | None = None,
     ) -> MoEOutput:
+        """``x [..., D]`` → :class:`MoEOutput`. ``mask [...]`` bool marks real tokens;
+        ``prefix_state`` carries causal-prefix USMoE routing across decoding calls;
+        ``loss_div_factor`` and ``segment_ids`` as in the class docstring."""
         self._check(x, mask)
         batch_shape = tuple(x.shape[:-1])
         x_TD = x.reshape(-1, x.shape[-1])
@@ -134,7 +145,8 @@ class MoELayer(nn.Module):
             noise = torch.empty_like(x_TD).uniform_(1.0 - rc.jitter_eps, 1.0 + rc.jitter_eps)
             x_TD = x_TD * noise
         if self.router.uses_batch_shape:
-            plan = self.router(x_TD, batch_shape=batch_shape, token_mask=token_mask)
+            kw = {"prefix_state": prefix_state} if prefix_state is not None else {}
+            plan = self.router(x_TD, batch_shape=batch_shape, token_mask=token_mask, **kw)
         elif self.router.masks_padding and mask is not None:
             plan = self.router(x_TD, token_mask=token_mask)
         else:

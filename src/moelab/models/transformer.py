@@ -10,10 +10,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from moelab.core import checks
+from moelab.core.config import CAUSAL_SCOPES
 from moelab.core.layer import MoELayer
 from moelab.core.losses import CrossLayerLoss
 from moelab.core.plan import RoutingPlan
 from moelab.core.telemetry import RoutingRecord
+from moelab.errors import InvalidValueError
 from moelab.models.attention import KVCache, causal_mask
 from moelab.models.block import DecoderBlock
 from moelab.models.config import ModelConfig
@@ -86,11 +88,11 @@ class MoETransformer(nn.Module):
     Causality and caching hold exactly for dropless token-choice routing (each token's
     output depends on that token alone); expert-choice routing or capacity dropping couple
     tokens of a batch, so future tokens can then change past outputs. USMoE routing
-    (``kind="usmoe"``) selects over whole sequences, so the KV-cache path refuses it
-    (``ValueError``); its ``causal_prefix`` scope is causal and generates by recomputing the
-    prefix (:func:`moelab.serve.generate.generate_ids`). Expert-choice routing is refused by
-    the KV-cache path too (one token at a time, every expert would take it: capacity 1, a
-    different model from the one trained); generation recomputes the prefix for it.
+    (``kind="usmoe"``) with the ``sequence``/``batch`` scopes selects over whole sequences, so
+    the KV-cache path refuses it (``ValueError``); its ``position`` and ``causal_prefix``
+    scopes are causal and decode incrementally (the cache carries causal-prefix router state).
+    Expert-choice routing is refused by the KV-cache path too: one token at a time, every
+    expert would take it (capacity 1), a different model from the one trained.
 
     The forward pass reads no tensor value on the host (no device sync) unless
     :mod:`moelab.core.checks` are enabled: then token ids are range-checked and router logits
@@ -312,53 +314,39 @@ class MoETransformer(nn.Module):
             plans=plans,
         )
 
+    def noncausal_routing_layers(self) -> list[int]:
+        """Indices of MoE layers whose USMoE routing looks at future tokens (``sequence`` or
+        ``batch`` selection scope): with any of them the model is not a causal LM."""
+        return [
+            block.layer_idx
+            for block in self.blocks
+            if block.is_moe
+            and block.ffn.config.router.kind == "usmoe"
+            and block.ffn.config.router.selection_scope not in CAUSAL_SCOPES
+        ]
+
     def _check_cacheable(self) -> None:
         """Refuse the KV-cache (incremental decoding) path for routers that look at other
-        positions of the sequence (USMoE, expert choice). Raises ValueError."""
+        positions of the sequence (USMoE ``sequence``/``batch`` scopes, expert choice).
+        Raises ValueError."""
         for block in self.blocks:
             if block.is_moe and block.ffn.config.router.kind == "expert_choice":
-                raise ValueError(
+                raise InvalidValueError(
                     f"kv_cache: layer {block.layer_idx} routes with expert choice, where each "
                     "expert picks its tokens among all tokens of the batch; decoding one token "
-                    "at a time would give every expert a capacity of 1 (a different model from "
-                    "the one trained); generate_ids recomputes the prefix for it instead"
+                    "at a time would give every expert a capacity of 1, a different model from "
+                    "the one trained; score such a model with full sequences (moelab eval) or "
+                    "swap in a token-choice router (moelab.models.with_router) to generate"
                 )
-            if block.is_moe and block.ffn.config.router.kind == "usmoe":
-                scope = block.ffn.config.router.selection_scope
-                hint = (
-                    "generate_ids recomputes the prefix for it instead of using the cache"
-                    if scope == "causal_prefix"
-                    else "swap in selection_scope='causal_prefix' (moelab.models.with_router) "
-                    "or a token-choice router to generate"
-                )
-                raise ValueError(
-                    f"kv_cache: layer {block.layer_idx} routes with USMoE "
-                    f"(selection_scope={scope!r}), which ranks (token, expert) pairs over the "
-                    "whole sequence, so one new token cannot be routed on its own; " + hint
-                )
-
-    def needs_full_prefix(self) -> bool:
-        """True when generation must recompute the prefix (a causal_prefix USMoE layer, or an
-        expert-choice layer: its routing of the last token then depends on the prefix, as
-        in training, rather than on that token alone).
-
-        Raises:
-            ValueError: a USMoE layer with a non-causal scope (it cannot generate at all).
-        """
-        full = False
-        for block in self.blocks:
-            if block.is_moe and block.ffn.config.router.kind == "expert_choice":
-                full = True
-            if block.is_moe and block.ffn.config.router.kind == "usmoe":
-                scope = block.ffn.config.router.selection_scope
-                if scope != "causal_prefix":
-                    raise ValueError(
-                        f"generate: layer {block.layer_idx} routes with USMoE over the whole "
-                        f"sequence (selection_scope={scope!r}), which looks at future tokens and "
-                        "is not valid for causal generation; use selection_scope='causal_prefix'"
-                    )
-                full = True
-        return full
+        bad = self.noncausal_routing_layers()
+        if bad:
+            scope = self.blocks[bad[0]].ffn.config.router.selection_scope
+            raise InvalidValueError(
+                f"kv_cache: layer {bad[0]} routes with USMoE over the whole sequence "
+                f"(selection_scope={scope!r}), which looks at future tokens and is not valid for "
+                "causal generation; swap in selection_scope='position' or 'causal_prefix' "
+                "(moelab.models.with_router) or a token-choice router to generate"
+            )
 
     def loss(
         self,

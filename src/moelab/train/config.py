@@ -52,6 +52,9 @@ class TrainConfig:
         lora_rank: > 0 adds LoRA adapters of this rank to every expert bank (unless the
             model has them) and trains only the adapters (:mod:`moelab.models.lora`).
         lora_alpha: α of the adapters' scale α/r.
+        allow_noncausal_routing: train a model whose routing looks at future tokens (USMoE
+            ``sequence``/``batch`` selection scopes); refused otherwise, since such a model is
+            not a causal LM and its losses are not causal LM losses.
     """
 
     data: str = "mix"
@@ -80,6 +83,7 @@ class TrainConfig:
     init_from: str | None = None
     lora_rank: int = 0
     lora_alpha: float = 16.0
+    allow_noncausal_routing: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -136,7 +140,7 @@ class TrainConfig:
         return cls(**d)
 
 
-_TYPES = {"int": (int,), "float": (int, float), "str": (str,)}
+_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
 
 
 def _check_type(name: str, value: Any, annotation: str) -> None:
@@ -145,7 +149,7 @@ def _check_type(name: str, value: Any, annotation: str) -> None:
     if value is None and "None" in kinds:
         return
     allowed = tuple(t for k in kinds for t in _TYPES.get(k, ()))
-    if isinstance(value, bool) or not isinstance(value, allowed):
+    if (isinstance(value, bool) and "bool" not in kinds) or not isinstance(value, allowed):
         want = " or ".join(k for k in kinds if k != "None")
         raise ConfigError(f"{name}: expected {want}, got {value!r} ({type(value).__name__})")
 
