@@ -64,8 +64,9 @@ class MoELayer(nn.Module):
         segment_ids: ``[T]`` int64 in ``[0, T)``, the sequence (packed document) of every
             token for the sequence-level balance loss (:mod:`moelab.models.packing`).
     Raises:
-        ValueError: x's last dimension is not D, the mask's shape or dtype is wrong, or the
-            input contains NaN/Inf.
+        ValueError: x's last dimension is not D, the mask's shape or dtype is wrong, or (only
+            with :mod:`moelab.core.checks` enabled: the check syncs) the input contains
+            NaN/Inf.
     """
 
     def __init__(self, config: MoEConfig, dispatcher: LocalDispatcher | None = None) -> None:

@@ -122,10 +122,10 @@ class SequenceBalanceLoss:
     def _per_segment(self, plan: RoutingPlan, token_mask: Tensor, seg: Tensor) -> Tensor:
         E, T = plan.num_experts, plan.num_tokens
         G = T  # segment ids lie in [0, T); empty segments are skipped
-        valid_pair = token_mask[plan.token_idx]
-        seg_pair = seg[plan.token_idx][valid_pair]
-        counts = torch.bincount(seg_pair * E + plan.expert_idx[valid_pair], minlength=G * E)
-        counts = counts.view(G, E)
+        valid_pair = token_mask[plan.token_idx].long()
+        slot = seg[plan.token_idx] * E + plan.expert_idx  # scatter-add: no host sync
+        counts = torch.zeros(G * E, dtype=torch.long, device=seg.device)
+        counts = counts.scatter_add_(0, slot, valid_pair).view(G, E)
         n_tok = torch.zeros(G, dtype=torch.long, device=seg.device).index_add(
             0, seg, token_mask.long()
         )
