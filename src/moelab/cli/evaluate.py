@@ -68,5 +68,12 @@ def _evaluate_run(run: Path, data: str | None, tokens: int, batch_size: int, all
         _, _, streams = prepare_data(cfg, tokenizer)
     else:
         streams = {data: TokenStream.from_documents(load_corpus(data), tokenizer, name=data)}
-    result = evaluate(model, streams, seq_len=seq_len, batch_size=batch_size, max_tokens=tokens)
+    result = evaluate(
+        model,
+        streams,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        max_tokens=tokens,
+        doc_masks=cfg.doc_masks,
+    )
     return result, noncausal

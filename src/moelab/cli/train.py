@@ -89,6 +89,7 @@ TRAIN_OPTIONS = [
                  "Allow USMoE scopes that look at future tokens (not a causal LM)."),
     ConfigOption("lora_rank", "lora_rank", "Train only LoRA adapters of this rank on the experts."),
     ConfigOption("lora_alpha", "lora_alpha", "LoRA scale α (the adapters add α/r·A·B)."),
+    ConfigOption("doc_masks", "doc_masks", "Attention and sequence losses per document in each window."),
 ]  # fmt: skip
 
 

@@ -36,6 +36,8 @@ class TokenStream:
         token_bytes: ``[vocab_size]`` int64 UTF-8 bytes per token id (0 for special tokens).
         n_bytes: UTF-8 bytes of the whole stream's text (documents plus newline separators).
         name: label used in error messages (e.g. ``"train"``, ``"val"``).
+        doc_index: ``[N]`` int64 ordinal of the document each token belongs to (its separator
+            included), for document masks on packed windows; None when unknown.
     """
 
     ids: Tensor
@@ -44,6 +46,7 @@ class TokenStream:
     token_bytes: Tensor
     n_bytes: int
     name: str = "stream"
+    doc_index: Tensor | None = None
 
     @classmethod
     def from_documents(
@@ -89,11 +92,13 @@ class TokenStream:
         sep_bytes = 0 if eot is not None else 1
         pieces: list[np.ndarray] = []
         dom_pieces: list[np.ndarray] = []
+        lengths: list[int] = []
         n_bytes = 0
         for doc, ids in zip(docs, tokenizer.encode_arrays(d.text for d in docs), strict=True):
             ids = np.concatenate([ids, sep])
             pieces.append(ids)
             dom_pieces.append(np.full(len(ids), domain_id[doc.domain], dtype=np.uint8))
+            lengths.append(len(ids))
             n_bytes += doc.n_bytes + sep_bytes
         return cls(
             ids=torch.from_numpy(np.concatenate(pieces)),
@@ -102,6 +107,7 @@ class TokenStream:
             token_bytes=torch.from_numpy(tokenizer.token_byte_lengths()),
             n_bytes=n_bytes,
             name=name,
+            doc_index=torch.from_numpy(np.repeat(np.arange(len(lengths)), lengths)),
         )
 
     def __len__(self) -> int:
@@ -127,20 +133,22 @@ class Batch:
         targets: ``[B, S]`` int64, ``targets[:, s]`` is the token after ``input_ids[:, s]``.
         domains: ``[B, S]`` int64 domain id of each *target* token.
         target_bytes: ``[B, S]`` int64 UTF-8 bytes each target token stands for.
+        doc_ids: ``[B, S]`` int64 document of each *input* token (for
+            ``MoETransformer(..., doc_ids=...)``: attention and sequence losses per
+            document), or None when the stream does not know its documents.
     """
 
     input_ids: Tensor
     targets: Tensor
     domains: Tensor
     target_bytes: Tensor
+    doc_ids: Tensor | None = None
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """The same batch on ``device``."""
+        fields = (self.input_ids, self.targets, self.domains, self.target_bytes, self.doc_ids)
         return Batch(
-            *(
-                t.to(device, non_blocking=non_blocking)
-                for t in (self.input_ids, self.targets, self.domains, self.target_bytes)
-            )
+            *(None if t is None else t.to(device, non_blocking=non_blocking) for t in fields)
         )
 
 
@@ -173,6 +181,7 @@ def _windows(stream: TokenStream, starts: Tensor, seq_len: int) -> Batch:
         targets=targets,
         domains=stream.domains[idx[:, 1:]].to(torch.int64),
         target_bytes=stream.token_bytes[targets],
+        doc_ids=None if stream.doc_index is None else stream.doc_index[idx[:, :-1]],
     )
 
 

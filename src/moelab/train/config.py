@@ -52,6 +52,9 @@ class TrainConfig:
         lora_rank: > 0 adds LoRA adapters of this rank to every expert bank (unless the
             model has them) and trains only the adapters (:mod:`moelab.models.lora`).
         lora_alpha: α of the adapters' scale α/r.
+        doc_masks: training windows cut across documents; with this each document attends
+            only to itself and the sequence-level balance loss is per document (packed
+            sequences, :mod:`moelab.models.packing`); validation does the same.
         allow_noncausal_routing: train a model whose routing looks at future tokens (USMoE
             ``sequence``/``batch`` selection scopes); refused otherwise, since such a model is
             not a causal LM and its losses are not causal LM losses.
@@ -83,6 +86,7 @@ class TrainConfig:
     init_from: str | None = None
     lora_rank: int = 0
     lora_alpha: float = 16.0
+    doc_masks: bool = False
     allow_noncausal_routing: bool = False
 
     def __post_init__(self) -> None:

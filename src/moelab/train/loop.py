@@ -66,8 +66,8 @@ class _LossModule(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, targets):
-        out = self.model.loss(input_ids, targets)
+    def forward(self, input_ids, targets, doc_ids=None):
+        out = self.model.loss(input_ids, targets, doc_ids=doc_ids)
         return out.loss, out.ce, out.aux_loss, out.output.records
 
 
@@ -319,6 +319,7 @@ def _train(
                 seq_len=cfg.seq_len,
                 batch_size=cfg.batch_size,
                 max_tokens=cfg.eval_tokens,
+                doc_masks=cfg.doc_masks,
             )
             rec = _eval_record(step, result)
             metrics.write(rec)
@@ -358,7 +359,8 @@ def _train(
                 sync = micro == cfg.grad_accum - 1 or not dist_info.enabled
                 ctx = nullcontext() if sync else step_fn.no_sync()
                 with ctx:
-                    loss, ce, aux, records = step_fn(batch.input_ids, batch.targets)
+                    doc_ids = batch.doc_ids if cfg.doc_masks else None
+                    loss, ce, aux, records = step_fn(batch.input_ids, batch.targets, doc_ids)
                     (loss / cfg.grad_accum).backward()
                 ce_sum += ce.item()
                 aux_sum += aux.item()
