@@ -41,8 +41,7 @@ class DecoderBlock(nn.Module):
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.ffn: nn.Module
         if self.is_moe:
-            assert cfg.moe is not None
-            self.ffn = MoELayer(cfg.moe)
+            self.ffn = MoELayer(cfg.moe_config(layer_idx))
         else:
             self.ffn = SwiGLUFFN(cfg.d_model, cfg.dense_ffn_size)
 
