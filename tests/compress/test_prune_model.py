@@ -104,7 +104,7 @@ def test_uniform_counts_give_a_plain_config_that_exports(make_model):
     model = make_model(E=6).float()
     pruned = apply_pruning(model, [[0, 1, 2, 3], [2, 3, 4, 5]])
     assert pruned.cfg.experts_per_layer is None and pruned.cfg.moe.router.num_experts == 4
-    hf, tensors, arch = hf_state(pruned, "mixtral")
+    hf, _, _ = hf_state(pruned, "mixtral")
     assert hf["num_local_experts"] == 4
     uneven = apply_pruning(model, [[0, 1, 2, 3], [2, 3]])
     with pytest.raises(UnsupportedConfigError, match="layer 1 has 2"):

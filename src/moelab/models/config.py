@@ -217,7 +217,7 @@ class ModelConfig:
         j = i - self.first_dense_layers
         E = self.experts_per_layer[j]
         router = self.moe.router
-        if E == router.num_experts:
+        if router.num_experts == E:
             return self.moe
         router = dataclasses.replace(router, num_experts=E, top_k=min(router.top_k, E))
         return dataclasses.replace(self.moe, router=router)
