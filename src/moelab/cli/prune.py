@@ -110,6 +110,8 @@ def _prune(
     per_layer = per_layer or ("rank" if method == "ragep" else "uniform")
     if out.exists():
         raise FileExistsError(f"out: {out} already exists; choose a new folder")
+    if calib_data is not None and not calib_data.strip():
+        raise ValueError("calib_data: empty; name a corpus or omit it for the run's held-out text")
     if rank_source not in ("input", "output"):
         raise ValueError(f"rank_source: must be 'input' or 'output', got {rank_source!r}")
     for name, v in (("calib_tokens", calib_tokens), ("batch_size", batch_size)):
