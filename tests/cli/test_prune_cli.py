@@ -90,7 +90,7 @@ def test_bad_inputs_exit_2_and_write_nothing(run_dir, tmp_path):
                 "--calib-data",
                 str(run_dir.parent / "corpus"),
             ],
-        )  # fmt: skip
+        )
     )
     bare = tmp_path / "bare"  # a model folder without run.json: no default calibration text
     save_model(MoETransformer(ModelConfig.tiny(vocab_size=256)), bare)
