@@ -20,7 +20,6 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from moelab.core.layer import MoELayer
 from moelab.core.routers import update_expert_bias
 from moelab.data import (
     Tokenizer,
@@ -32,6 +31,7 @@ from moelab.data import (
     split_documents,
 )
 from moelab.models import ModelConfig, MoETransformer, load_model, save_model
+from moelab.models.hooks import moe_layers
 from moelab.train.checkpoint import load_checkpoint, save_checkpoint
 from moelab.train.config import ConfigError, TrainConfig
 from moelab.train.distributed import DistInfo, barrier, init_distributed, shutdown
@@ -67,11 +67,6 @@ class _LossModule(nn.Module):
     def forward(self, input_ids, targets):
         out = self.model.loss(input_ids, targets)
         return out.loss, out.ce, out.aux_loss, out.output.records
-
-
-def moe_layers(model: nn.Module) -> list[MoELayer]:
-    """The model's MoE layers in depth order."""
-    return [m for m in model.modules() if isinstance(m, MoELayer)]
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
