@@ -165,7 +165,8 @@ def _mean_sd(xs: list[float]) -> str:
     return f"{m:.4f}±{sd:.4f}"
 
 
-def bench_run(run: Path, args) -> list[dict]:
+def bench_run(run: Path, args, seeds: list[int]) -> list[dict]:
+    """Every setting of one run for the calibration ``seeds`` (rows of the table)."""
     torch.set_num_threads(args.threads)
     model = load_model(run).eval()
     tok = load_tokenizer(run)
@@ -185,8 +186,8 @@ def bench_run(run: Path, args) -> list[dict]:
           f"({len(items)} items, {time.perf_counter() - t0:.0f}s)", flush=True)  # fmt: skip
     cache: dict[tuple, dict[str, float]] = {}
     rows = [{"run": run.name, "E": E, "keep": 1.0, "budget": "-", "method": "unpruned",
-             "seed": s, **base} for s in args.seeds]  # fmt: skip
-    for seed in args.seeds:
+             "seed": s, **base} for s in seeds]  # fmt: skip
+    for seed in seeds:
         calib = calibration_set(
             calib_streams, tokens=args.calib_tokens, seq_len=seq_len, batch_size=8, seed=seed
         )
@@ -279,7 +280,8 @@ def main() -> None:
     p.add_argument("--mc-items", type=int, default=8, help="per domain")
     p.add_argument("--mc-context", type=int, default=64, help="context characters")
     p.add_argument("--save", type=Path, help="also write the per-seed rows as JSON here")
-    p.add_argument("--jobs", type=int, default=1, help="runs benchmarked in parallel processes")
+    p.add_argument("--jobs", type=int, default=1, help="(run, seed) tasks in parallel processes")
+    p.add_argument("--merge", nargs="+", type=Path, help="print the table of saved --save files")
     p.add_argument("--pca-rank", type=int, default=8)
     p.add_argument("--beta", type=float, default=0.5)
     p.add_argument("--min-experts", type=int, default=1)
@@ -290,15 +292,20 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     rows = []
-    if args.jobs > 1 and len(args.runs) > 1:
-        import multiprocessing as mp
-
-        with mp.get_context("spawn").Pool(min(args.jobs, len(args.runs))) as pool:
-            for part in pool.starmap(bench_run, [(run, args) for run in args.runs]):
-                rows += part
+    if args.merge:
+        for f in args.merge:
+            rows += json.loads(f.read_text())
     else:
-        for run in args.runs:
-            rows += bench_run(run, args)
+        tasks = [(run, args, [seed]) for run in args.runs for seed in args.seeds]
+        if args.jobs > 1:
+            import multiprocessing as mp
+
+            with mp.get_context("spawn").Pool(args.jobs) as pool:
+                for part in pool.starmap(bench_run, tasks):
+                    rows += part
+        else:
+            for task in tasks:
+                rows += bench_run(*task)
     if args.save is not None:
         args.save.write_text(json.dumps(rows, indent=1))
     print_table(rows, args)
