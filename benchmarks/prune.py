@@ -250,7 +250,9 @@ def print_table(rows: list[dict], args) -> None:
                              _mean_sd([r["bpb"] for r in g]), _mean_sd(d)]  # fmt: skip
                     cells += [_mean_sd([r[f"bpb/{dm}"] for r in g]) for dm in domains]
                     accs = [r["mc/all"] for r in g]
-                    cells.append(f"{statistics.fmean(accs):.3f}±{statistics.pstdev(accs):.3f}")
+                    cells.append(
+                        f"{statistics.fmean(accs):.3f}±{statistics.stdev(accs) if len(accs) > 1 else 0.0:.3f}"
+                    )
                     print("| " + " | ".join(cells) + " |")
             if ("rank", "ragep") in deltas:
                 mine = deltas[("rank", "ragep")]
