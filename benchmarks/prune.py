@@ -311,6 +311,9 @@ def main() -> None:
     if args.save is not None:
         args.save.write_text(json.dumps(rows, indent=1))
     print_table(rows, args)
+    if args.merge:
+        print(f"\nmerged {len(args.merge)} saved file(s), {len(rows)} rows")
+        return
     print(f"\n{len(args.runs)} runs, {len(args.seeds)} seeds, calibration {args.calib_tokens} "
           f"tokens, eval {args.eval_tokens} tokens/domain, MC {args.mc_items} items/domain; "
           f"total {time.perf_counter() - t0:.0f}s")  # fmt: skip
