@@ -43,7 +43,9 @@ def _prototypes(P: Tensor, groups: Tensor, n_groups: int, r: int) -> Tensor:
     return torch.stack(out)
 
 
-def _objective(P: Tensor, Q: Tensor, row_of: Tensor, col_of: Tensor, M: int, N: int, r: int) -> float:
+def _objective(
+    P: Tensor, Q: Tensor, row_of: Tensor, col_of: Tensor, M: int, N: int, r: int
+) -> float:
     R = _prototypes(P, row_of, M, r)
     C = _prototypes(Q, col_of, N, r)
     K = P.shape[0]

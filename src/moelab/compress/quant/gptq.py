@@ -64,7 +64,9 @@ def gptq_quantize(
     """
     check_bits(bits)
     if W.dim() != 3 or H.shape != (W.shape[0], W.shape[2], W.shape[2]):
-        raise ValueError(f"W, H: expected [E, O, I] and [E, I, I], got {tuple(W.shape)}, {tuple(H.shape)}")
+        raise ValueError(
+            f"W, H: expected [E, O, I] and [E, I, I], got {tuple(W.shape)}, {tuple(H.shape)}"
+        )
     E, O, I = W.shape  # noqa: E741
     if group_size < 1 or I % group_size:
         raise ValueError(f"group_size: {group_size} does not divide the input width {I}")
@@ -84,7 +86,9 @@ def gptq_quantize(
     if act_order:
         perm = torch.argsort(diag, dim=1, descending=True)  # [E, I]
         W = W.gather(2, perm.unsqueeze(1).expand(E, O, I))
-        H = H.gather(1, perm.unsqueeze(2).expand(E, I, I)).gather(2, perm.unsqueeze(1).expand(E, I, I))
+        H = H.gather(1, perm.unsqueeze(2).expand(E, I, I)).gather(
+            2, perm.unsqueeze(1).expand(E, I, I)
+        )
     L = torch.linalg.cholesky(H)
     Hinv = torch.cholesky_inverse(L)
     U = torch.linalg.cholesky(Hinv, upper=True).float()  # [E, I, I]
@@ -131,5 +135,5 @@ def gptq_quantize(
 
 def calibration_error(W: Tensor, W_hat: Tensor, H: Tensor) -> Tensor:
     """``[E]`` GPTQ objective ``tr((W − Ŵ) H (W − Ŵ)ᵀ)`` per expert (float64)."""
-    D = (W.double() - W_hat.double())
+    D = W.double() - W_hat.double()
     return torch.einsum("eoi,eij,eoj->e", D, H.double(), D)

@@ -23,7 +23,9 @@ class HessianAccumulator:
     """
 
     def __init__(self, num_experts: int, in_features: int, device=None) -> None:
-        self.sums = torch.zeros(num_experts, in_features, in_features, dtype=torch.float64, device=device)
+        self.sums = torch.zeros(
+            num_experts, in_features, in_features, dtype=torch.float64, device=device
+        )
         self.counts = torch.zeros(num_experts, dtype=torch.int64, device=device)
 
     def add(self, x_N: Tensor, counts: Tensor) -> None:

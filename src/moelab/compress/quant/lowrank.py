@@ -49,7 +49,9 @@ def _top_eigvecs(S: Tensor, r: int) -> Tensor:
 
 def _check(T: Tensor, d: Tensor, rank: int) -> None:
     if T.dim() != 3 or d.shape != (T.shape[2],):
-        raise ValueError(f"T, d: expected [K, O, I] and [I], got {tuple(T.shape)}, {tuple(d.shape)}")
+        raise ValueError(
+            f"T, d: expected [K, O, I] and [I], got {tuple(T.shape)}, {tuple(d.shape)}"
+        )
     if not isinstance(rank, int) or not 1 <= rank <= min(T.shape[1], T.shape[2]):
         raise ValueError(f"rank: must be in [1, {min(T.shape[1], T.shape[2])}], got {rank!r}")
 
@@ -117,11 +119,17 @@ def fit_tileq(
     for _ in range(sweeps):
         AV = A @ V[col_of]  # [K, O, r]
         U = torch.stack(
-            [_top_eigvecs(torch.einsum("kor,kpr->op", AV[row_of == m], AV[row_of == m]), rank) for m in range(M)]
+            [
+                _top_eigvecs(torch.einsum("kor,kpr->op", AV[row_of == m], AV[row_of == m]), rank)
+                for m in range(M)
+            ]
         )
         AtU = A.transpose(1, 2) @ U[row_of]  # [K, I, r]
         V = torch.stack(
-            [_top_eigvecs(torch.einsum("kir,kjr->ij", AtU[col_of == n], AtU[col_of == n]), rank) for n in range(N)]
+            [
+                _top_eigvecs(torch.einsum("kir,kjr->ij", AtU[col_of == n], AtU[col_of == n]), rank)
+                for n in range(N)
+            ]
         )
     S = U[row_of].transpose(1, 2) @ A @ V[col_of]  # [K, r, r]
     total = float(A.pow(2).sum())
@@ -159,7 +167,12 @@ def fit_lowrank(
 
 
 def lowrank_extra_params(
-    scheme: str, num_experts: int, d_in: int, d_out: int, rank: int, grid: tuple[int, int] | None = None
+    scheme: str,
+    num_experts: int,
+    d_in: int,
+    d_out: int,
+    rank: int,
+    grid: tuple[int, int] | None = None,
 ) -> int:
     """Analytic extra parameters of a scheme (research notes §(b) step 6):
     per-expert ``K·r·(I+O)``, shared-1d ``r·I + K·r·O``, tileq ``M·r·O + N·r·I + K·r²``."""

@@ -94,8 +94,8 @@ class LowRankFactors(nn.Module):
         self.register_buffer("U", U.contiguous())
         self.register_buffer("V", V.contiguous())
         self.register_buffer("S", S.contiguous() if S is not None else None)
-        self.register_buffer("row_of", row_of.long())
-        self.register_buffer("col_of", col_of.long())
+        self.register_buffer("row_of", row_of.long().clone())
+        self.register_buffer("col_of", col_of.long().clone())
 
     # --------------------------------------------------------------- shapes
     @property

@@ -150,7 +150,9 @@ def _empty_factors(spec: QuantSpec, K: int, d_out: int, d_in: int) -> LowRankFac
 class QuantizedProjection(nn.Module):
     """One projection of E experts, ``W_e [O, I]`` as packed codes + scales (+ low rank).
 
-    Buffers: ``codes`` uint8 packed ``[packed_size(E·O·I, bits)]``; ``scales`` ``[E, O, G]``;
+    Buffers: ``codes`` uint8 packed ``[packed_size(E·O·I, bits)]``; ``scales`` ``[E, O, G]``
+    float16 bit patterns held as int16 (so casting the model's dtype never rounds them; read
+    them with :attr:`scale_values`);
     ``zeros`` uint8 packed ``[packed_size(E·O·G, bits)]`` (asymmetric only); ``g_idx``
     int16 ``[E, I]`` (act-order only); submodule ``lowrank`` (optional).
     """
@@ -165,7 +167,9 @@ class QuantizedProjection(nn.Module):
         self.register_buffer(
             "codes", torch.zeros(packed_size(E * d_out * d_in, spec.bits), dtype=torch.uint8)
         )
-        self.register_buffer("scales", torch.ones(E, d_out, G, dtype=torch.float16))
+        self.register_buffer(
+            "scales", torch.ones(E, d_out, G, dtype=torch.float16).view(torch.int16)
+        )
         zeros = (
             None
             if spec.symmetric
@@ -202,7 +206,7 @@ class QuantizedProjection(nn.Module):
         if (lowrank is None) != (spec.lowrank == "none"):
             raise ValueError("lowrank: factors must be given exactly when spec.lowrank != 'none'")
         proj.codes = pack_codes(codes, spec.bits)
-        proj.scales = scales.to(torch.float16)
+        proj.scales = scales.to(torch.float16).view(torch.int16)
         if zeros is not None:
             proj.zeros = pack_codes(zeros, spec.bits)
         if g_idx is not None:
@@ -214,8 +218,17 @@ class QuantizedProjection(nn.Module):
                     f"lowrank: factor shapes {tuple(lowrank.U.shape)}, {tuple(lowrank.V.shape)} do "
                     f"not match the spec's {tuple(want.U.shape)}, {tuple(want.V.shape)}"
                 )
+            for name in ("U", "V", "S"):  # stored as float16: round now so memory == disk
+                t = getattr(lowrank, name)
+                if t is not None:
+                    setattr(lowrank, name, t.to(torch.float16).to(t.dtype))
             proj.lowrank = lowrank
         return proj
+
+    @property
+    def scale_values(self) -> Tensor:
+        """``[E, O, G]`` float16 scales."""
+        return self.scales.view(torch.float16)
 
     def unpacked_codes(self) -> Tensor:
         """``[E, O, I]`` int64 codes."""
@@ -229,7 +242,7 @@ class QuantizedProjection(nn.Module):
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """``[E, O, I]`` dequantized weights (without the low-rank correction)."""
         return dequantize(
-            self.unpacked_codes(), self.scales, self.unpacked_zeros(), self.spec.bits,
+            self.unpacked_codes(), self.scale_values, self.unpacked_zeros(), self.spec.bits,
             self.spec.group_size, self.g_idx, dtype,
         )  # fmt: skip
 
@@ -309,8 +322,12 @@ class QuantizedExpertBank(nn.Module):
 
     @property
     def _dtype(self) -> torch.dtype:
-        s = self.projections["down"].scales.dtype
-        return torch.float32 if s == torch.float16 else s
+        """The compute dtype: the low-rank factors' if any (they follow model casts), else
+        float32."""
+        for p in self.projections.values():
+            if p.lowrank is not None:
+                return p.lowrank.U.dtype
+        return torch.float32
 
     def _w_in(self, dtype: torch.dtype, effective: bool) -> Tensor:
         get = (lambda p: p.weight(dtype)) if effective else (lambda p: p.dequantize(dtype))

@@ -1,0 +1,40 @@
+"""Post-training quantization of MoE experts: RTN, GPTQ with per-expert Hessians, and
+low-rank compensation of the quantization error (per expert, 1-D shared, TileQ 2-D grid)."""
+
+from moelab.compress.quant.gptq import calibration_error, gptq_quantize
+from moelab.compress.quant.hessian import HessianAccumulator
+from moelab.compress.quant.lowrank import (
+    activation_scale,
+    fit_lowrank,
+    fit_per_expert,
+    fit_shared_1d,
+    fit_tileq,
+    lowrank_extra_params,
+)
+from moelab.compress.quant.pipeline import (
+    LayerReport,
+    QuantizeConfig,
+    QuantizeReport,
+    quantize_layer,
+    quantize_model,
+)
+from moelab.compress.quant.rtn import QuantizedTensor, quantize_rtn
+
+__all__ = [
+    "HessianAccumulator",
+    "LayerReport",
+    "QuantizeConfig",
+    "QuantizeReport",
+    "QuantizedTensor",
+    "activation_scale",
+    "calibration_error",
+    "fit_lowrank",
+    "fit_per_expert",
+    "fit_shared_1d",
+    "fit_tileq",
+    "gptq_quantize",
+    "lowrank_extra_params",
+    "quantize_layer",
+    "quantize_model",
+    "quantize_rtn",
+]

@@ -1,0 +1,323 @@
+"""Quantize every MoE expert bank of a model: calibration Hessians, RTN/GPTQ, low-rank
+compensation, and a per-layer report with exact bits per parameter.
+
+Per MoE layer (in depth order) and projection (gate, up, down — or up, down for GELU):
+
+1. route the calibration batches through the model (:func:`moelab.compress.calibration.route`)
+   and stream each expert's Hessian from the rows it was routed (gate/up: the layer input
+   rows; down: the expert's own intermediate activations ``silu(x W_g) ⊙ x W_u``), with exact
+   per-expert counts (:class:`~moelab.compress.quant.hessian.HessianAccumulator`);
+2. quantize all experts of the projection at once (:func:`gptq_quantize` or
+   :func:`quantize_rtn`);
+3. experts that calibration routed fewer than ``min_tokens`` rows to are *under-calibrated*:
+   they get the weight-derived RTN codes and scales instead of GPTQ's (a Hessian from a
+   handful of rows over-fits them) and are listed in the report;
+4. fit the low-rank compensation of ``W − Q(W)`` weighted by the layer-pooled activation
+   scale (:mod:`moelab.compress.quant.lowrank`);
+5. swap the layer's bank for a :class:`~moelab.core.experts.quantized.QuantizedExpertBank`.
+
+``sequential=True`` (GPTQ's own recipe) calibrates layer ``l`` on the outputs of the already
+quantized layers ``< l`` (one routing pass per layer, each stopped after the layer it
+needs); ``sequential=False`` collects every layer's Hessians in one pass of the
+full-precision model (cheaper: what the benchmark uses to share one pass across settings).
+
+Choices of this project [I]: ``min_tokens`` default 16; the low-rank weighting is the
+pooled ``sqrt(diag H)`` (see :mod:`~moelab.compress.quant.lowrank`); the reported errors are
+relative output errors under the layer-pooled second moment (:func:`output_error`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import Tensor
+
+from moelab.compress.calibration import route, routed_pairs
+from moelab.compress.quant.gptq import gptq_quantize
+from moelab.compress.quant.hessian import HessianAccumulator
+from moelab.compress.quant.lowrank import activation_scale, fit_lowrank
+from moelab.compress.quant.rtn import QuantizedTensor, quantize_rtn
+from moelab.core.experts.bank import ExpertBank
+from moelab.core.experts.quantized import QuantizedExpertBank, QuantizedProjection, QuantSpec
+from moelab.core.layer import MoELayer, MoEOutput
+from moelab.models.hooks import moe_layers
+
+
+@dataclass(frozen=True)
+class QuantizeConfig:
+    """Settings of :func:`quantize_model` beyond the stored :class:`QuantSpec`.
+
+    Attributes:
+        spec: bits, group size, symmetry, act-order, low-rank scheme/rank/grid.
+        damp: GPTQ dampening (fraction of mean diag H), in (0, 1].
+        block_size: GPTQ lazy-batch width.
+        min_tokens: experts routed fewer calibration rows fall back to RTN (>= 0).
+        sweeps: TileQ HOOI refinement sweeps (>= 0).
+        seed: grid-assignment restarts' seed.
+        sequential: calibrate each layer on the quantized layers before it.
+    Raises:
+        ValueError: a field out of range (act-order needs GPTQ).
+    """
+
+    spec: QuantSpec = field(default_factory=QuantSpec)
+    damp: float = 0.01
+    block_size: int = 128
+    min_tokens: int = 16
+    sweeps: int = 2
+    seed: int = 0
+    sequential: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0 < self.damp <= 1:
+            raise ValueError(f"damp: must be in (0, 1], got {self.damp}")
+        if self.block_size < 1:
+            raise ValueError(f"block_size: must be >= 1, got {self.block_size}")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens: must be >= 0, got {self.min_tokens}")
+        if self.sweeps < 0:
+            raise ValueError(f"sweeps: must be >= 0, got {self.sweeps}")
+        if self.spec.act_order and self.spec.method != "gptq":
+            raise ValueError("act_order: only GPTQ orders columns (method='gptq')")
+
+
+@dataclass
+class LayerReport:
+    """One MoE layer's outcome.
+
+    Attributes:
+        layer: index among the MoE layers.
+        tokens: ``[E]`` calibration rows routed to each expert.
+        under_calibrated: experts with fewer than ``min_tokens`` rows (RTN fallback).
+        quant_error: per projection, :func:`output_error` of ``Q(W)``.
+        lowrank_error: per projection, the same after the low-rank correction.
+        bytes: stored bytes per component (codes, scales, zeros, g_idx, lowrank).
+        weights: expert weight entries represented.
+    """
+
+    layer: int
+    tokens: list[int]
+    under_calibrated: list[int]
+    quant_error: dict[str, float]
+    lowrank_error: dict[str, float]
+    bytes: dict[str, int]
+    weights: int
+
+    @property
+    def bits_per_param(self) -> float:
+        return 8 * sum(self.bytes.values()) / self.weights
+
+
+@dataclass
+class QuantizeReport:
+    """What :func:`quantize_model` did; :meth:`to_dict` is the folder's ``quantize.json``."""
+
+    spec: QuantSpec
+    layers: list[LayerReport]
+    calib_tokens: int
+
+    @property
+    def expert_weights(self) -> int:
+        return sum(r.weights for r in self.layers)
+
+    def total_bytes(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.layers:
+            for k, v in r.bytes.items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+    @property
+    def bits_per_param(self) -> float:
+        """Bits per expert weight, all stored components (codes, scales, zeros, g_idx and
+        low-rank factors) included."""
+        return 8 * sum(self.total_bytes().values()) / max(self.expert_weights, 1)
+
+    @property
+    def lowrank_bytes(self) -> int:
+        return self.total_bytes().get("lowrank", 0)
+
+    @property
+    def under_calibrated(self) -> dict[int, list[int]]:
+        return {r.layer: r.under_calibrated for r in self.layers if r.under_calibrated}
+
+    def to_dict(self) -> dict:
+        return {
+            "spec": self.spec.to_dict(),
+            "calib_tokens": self.calib_tokens,
+            "bits_per_param": self.bits_per_param,
+            "bytes": self.total_bytes(),
+            "expert_weights": self.expert_weights,
+            "under_calibrated": {str(k): v for k, v in self.under_calibrated.items()},
+            "layers": [{**asdict(r), "bits_per_param": r.bits_per_param} for r in self.layers],
+        }
+
+
+class _LayerHessians:
+    """Hessians of one layer's projections: input rows (gate/up share them) and the down
+    projection's intermediate rows."""
+
+    def __init__(self, layer: MoELayer) -> None:
+        ex = layer.config.experts
+        E = layer.config.router.num_experts
+        self.inputs = HessianAccumulator(E, ex.hidden_size)
+        self.inter = HessianAccumulator(E, ex.ffn_hidden_size)
+
+    def observe(self, layer: MoELayer, x: Tensor, out: MoEOutput) -> None:
+        pairs = routed_pairs(layer, x, out.plan)
+        bank = layer.experts
+        xs = pairs.x.to(bank.w_down.dtype)
+        _, a = bank(xs, pairs.counts, return_activations=True)
+        self.inputs.add(xs, pairs.counts)
+        self.inter.add(a, pairs.counts)
+
+
+def _projection_weights(bank: ExpertBank) -> dict[str, Tensor]:
+    """``{name: W [E, O, I]}`` float32 from a full-precision bank."""
+    Fh = bank.config.ffn_hidden_size
+    w_in = bank.w_in.detach().float()
+    out = {}
+    if bank.config.activation == "swiglu":
+        out["gate"] = w_in[:, :, :Fh].transpose(1, 2)
+        out["up"] = w_in[:, :, Fh:].transpose(1, 2)
+    else:
+        out["up"] = w_in.transpose(1, 2)
+    out["down"] = bank.w_down.detach().float().transpose(1, 2)
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def output_error(W: Tensor, W_hat: Tensor, H: Tensor) -> float:
+    """Relative output error ``sqrt(Σ_e tr(ΔW_e H ΔW_eᵀ) / Σ_e tr(W_e H W_eᵀ))`` with the
+    layer-pooled second moment ``H [I, I]`` (``ΔW = W − Ŵ``, ``W [E, O, I]``)."""
+    H = H.double()
+    dW = (W - W_hat).double()
+    num = torch.einsum("eoi,ij,eoj->", dW, H, dW)
+    den = torch.einsum("eoi,ij,eoj->", W.double(), H, W.double())
+    return float(torch.sqrt(num / den)) if float(den) > 0 else 0.0
+
+
+def _quantize_projection(
+    W: Tensor, acc: HessianAccumulator, cfg: QuantizeConfig, under: Tensor
+) -> QuantizedTensor:
+    spec = cfg.spec
+    rtn = quantize_rtn(W, spec.bits, spec.group_size, spec.symmetric)
+    if spec.method == "rtn":
+        return rtn
+    q = gptq_quantize(
+        W, acc.hessians().float(), spec.bits, spec.group_size, symmetric=spec.symmetric,
+        damp=cfg.damp, act_order=spec.act_order, block_size=cfg.block_size,
+    )  # fmt: skip
+    if under.any():  # weight-derived fallback for experts calibration barely reached
+        q.codes[under] = rtn.codes[under]
+        q.scales[under] = rtn.scales[under]
+        if q.zeros is not None:
+            q.zeros[under] = rtn.zeros[under]
+        if q.g_idx is not None:
+            q.g_idx[under] = torch.arange(W.shape[2]) // spec.group_size
+    return q
+
+
+def quantize_layer(
+    layer: MoELayer, hess: _LayerHessians, cfg: QuantizeConfig, index: int
+) -> LayerReport:
+    """Quantize one layer's bank from its collected Hessians and swap it in (in place)."""
+    bank = layer.experts
+    if not isinstance(bank, ExpertBank):
+        raise ValueError(f"model: MoE layer {index} is already quantized")
+    spec = cfg.spec
+    E = layer.config.router.num_experts
+    counts = hess.inputs.counts
+    under = counts < cfg.min_tokens
+    weights = _projection_weights(bank)
+    projections: dict[str, QuantizedProjection] = {}
+    q_err: dict[str, float] = {}
+    lr_err: dict[str, float] = {}
+    for name, W in weights.items():
+        acc = hess.inter if name == "down" else hess.inputs
+        q = _quantize_projection(W, acc, cfg, under)
+        What = q.dequantize()
+        Hp = acc.pooled()
+        d = activation_scale(Hp).float()
+        q_err[name] = output_error(W, What, Hp)
+        factors = None
+        if spec.lowrank != "none":
+            factors = fit_lowrank(
+                spec.lowrank, W - What, d.double(), spec.rank, spec.grid, sweeps=cfg.sweeps,
+                seed=cfg.seed,
+            )  # fmt: skip
+        proj = QuantizedProjection.from_codes(spec, q.codes, q.scales, q.zeros, q.g_idx, factors)
+        if factors is not None:
+            lr_err[name] = output_error(W, What + proj.lowrank.dense(), Hp)
+        projections[name] = proj
+    qbank = QuantizedExpertBank.from_projections(bank.config, E, spec, projections)
+    layer.experts = qbank.to(device=bank.w_down.device)
+    return LayerReport(
+        layer=index,
+        tokens=counts.tolist(),
+        under_calibrated=under.nonzero().flatten().tolist(),
+        quant_error=q_err,
+        lowrank_error=lr_err,
+        bytes=qbank.storage_bytes(),
+        weights=qbank.num_weights(),
+    )
+
+
+def quantize_model(
+    model: torch.nn.Module,
+    batches: Iterable[Tensor],
+    cfg: QuantizeConfig,
+    *,
+    on_batch: Callable[[int], None] | None = None,
+    on_layer: Callable[[LayerReport], None] | None = None,
+) -> QuantizeReport:
+    """Quantize every MoE expert bank of ``model`` in place.
+
+    Args:
+        model: a full-precision :class:`~moelab.models.MoETransformer`.
+        batches: re-iterable ``[B, S]`` calibration ids (e.g. a ``CalibrationSet``).
+        cfg: settings.
+        on_batch: called with each batch's token count (progress).
+        on_layer: called with each finished layer's report.
+    Raises:
+        ValueError: the model has no MoE layer, is already quantized, the spec does not fit
+            it (group size, rank, grid), or calibration gives no tokens.
+    """
+    layers = moe_layers(model)
+    if not layers:
+        raise ValueError("model: has no MoE layer to quantize")
+    for i, layer in enumerate(layers):
+        if isinstance(layer.experts, QuantizedExpertBank):
+            raise ValueError(f"model: MoE layer {i} is already quantized")
+        ex = layer.config.experts
+        cfg.spec.check_model(layer.config.router.num_experts, (ex.hidden_size, ex.ffn_hidden_size))
+    batches = list(batches)
+    tokens = sum(b.numel() for b in batches)
+    if tokens == 0:
+        raise ValueError("calibration: no tokens")
+    reports: list[LayerReport] = []
+    if cfg.sequential:
+        for i, layer in enumerate(layers):
+            hess = _LayerHessians(layer)
+
+            def observe(j: int, lay: MoELayer, x: Tensor, out: MoEOutput, i=i, hess=hess) -> None:
+                if j == i:
+                    hess.observe(lay, x, out)
+
+            route(model, batches, observe, upto_layer=i, on_batch=on_batch)
+            reports.append(quantize_layer(layer, hess, cfg, i))
+            if on_layer is not None:
+                on_layer(reports[-1])
+    else:
+        all_hess = [_LayerHessians(layer) for layer in layers]
+        route(
+            model,
+            batches,
+            lambda j, lay, x, out: all_hess[j].observe(lay, x, out),
+            on_batch=on_batch,
+        )
+        for i, layer in enumerate(layers):
+            reports.append(quantize_layer(layer, all_hess[i], cfg, i))
+            if on_layer is not None:
+                on_layer(reports[-1])
+    return QuantizeReport(spec=cfg.spec, layers=reports, calib_tokens=tokens)
