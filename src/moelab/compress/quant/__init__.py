@@ -12,9 +12,12 @@ from moelab.compress.quant.lowrank import (
     lowrank_extra_params,
 )
 from moelab.compress.quant.pipeline import (
+    LayerHessians,
     LayerReport,
     QuantizeConfig,
     QuantizeReport,
+    collect_hessians,
+    output_error,
     quantize_layer,
     quantize_model,
 )
@@ -22,18 +25,21 @@ from moelab.compress.quant.rtn import QuantizedTensor, quantize_rtn
 
 __all__ = [
     "HessianAccumulator",
+    "LayerHessians",
     "LayerReport",
     "QuantizeConfig",
     "QuantizeReport",
     "QuantizedTensor",
     "activation_scale",
     "calibration_error",
+    "collect_hessians",
     "fit_lowrank",
     "fit_per_expert",
     "fit_shared_1d",
     "fit_tileq",
     "gptq_quantize",
     "lowrank_extra_params",
+    "output_error",
     "quantize_layer",
     "quantize_model",
     "quantize_rtn",

@@ -30,11 +30,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from moelab.compress.calibration import route, routed_pairs
+from moelab.compress.calibration import RunData, route, routed_pairs
 from moelab.compress.quant.gptq import gptq_quantize
 from moelab.compress.quant.hessian import HessianAccumulator
 from moelab.compress.quant.lowrank import activation_scale, fit_lowrank
@@ -43,6 +44,7 @@ from moelab.core.experts.bank import ExpertBank
 from moelab.core.experts.quantized import QuantizedExpertBank, QuantizedProjection, QuantSpec
 from moelab.core.layer import MoELayer, MoEOutput
 from moelab.models.hooks import moe_layers
+from moelab.utils.jsonfile import read_json
 
 
 @dataclass(frozen=True)
@@ -154,7 +156,7 @@ class QuantizeReport:
         }
 
 
-class _LayerHessians:
+class LayerHessians:
     """Hessians of one layer's projections: input rows (gate/up share them) and the down
     projection's intermediate rows."""
 
@@ -219,7 +221,7 @@ def _quantize_projection(
 
 
 def quantize_layer(
-    layer: MoELayer, hess: _LayerHessians, cfg: QuantizeConfig, index: int
+    layer: MoELayer, hess: LayerHessians, cfg: QuantizeConfig, index: int
 ) -> LayerReport:
     """Quantize one layer's bank from its collected Hessians and swap it in (in place)."""
     bank = layer.experts
@@ -263,6 +265,27 @@ def quantize_layer(
     )
 
 
+def collect_hessians(
+    model: torch.nn.Module,
+    batches: Iterable[Tensor],
+    *,
+    on_batch: Callable[[int], None] | None = None,
+) -> list[LayerHessians]:
+    """Every MoE layer's Hessians from one pass of ``model`` (as it is: no layer is
+    quantized in between). Reusable across :func:`quantize_layer` calls with different
+    settings on copies of the same model.
+
+    Raises:
+        ValueError: the model has no MoE layer.
+    """
+    layers = moe_layers(model)
+    if not layers:
+        raise ValueError("model: has no MoE layer to quantize")
+    hess = [LayerHessians(layer) for layer in layers]
+    route(model, batches, lambda j, lay, x, out: hess[j].observe(lay, x, out), on_batch=on_batch)
+    return hess
+
+
 def quantize_model(
     model: torch.nn.Module,
     batches: Iterable[Tensor],
@@ -298,7 +321,7 @@ def quantize_model(
     reports: list[LayerReport] = []
     if cfg.sequential:
         for i, layer in enumerate(layers):
-            hess = _LayerHessians(layer)
+            hess = LayerHessians(layer)
 
             def observe(j: int, lay: MoELayer, x: Tensor, out: MoEOutput, i=i, hess=hess) -> None:
                 if j == i:
@@ -309,15 +332,31 @@ def quantize_model(
             if on_layer is not None:
                 on_layer(reports[-1])
     else:
-        all_hess = [_LayerHessians(layer) for layer in layers]
-        route(
-            model,
-            batches,
-            lambda j, lay, x, out: all_hess[j].observe(lay, x, out),
-            on_batch=on_batch,
-        )
+        all_hess = collect_hessians(model, batches, on_batch=on_batch)
         for i, layer in enumerate(layers):
             reports.append(quantize_layer(layer, all_hess[i], cfg, i))
             if on_layer is not None:
                 on_layer(reports[-1])
     return QuantizeReport(spec=cfg.spec, layers=reports, calib_tokens=tokens)
+
+
+def run_data(folder: str | Path) -> RunData | None:
+    """The :class:`~moelab.compress.calibration.RunData` recorded in a run folder's
+    ``run.json`` ``train`` section (None for a bare model folder without one).
+
+    Raises:
+        ValueError: ``run.json`` exists but is malformed (names the file).
+    """
+    path = Path(folder) / "run.json"
+    if not path.exists():
+        return None
+    info = read_json(path)
+    train = info.get("train") if isinstance(info, dict) else None
+    if not isinstance(train, dict) or not isinstance(train.get("data"), str):
+        raise ValueError(f"{path}: no 'train' section naming the training data")
+    return RunData(
+        data=train["data"],
+        max_bytes_per_domain=train.get("max_bytes_per_domain"),
+        val_fraction=train.get("val_fraction", 0.05),
+        seed=train.get("seed", 0),
+    )

@@ -18,7 +18,7 @@ columns = input features, the GPTQ orientation) is held as
 Packing: every 8 consecutive codes of ``bits`` bits fill exactly ``bits`` bytes
 (little-endian: code ``i`` occupies bits ``bits·i .. bits·i + bits − 1`` of the 8·bits-bit word),
 so 2, 3, 4 and 8 bits all pack without padding except at the very end (the code count is
-padded to a multiple of 8 with zeros). ``bits = 8`` is the identity on bytes.
+padded to a multiple of 8 with zeros). ``bits = 8`` is the identity on bytes (no padding).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def check_bits(bits: int) -> None:
 def packed_size(numel: int, bits: int) -> int:
     """Bytes that :func:`pack_codes` uses for ``numel`` codes of ``bits`` bits."""
     check_bits(bits)
-    return -(-numel // 8) * bits
+    return numel if bits == 8 else -(-numel // 8) * bits
 
 
 def pack_codes(codes: Tensor, bits: int) -> Tensor:
