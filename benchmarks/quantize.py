@@ -3,7 +3,9 @@
 For each trained run (default ``/work/runs/main``, 8 experts, grid 2x4, and ``/work/runs/e16``,
 16 experts, grid 4x4) the expert banks are quantized with every combination of bits
 {2, 3, 4}, method {RTN, GPTQ} and low-rank compensation {none, per-expert, shared-1d, TileQ}
-(rank 8, group size 64, asymmetric, GPTQ with act-order), and each quantized model is scored
+(rank 8, group size 64, asymmetric, GPTQ with act-order) — the low-rank factors fitted
+either to the quantization error ``W − Q(W)`` (target A, the research notes' reconstruction)
+or to the weights first with the residual quantized (target B) — and each quantized model is scored
 on held-out text (the evaluation half of the run's validation documents, per domain; the
 calibration half feeds the Hessians). Printed per row: validation bits per byte per domain
 and overall, total bits per expert parameter (codes + scales + zeros + g_idx + low-rank
@@ -53,6 +55,7 @@ from moelab.models.hooks import moe_layers
 from moelab.train.evaluate import evaluate
 
 SCHEMES = ("none", "per-expert", "shared-1d", "tileq")
+TARGETS = {"A": "error", "B": "weight"}
 
 
 def default_grid(E: int) -> tuple[int, int]:
@@ -102,9 +105,18 @@ def main() -> None:
     ap.add_argument("--calib-tokens", type=int, default=32768)
     ap.add_argument("--eval-tokens", type=int, default=16384, help="per domain")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--targets",
+        nargs="+",
+        default=["A", "B"],
+        choices=sorted(TARGETS),
+        help="low-rank target: A = fit W − Q(W) (notes' reconstruction), B = fit W, quantize the rest",
+    )
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared box)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = ap.parse_args()
     torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
     rows = []
     t_start = time.time()
     for run in args.runs:
@@ -131,7 +143,7 @@ def main() -> None:
         dom, overall = score(fp)
         n_exp = sum(b.experts.w_in.numel() + b.experts.w_down.numel() for b in moe_layers(fp))
         bits_fp = 8 * fp.blocks[0].ffn.experts.w_down.element_size()
-        rows.append(dict(run=run.name, bits="fp", method="-", lowrank="-", per_domain=dom,
+        rows.append(dict(run=run.name, bits="fp", method="-", lowrank="-", target="-", per_domain=dom,
                          overall=overall, bits_per_param=bits_fp, lowrank_bytes=0, fused=None,
                          under=0, seconds=0.0))  # fmt: skip
         print(
@@ -142,7 +154,9 @@ def main() -> None:
         speed_models = {}
         for bits in args.bits:
             for method in ("rtn", "gptq"):
-                for scheme in SCHEMES:
+                for scheme, target in [(s, t) for t in args.targets for s in SCHEMES]:
+                    if scheme == "none" and target != args.targets[0]:
+                        continue
                     t0 = time.time()
                     spec = QuantSpec(
                         method=method, bits=bits, group_size=args.group_size, symmetric=False,
@@ -150,7 +164,9 @@ def main() -> None:
                         rank=0 if scheme == "none" else args.rank,
                         grid=grid if scheme == "tileq" else None,
                     )  # fmt: skip
-                    cfg = QuantizeConfig(spec=spec, sequential=False, seed=args.seed)
+                    cfg = QuantizeConfig(
+                        spec=spec, sequential=False, seed=args.seed, target=TARGETS[target]
+                    )
                     m = copy.deepcopy(fp)
                     reps = [
                         quantize_layer(layer, hess[i], cfg, i)
@@ -162,10 +178,11 @@ def main() -> None:
                         for k, v in r.bytes.items():
                             total[k] = total.get(k, 0) + v
                     weights = sum(r.weights for r in reps)
-                    if scheme != "none" and scheme not in speed_models:
+                    if scheme != "none" and scheme not in speed_models:  # shapes only matter
                         speed_models[scheme] = m
                     rows.append(dict(
-                        run=run.name, bits=bits, method=method, lowrank=scheme, per_domain=dom,
+                        run=run.name, bits=bits, method=method, lowrank=scheme,
+                        target="-" if scheme == "none" else target, per_domain=dom,
                         overall=overall, bits_per_param=8 * sum(total.values()) / weights,
                         lowrank_bytes=total.get("lowrank", 0), fused=None,
                         under=sum(len(r.under_calibrated) for r in reps), seconds=time.time() - t0,
@@ -188,12 +205,12 @@ def main() -> None:
 
 def print_table(rows: list[dict]) -> None:
     domains = sorted({d for r in rows for d in r["per_domain"]})
-    head = ["run", "bits", "method", "low-rank", *[f"bpb {d}" for d in domains], "bpb all",
+    head = ["run", "bits", "method", "low-rank", "target", *[f"bpb {d}" for d in domains], "bpb all",
             "bits/param", "extra LR KiB", "fused x", "under-cal"]  # fmt: skip
     print("\n| " + " | ".join(head) + " |")
     print("|" + "|".join("---" for _ in head) + "|")
     for r in rows:
-        cells = [r["run"], str(r["bits"]), r["method"], r["lowrank"],
+        cells = [r["run"], str(r["bits"]), r["method"], r["lowrank"], r["target"],
                  *[f"{r['per_domain'][d]:.4f}" for d in domains], f"{r['overall']:.4f}",
                  f"{r['bits_per_param']:.3f}", f"{r['lowrank_bytes'] / 1024:.1f}",
                  "-" if r["fused"] is None else f"{r['fused']:.2f}", str(r["under"])]  # fmt: skip
@@ -203,21 +220,20 @@ def print_table(rows: list[dict]) -> None:
     for run in dict.fromkeys(r["run"] for r in rows):
         for bits in dict.fromkeys(r["bits"] for r in rows if r["run"] == run and r["bits"] != "fp"):
             for method in ("rtn", "gptq"):
-                sel = {
-                    r["lowrank"]: r
-                    for r in rows
-                    if (r["run"], r["bits"], r["method"]) == (run, bits, method)
-                }
-                if not {"none", "per-expert", "tileq"} <= set(sel):
-                    continue
-                mem = sel["per-expert"]["lowrank_bytes"] / sel["tileq"]["lowrank_bytes"]
-                gain_pe = sel["none"]["overall"] - sel["per-expert"]["overall"]
-                gain_t = sel["none"]["overall"] - sel["tileq"]["overall"]
-                kept = gain_t / gain_pe if gain_pe > 0 else float("nan")
-                ok = mem >= 3 and kept >= 0.7
-                print(f"  {run} {bits}b {method}: memory {mem:.2f}x less, keeps {100 * kept:.0f}% "
-                      f"of per-expert's gain ({gain_pe:+.4f} vs {gain_t:+.4f} bpb) -> "
-                      f"{'holds' if ok else 'does NOT hold'}")  # fmt: skip
+                for target in TARGETS:
+                    sel = {r["lowrank"]: r for r in rows
+                           if (r["run"], r["bits"], r["method"]) == (run, bits, method)
+                           and r["target"] in ("-", target)}  # fmt: skip
+                    if not {"none", "per-expert", "tileq"} <= set(sel):
+                        continue
+                    mem = sel["per-expert"]["lowrank_bytes"] / sel["tileq"]["lowrank_bytes"]
+                    gain_pe = sel["none"]["overall"] - sel["per-expert"]["overall"]
+                    gain_t = sel["none"]["overall"] - sel["tileq"]["overall"]
+                    kept = gain_t / gain_pe if gain_pe > 0 else float("nan")
+                    ok = mem >= 3 and kept >= 0.7
+                    print(f"  {run} {bits}b {method} target {target}: memory {mem:.2f}x less, "
+                          f"keeps {100 * kept:.0f}% of per-expert's gain ({gain_pe:+.4f} vs "
+                          f"{gain_t:+.4f} bpb) -> {'holds' if ok else 'does NOT hold'}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -47,6 +47,13 @@ def _top_eigvecs(S: Tensor, r: int) -> Tensor:
     return vecs[:, -r:].flip(-1)
 
 
+def _top_left(blocks: Tensor, r: int) -> Tensor:
+    """Top-r left singular vectors of the horizontal concatenation of ``blocks [n, d, r']``
+    (a thin ``[d, n·r']`` SVD; the HOOI update)."""
+    cat = blocks.permute(1, 0, 2).reshape(blocks.shape[1], -1)
+    return torch.linalg.svd(cat, full_matrices=False).U[:, :r]
+
+
 def _check(T: Tensor, d: Tensor, rank: int) -> None:
     if T.dim() != 3 or d.shape != (T.shape[2],):
         raise ValueError(
@@ -118,19 +125,9 @@ def fit_tileq(
     V = torch.stack([_top_eigvecs(AtA[col_of == n].sum(0), rank) for n in range(N)])
     for _ in range(sweeps):
         AV = A @ V[col_of]  # [K, O, r]
-        U = torch.stack(
-            [
-                _top_eigvecs(torch.einsum("kor,kpr->op", AV[row_of == m], AV[row_of == m]), rank)
-                for m in range(M)
-            ]
-        )
+        U = torch.stack([_top_left(AV[row_of == m], rank) for m in range(M)])
         AtU = A.transpose(1, 2) @ U[row_of]  # [K, I, r]
-        V = torch.stack(
-            [
-                _top_eigvecs(torch.einsum("kir,kjr->ij", AtU[col_of == n], AtU[col_of == n]), rank)
-                for n in range(N)
-            ]
-        )
+        V = torch.stack([_top_left(AtU[col_of == n], rank) for n in range(N)])
     S = U[row_of].transpose(1, 2) @ A @ V[col_of]  # [K, r, r]
     total = float(A.pow(2).sum())
     captured = float(S.pow(2).sum()) / total if total > 0 else 1.0

@@ -59,6 +59,10 @@ class QuantizeConfig:
         sweeps: TileQ HOOI refinement sweeps (>= 0).
         seed: grid-assignment restarts' seed.
         sequential: calibrate each layer on the quantized layers before it.
+        target: what the low-rank factors are fitted to: ``"error"`` (quantize, then
+            compensate ``W − Q(W)``; the research notes' option A, the default) or
+            ``"weight"`` (option B: fit ``L₀`` to ``W``, quantize the residual ``W − L₀``,
+            then refit the factors to ``W − Q(W − L₀)``).
     Raises:
         ValueError: a field out of range (act-order needs GPTQ).
     """
@@ -70,8 +74,11 @@ class QuantizeConfig:
     sweeps: int = 2
     seed: int = 0
     sequential: bool = True
+    target: str = "error"
 
     def __post_init__(self) -> None:
+        if self.target not in ("error", "weight"):
+            raise ValueError(f"target: must be 'error' or 'weight', got {self.target!r}")
         if not 0 < self.damp <= 1:
             raise ValueError(f"damp: must be in (0, 1], got {self.damp}")
         if self.block_size < 1:
@@ -92,8 +99,9 @@ class LayerReport:
         layer: index among the MoE layers.
         tokens: ``[E]`` calibration rows routed to each expert.
         under_calibrated: experts with fewer than ``min_tokens`` rows (RTN fallback).
-        quant_error: per projection, :func:`output_error` of ``Q(W)``.
-        lowrank_error: per projection, the same after the low-rank correction.
+        quant_error: per projection, :func:`output_error` of the quantized part against what
+            it quantized (``W``, or ``W − L₀`` with ``target="weight"``).
+        lowrank_error: per projection, the error of ``Q + L`` against ``W``.
         bytes: stored bytes per component (codes, scales, zeros, g_idx, lowrank).
         weights: expert weight entries represented.
     """
@@ -237,17 +245,21 @@ def quantize_layer(
     lr_err: dict[str, float] = {}
     for name, W in weights.items():
         acc = hess.inter if name == "down" else hess.inputs
-        q = _quantize_projection(W, acc, cfg, under)
-        What = q.dequantize()
         Hp = acc.pooled()
-        d = activation_scale(Hp).float()
-        q_err[name] = output_error(W, What, Hp)
-        factors = None
-        if spec.lowrank != "none":
-            factors = fit_lowrank(
-                spec.lowrank, W - What, d.double(), spec.rank, spec.grid, sweeps=cfg.sweeps,
-                seed=cfg.seed,
-            )  # fmt: skip
+        d = activation_scale(Hp).double()
+
+        def fit(target: Tensor, d: Tensor = d):
+            return fit_lowrank(
+                spec.lowrank, target, d, spec.rank, spec.grid, sweeps=cfg.sweeps, seed=cfg.seed
+            )
+
+        base = W
+        if spec.lowrank != "none" and cfg.target == "weight":
+            base = W - fit(W).dense()
+        q = _quantize_projection(base, acc, cfg, under)
+        What = q.dequantize()
+        q_err[name] = output_error(base, What, Hp)
+        factors = fit(W - What) if spec.lowrank != "none" else None
         proj = QuantizedProjection.from_codes(spec, q.codes, q.scales, q.zeros, q.g_idx, factors)
         if factors is not None:
             lr_err[name] = output_error(W, What + proj.lowrank.dense(), Hp)
@@ -293,6 +305,7 @@ def quantize_model(
     *,
     on_batch: Callable[[int], None] | None = None,
     on_layer: Callable[[LayerReport], None] | None = None,
+    on_pass: Callable[[str], None] | None = None,
 ) -> QuantizeReport:
     """Quantize every MoE expert bank of ``model`` in place.
 
@@ -302,6 +315,7 @@ def quantize_model(
         cfg: settings.
         on_batch: called with each batch's token count (progress).
         on_layer: called with each finished layer's report.
+        on_pass: called with a label before each calibration pass (progress bars).
     Raises:
         ValueError: the model has no MoE layer, is already quantized, the spec does not fit
             it (group size, rank, grid), or calibration gives no tokens.
@@ -327,11 +341,15 @@ def quantize_model(
                 if j == i:
                     hess.observe(lay, x, out)
 
+            if on_pass is not None:
+                on_pass(f"calibrating MoE layer {i + 1}/{len(layers)}")
             route(model, batches, observe, upto_layer=i, on_batch=on_batch)
             reports.append(quantize_layer(layer, hess, cfg, i))
             if on_layer is not None:
                 on_layer(reports[-1])
     else:
+        if on_pass is not None:
+            on_pass("calibrating all MoE layers")
         all_hess = collect_hessians(model, batches, on_batch=on_batch)
         for i, layer in enumerate(layers):
             reports.append(quantize_layer(layer, all_hess[i], cfg, i))
