@@ -265,7 +265,7 @@ def quantize_layer(
             lr_err[name] = output_error(W, What + proj.lowrank.dense(), Hp)
         projections[name] = proj
     qbank = QuantizedExpertBank.from_projections(bank.config, E, spec, projections)
-    layer.experts = qbank.to(device=bank.w_down.device)
+    layer.experts = qbank.to(device=bank.w_down.device, dtype=bank.w_down.dtype)
     return LayerReport(
         layer=index,
         tokens=counts.tolist(),
