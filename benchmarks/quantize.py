@@ -51,7 +51,7 @@ from moelab.compress.quant.pipeline import run_data
 from moelab.core.experts.lowrank import expert_of_rows
 from moelab.core.experts.quantized import QuantSpec
 from moelab.data import load_tokenizer
-from moelab.models import load_model
+from moelab.models import ModelConfig, MoETransformer, load_model
 from moelab.models.hooks import moe_layers
 from moelab.train.evaluate import evaluate
 
@@ -65,6 +65,39 @@ def default_grid(E: int) -> tuple[int, int]:
     while E % m:
         m -= 1
     return m, E // m
+
+
+def split_experts(model: MoETransformer) -> MoETransformer:
+    """A 2E-expert top-2k copy of ``model`` computing the same function (benchmark stand-in
+    for a 16-expert run): every expert's hidden units are cut into two halves (fine-grained
+    expert segmentation, DeepSeekMoE), each half a new expert with a copy of the router row,
+    its down projection doubled (the softmax splits the expert's probability equally between
+    the two equal logits, and top-2k picks both halves). Needs a softmax-before-top-k,
+    normalised top-k token-choice router."""
+    cfg = model.cfg
+    r = cfg.moe.router
+    if not (r.softmax_before_topk and r.norm_topk_prob and r.kind == "token_choice"):
+        raise ValueError("split_experts: needs a normalised softmax-then-top-k router")
+    d = cfg.to_dict()
+    d["moe"]["router"]["num_experts"] = 2 * r.num_experts
+    d["moe"]["router"]["top_k"] = 2 * r.top_k
+    d["moe"]["experts"]["ffn_hidden_size"] = cfg.moe.experts.ffn_hidden_size // 2
+    new = MoETransformer(ModelConfig.from_dict(d)).to(model.embed.weight.dtype).eval()
+    state = model.state_dict()
+    Fh = cfg.moe.experts.ffn_hidden_size
+    h = Fh // 2
+    for k, v in list(state.items()):
+        if k.endswith("router.weight"):
+            state[k] = v.repeat_interleave(2, dim=0)
+        elif k.endswith("experts.w_gate_up"):
+            gate, up = v[:, :, :Fh], v[:, :, Fh:]
+            halves = [torch.cat([gate[:, :, i * h : (i + 1) * h], up[:, :, i * h : (i + 1) * h]], 2)
+                      for i in range(2)]  # fmt: skip
+            state[k] = torch.stack(halves, 1).flatten(0, 1)
+        elif k.endswith("experts.w_down"):
+            state[k] = 2 * torch.stack([v[:, :h], v[:, h:]], 1).flatten(0, 1)
+    new.load_state_dict(state)
+    return new
 
 
 def fused_speed(model, calib, specs_models: dict[str, object]) -> dict[str, float]:
@@ -99,7 +132,12 @@ def fused_speed(model, calib, specs_models: dict[str, object]) -> dict[str, floa
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--runs", nargs="+", default=["/work/runs/main", "/work/runs/e16"])
+    ap.add_argument(
+        "--runs",
+        nargs="+",
+        default=["/work/runs/main", "/work/runs/e16"],
+        help="run folders; 'split:DIR' benchmarks DIR's experts split in two (2E experts, top-2k)",
+    )
     ap.add_argument("--bits", nargs="+", type=int, default=[2, 3, 4])
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=64)
@@ -127,10 +165,24 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     rows = []
     t_start = time.time()
+    for i, run in enumerate(args.runs):
+        if not run.startswith("split:") and not (Path(run) / "model.safetensors").exists():
+            print(f"note: {run} has not finished training; using split:/work/runs/main instead")
+            args.runs[i] = "split:/work/runs/main"
     for run in args.runs:
-        run = Path(run)
+        split = run.startswith("split:")
+        run = Path(run.removeprefix("split:"))
         fp = load_model(run).eval()
         tok = load_tokenizer(run)
+        name = run.name
+        if split:
+            fp32 = fp
+            fp = split_experts(fp32)
+            name = f"{run.name}-split{fp.cfg.moe.router.num_experts}"
+            probe = torch.randint(0, fp.cfg.vocab_size, (2, 64))
+            with torch.no_grad():
+                diff = (fp(probe).logits - fp32(probe).logits).abs().max().item()
+            print(f"[{name}] split copy of {run}: max |logit diff| vs the original {diff:.2e}")
         rd = run_data(run)
         calib_docs, eval_docs = held_out_documents(rd)
         seq_len = min(256, fp.cfg.max_seq_len)
@@ -151,7 +203,7 @@ def main() -> None:
         dom, overall = score(fp)
         n_exp = sum(b.experts.w_in.numel() + b.experts.w_down.numel() for b in moe_layers(fp))
         bits_fp = 8 * fp.blocks[0].ffn.experts.w_down.element_size()
-        rows.append(dict(run=run.name, bits="fp", method="-", lowrank="-", target="-", per_domain=dom,
+        rows.append(dict(run=name, bits="fp", method="-", lowrank="-", target="-", per_domain=dom,
                          overall=overall, bits_per_param=bits_fp, lowrank_bytes=0, fused=None,
                          under=0, seconds=0.0))  # fmt: skip
         print(
@@ -191,7 +243,7 @@ def main() -> None:
                     if scheme != "none" and scheme not in speed_models:  # shapes only matter
                         speed_models[scheme] = m
                     rows.append(dict(
-                        run=run.name, bits=bits, method=method, lowrank=scheme,
+                        run=name, bits=bits, method=method, lowrank=scheme,
                         target="-" if scheme == "none" else target, per_domain=dom,
                         overall=overall, bits_per_param=8 * sum(total.values()) / weights,
                         lowrank_bytes=total.get("lowrank", 0), fused=None,
@@ -203,7 +255,7 @@ def main() -> None:
                     )
         speeds = fused_speed(fp, calib, speed_models)
         for r in rows:
-            if r["run"] == run.name and r["lowrank"] in speeds:
+            if r["run"] == name and r["lowrank"] in speeds:
                 r["fused"] = speeds[r["lowrank"]]
     print_table(rows)
     print(
