@@ -207,7 +207,7 @@ def main() -> None:
                          overall=overall, bits_per_param=bits_fp, lowrank_bytes=0, fused=None,
                          under=0, seconds=0.0))  # fmt: skip
         print(
-            f"[{run.name}] fp32 overall {overall:.4f} bpb; {n_exp:,} expert weights; grid {grid}",
+            f"[{name}] fp32 overall {overall:.4f} bpb; {n_exp:,} expert weights; grid {grid}",
             flush=True,
         )
         hess = collect_hessians(fp, calib)
