@@ -5,7 +5,8 @@ For each trained run (default ``/work/runs/main``, 8 experts, grid 2x4, and ``/w
 {2, 3, 4}, method {RTN, GPTQ} and low-rank compensation {none, per-expert, shared-1d, TileQ}
 (rank 8, group size 64, asymmetric, GPTQ with act-order) — the low-rank factors fitted
 either to the quantization error ``W − Q(W)`` (target A, the research notes' reconstruction)
-or to the weights first with the residual quantized (target B) — and each quantized model is scored
+or to the weights first with the residual quantized (target B), weighted by the layer-pooled
+``(H + λI)^{1/2}`` (``--weighting diag`` for the notes' ``diag(sqrt(diag H))``) — and each quantized model is scored
 on held-out text (the evaluation half of the run's validation documents, per domain; the
 calibration half feeds the Hessians). Printed per row: validation bits per byte per domain
 and overall, total bits per expert parameter (codes + scales + zeros + g_idx + low-rank
@@ -158,6 +159,12 @@ def main() -> None:
         choices=SCHEMES[1:],
         help="low-rank schemes also run with target B",
     )
+    ap.add_argument(
+        "--weighting",
+        default="full",
+        choices=["full", "diag"],
+        help="low-rank activation weighting: full (H+λI)^1/2 or the notes' diag(sqrt(diag H))",
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared box)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = ap.parse_args()
@@ -227,7 +234,11 @@ def main() -> None:
                         grid=grid if scheme == "tileq" else None,
                     )  # fmt: skip
                     cfg = QuantizeConfig(
-                        spec=spec, sequential=False, seed=args.seed, target=TARGETS[target]
+                        spec=spec,
+                        sequential=False,
+                        seed=args.seed,
+                        target=TARGETS[target],
+                        weighting=args.weighting,
                     )
                     m = copy.deepcopy(fp)
                     reps = [

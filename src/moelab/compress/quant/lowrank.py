@@ -41,6 +41,30 @@ def activation_scale(H: Tensor, eps: float = 1e-6) -> Tensor:
     return torch.sqrt(diag.clamp_min(0) + eps * mean)
 
 
+def activation_whitening(H: Tensor, damp: float = 0.01) -> Tensor:
+    """``[I, I]`` float64 symmetric ``(H + damp·mean(diag H)·I)^{1/2}`` — the full
+    activation weighting: ``‖ΔW S‖_F² = tr(ΔW (H + λI) ΔWᵀ)`` is the (damped) output error.
+    An all-zero ``H`` gives the identity."""
+    H = H.double()
+    mean = float(torch.diagonal(H).mean())
+    if mean <= 0:
+        return torch.eye(H.shape[0], dtype=torch.float64)
+    vals, vecs = torch.linalg.eigh(H + damp * mean * torch.eye(H.shape[0], dtype=torch.float64))
+    return (vecs * vals.clamp_min(0).sqrt()) @ vecs.T
+
+
+def _weigh(T: Tensor, d: Tensor) -> Tensor:
+    """``T·D``: ``d [I]`` a diagonal scale or ``d [I, I]`` a symmetric whitening."""
+    return T.double() * d if d.dim() == 1 else T.double() @ d
+
+
+def _unweigh(V: Tensor, d: Tensor) -> Tensor:
+    """``D⁻¹·V`` for ``V [.., I, r]`` (what the stored column factors carry)."""
+    if d.dim() == 1:
+        return V / d.unsqueeze(-1)
+    return torch.linalg.solve(d, V)
+
+
 def _top_eigvecs(S: Tensor, r: int) -> Tensor:
     """Top-r eigenvectors (columns) of a symmetric PSD matrix."""
     _, vecs = torch.linalg.eigh(S)
@@ -55,9 +79,9 @@ def _top_left(blocks: Tensor, r: int) -> Tensor:
 
 
 def _check(T: Tensor, d: Tensor, rank: int) -> None:
-    if T.dim() != 3 or d.shape != (T.shape[2],):
+    if T.dim() != 3 or d.shape not in ((T.shape[2],), (T.shape[2], T.shape[2])):
         raise ValueError(
-            f"T, d: expected [K, O, I] and [I], got {tuple(T.shape)}, {tuple(d.shape)}"
+            f"T, d: expected [K, O, I] and [I] or [I, I], got {tuple(T.shape)}, {tuple(d.shape)}"
         )
     if not isinstance(rank, int) or not 1 <= rank <= min(T.shape[1], T.shape[2]):
         raise ValueError(f"rank: must be in [1, {min(T.shape[1], T.shape[2])}], got {rank!r}")
@@ -66,10 +90,10 @@ def _check(T: Tensor, d: Tensor, rank: int) -> None:
 def fit_per_expert(T: Tensor, d: Tensor, rank: int) -> LowRankFactors:
     """Per-expert rank-r factors of ``T [K, O, I]`` weighted by ``d [I]``."""
     _check(T, d, rank)
-    A = T.double() * d
+    A = _weigh(T, d)
     U, S, Vh = torch.linalg.svd(A, full_matrices=False)
     Uf = U[:, :, :rank] * S[:, None, :rank]
-    Vf = Vh[:, :rank, :].transpose(1, 2) / d[None, :, None]
+    Vf = _unweigh(Vh[:, :rank, :].transpose(1, 2), d)
     ar = torch.arange(T.shape[0])
     return LowRankFactors("per-expert", Uf.float(), Vf.float(), ar, ar)
 
@@ -77,14 +101,14 @@ def fit_per_expert(T: Tensor, d: Tensor, rank: int) -> LowRankFactors:
 def fit_shared_1d(T: Tensor, d: Tensor, rank: int) -> LowRankFactors:
     """One input-side factor shared by all experts, a row factor per expert."""
     _check(T, d, rank)
-    A = T.double() * d
+    A = _weigh(T, d)
     V = _top_eigvecs(torch.einsum("koi,koj->ij", A, A), rank)  # [I, r]
     Uf = A @ V  # [K, O, r]
     K = T.shape[0]
     return LowRankFactors(
         "shared-1d",
         Uf.float(),
-        (V / d[:, None]).unsqueeze(0).float(),
+        _unweigh(V, d).unsqueeze(0).float(),
         torch.arange(K),
         torch.zeros(K, dtype=torch.int64),
     )
@@ -114,7 +138,7 @@ def fit_tileq(
         raise ValueError(f"grid: {M}x{N} does not factor the {K} experts")
     if sweeps < 0:
         raise ValueError(f"sweeps: must be >= 0, got {sweeps}")
-    A = T.double() * d
+    A = _weigh(T, d)
     U0, _, Vh0 = torch.linalg.svd(A, full_matrices=False)
     row_of, col_of, _ = grid_assignment(
         U0[:, :, :rank], Vh0[:, :rank, :].transpose(1, 2), grid, seed=seed
@@ -131,9 +155,7 @@ def fit_tileq(
     S = U[row_of].transpose(1, 2) @ A @ V[col_of]  # [K, r, r]
     total = float(A.pow(2).sum())
     captured = float(S.pow(2).sum()) / total if total > 0 else 1.0
-    factors = LowRankFactors(
-        "tileq", U.float(), (V / d[None, :, None]).float(), row_of, col_of, S.float()
-    )
+    factors = LowRankFactors("tileq", U.float(), _unweigh(V, d).float(), row_of, col_of, S.float())
     return factors, captured
 
 
