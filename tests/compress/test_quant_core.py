@@ -1,5 +1,7 @@
 """Quantizers, packing, Hessians, low-rank fits and the fused path (real values)."""
 
+# ruff: noqa: E741  (O and I are the output / input widths, as in the docstrings)
+
 from __future__ import annotations
 
 import itertools
@@ -9,6 +11,7 @@ import torch
 
 from moelab.compress.quant import (
     HessianAccumulator,
+    activation_whitening,
     calibration_error,
     fit_lowrank,
     fit_tileq,
@@ -84,7 +87,7 @@ def _calib(E=3, I=48, n=200, seed=0):
 @pytest.mark.parametrize("bits", [2, 3, 4])
 @pytest.mark.parametrize("act_order", [False, True])
 def test_gptq_calibration_error_not_above_rtn(bits, act_order):
-    X, H = _calib()
+    _, H = _calib()
     W = torch.randn(3, 32, 48, generator=torch.Generator().manual_seed(5))
     q = gptq_quantize(W, H, bits, 16, act_order=act_order)
     r = quantize_rtn(W, bits, 16)
@@ -181,7 +184,7 @@ def test_biclustering_recovers_a_planted_grid():
 def test_tileq_fits_a_planted_grid_and_refinement_does_not_hurt():
     T, _ = _planted(noise=0.02)
     d = torch.rand(24, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) + 0.5
-    f0, c0 = fit_tileq(T, d, 3, (4, 4), sweeps=0)
+    _, c0 = fit_tileq(T, d, 3, (4, 4), sweeps=0)
     f2, c2 = fit_tileq(T, d, 3, (4, 4), sweeps=2)
     assert c2 >= c0 - 1e-9 and c2 > 0.95
     res = ((T - f2.dense()) * d.float()).norm() / (T * d.float()).norm()
@@ -212,12 +215,37 @@ def test_per_expert_fit_is_the_weighted_truncated_svd():
         assert abs(float(got) - float(s[2:].norm())) < 1e-4  # Eckart-Young optimum
 
 
+def test_full_whitening_fit_minimises_the_output_error():
+    g = torch.Generator().manual_seed(2)
+    X = (
+        torch.randn(300, 6, generator=g, dtype=torch.float64)
+        @ torch.randn(6, 6, generator=g).double()
+    )
+    H = X.T @ X / 300
+    S = activation_whitening(H, damp=0.01)
+    Hd = H + 0.01 * torch.diagonal(H).mean() * torch.eye(6, dtype=torch.float64)
+    torch.testing.assert_close(S @ S, Hd)
+    T = torch.randn(2, 10, 6, generator=g)
+    f = fit_lowrank("per-expert", T, S, 2)
+    for e in range(2):
+        s = torch.linalg.svdvals(T[e].double() @ S)
+        dW = T[e].double() - f.delta(e).double()
+        err = torch.sqrt(torch.trace(dW @ Hd @ dW.T))
+        assert abs(float(err) - float(s[2:].norm())) < 1e-4  # optimum of the output error
+
+
+@pytest.mark.parametrize("weighting", ["diag", "full"])
 @pytest.mark.parametrize("scheme", ["per-expert", "shared-1d", "tileq"])
-def test_fused_low_rank_path_equals_per_expert_reference(scheme):
+def test_fused_low_rank_path_equals_per_expert_reference(scheme, weighting):
     g = torch.Generator().manual_seed(1)
     K, O, I, r = 16, 20, 12, 3
     T = torch.randn(K, O, I, generator=g)
-    f = fit_lowrank(scheme, T, torch.rand(I, generator=g).double() + 0.5, r, (4, 4))
+    if weighting == "diag":
+        d = torch.rand(I, generator=g).double() + 0.5
+    else:
+        X = torch.randn(50, I, generator=g, dtype=torch.float64)
+        d = activation_whitening(X.T @ X)
+    f = fit_lowrank(scheme, T, d, r, (4, 4))
     counts = torch.tensor([3, 0, 1, 5, 2, 0, 0, 4, 1, 1, 7, 2, 0, 3, 1, 2])
     x = torch.randn(int(counts.sum()), I, generator=g)
     experts = expert_of_rows(counts)
@@ -236,7 +264,9 @@ def test_fused_low_rank_path_equals_per_expert_reference(scheme):
 def test_factor_grid_validation():
     U, V = torch.zeros(2, 4, 1), torch.zeros(2, 3, 1)
     with pytest.raises(ValueError, match="share one grid cell"):
-        LowRankFactors("tileq", U, V, torch.tensor([0, 0]), torch.tensor([1, 1]), torch.zeros(2, 1, 1))
+        LowRankFactors(
+            "tileq", U, V, torch.tensor([0, 0]), torch.tensor([1, 1]), torch.zeros(2, 1, 1)
+        )
     with pytest.raises(ValueError, match="grid"):
         fit_tileq(torch.zeros(6, 4, 3), torch.ones(3, dtype=torch.float64), 1, (4, 4))
     with pytest.raises(ValueError, match="rank"):

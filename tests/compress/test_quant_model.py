@@ -72,7 +72,7 @@ def test_quantized_bank_equals_a_dense_bank_of_its_effective_weights(make_model,
 
 
 def test_bits_per_param_counts_codes_scales_zeros_gidx_and_factors(make_model, make_batches):
-    model, report = _quantized(make_model, make_batches)
+    _, report = _quantized(make_model, make_batches)
     E, D, Fh, g, r = 6, 16, 12, 4, 3
     per_layer = 0
     for I, O in ((D, Fh), (D, Fh), (Fh, D)):  # noqa: E741  gate, up, down: (in, out)

@@ -78,6 +78,9 @@ def quantize(
             "first and quantize the residual."
         ),
     ] = "error",
+    weighting: Annotated[
+        str, Opt(help="Low-rank activation weighting: 'full' (H+λI)^1/2 or 'diag' sqrt(diag H).")
+    ] = "full",
     min_tokens: Annotated[
         int, Opt(help="Experts routed fewer calibration rows get RTN (under-calibrated).")
     ] = 16,
@@ -108,7 +111,7 @@ def quantize(
     """
     report, table = guarded(
         _quantize, run, out, method, bits, group_size, symmetric, act_order, damp, lowrank,
-        rank, grid, sweeps, lowrank_target, min_tokens, sequential, calib_data, calib_tokens, seq_len,
+        rank, grid, sweeps, lowrank_target, weighting, min_tokens, sequential, calib_data, calib_tokens, seq_len,
         batch_size, seed,
     )  # fmt: skip
     if as_json:
@@ -124,7 +127,7 @@ def quantize(
 def _quantize(
     run: Path, out: Path, method: str, bits: int, group_size: int, symmetric: bool,
     act_order: bool, damp: float, lowrank: str, rank: int, grid_text: str | None, sweeps: int,
-    lowrank_target: str, min_tokens: int, sequential: bool, calib_data: str | None, calib_tokens: int,
+    lowrank_target: str, weighting: str, min_tokens: int, sequential: bool, calib_data: str | None, calib_tokens: int,
     seq_len: int | None, batch_size: int, seed: int,
 ):  # fmt: skip
     from moelab.cli._common import load_run
@@ -160,7 +163,7 @@ def _quantize(
     )  # fmt: skip
     cfg = QuantizeConfig(
         spec=spec, damp=damp, min_tokens=min_tokens, sweeps=sweeps, seed=seed,
-        sequential=sequential, target=lowrank_target,
+        sequential=sequential, target=lowrank_target, weighting=weighting,
     )  # fmt: skip
     for layer in layers:
         ex = layer.config.experts
@@ -186,6 +189,7 @@ def _quantize(
                      "tokens": calib.n_tokens, "seq_len": S, "seed": seed,
                      "sequential": sequential, "domains": list(calib.domain_names)},
         lowrank_target=lowrank_target,
+        weighting=weighting,
     )  # fmt: skip
     _write(out, model, tokenizer, report, read_run_info(run) if has_run else None)
     return report, _table(run, report)

@@ -5,6 +5,7 @@ from moelab.compress.quant.gptq import calibration_error, gptq_quantize
 from moelab.compress.quant.hessian import HessianAccumulator
 from moelab.compress.quant.lowrank import (
     activation_scale,
+    activation_whitening,
     fit_lowrank,
     fit_per_expert,
     fit_shared_1d,
@@ -31,6 +32,7 @@ __all__ = [
     "QuantizeReport",
     "QuantizedTensor",
     "activation_scale",
+    "activation_whitening",
     "calibration_error",
     "collect_hessians",
     "fit_lowrank",

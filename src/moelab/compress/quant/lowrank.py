@@ -1,12 +1,15 @@
 """Fitting low-rank compensation of expert quantization errors (activation-weighted).
 
 Target (the research notes' option A, LQER / MiLo style "quantise then compensate" [I]): for
-each expert ``T_e = W_e − Q(W_e)`` ``[O, I]``, weighted on the input side by the layer-shared
-activation scale ``d = sqrt(diag H)`` (``D = diag(d)``), so that the fitted ``L_e`` minimises
-``‖(T_e − L_e) D‖_F`` — the output error on inputs whose feature energies are ``d²``. One
-``d`` per projection and layer (pooled over all routed rows) keeps a column-shared factor
-valid for every expert of the column; we use it for all three schemes so only the sharing
-differs between them [I]. Stored factors carry ``D⁻¹`` (``Ṽ = D⁻¹V``).
+each expert ``T_e = W_e − Q(W_e)`` ``[O, I]`` (the pipeline can also pass ``W_e`` itself, the
+notes' option B), weighted on the input side by a layer-shared activation weighting ``D`` so
+that the fitted ``L_e`` minimises ``‖(T_e − L_e) D‖_F``. ``D`` is either the notes'
+``diag(sqrt(diag H))`` (:func:`activation_scale`, a vector ``d [I]``) or the full symmetric
+``(H + λI)^{1/2}`` (:func:`activation_whitening`, a matrix ``[I, I]``; then the objective is
+the damped output error itself). One ``D`` per projection and layer (pooled over all routed
+rows) keeps a column-shared factor valid for every expert of the column; we use it for all
+three schemes so only the sharing differs between them [I]. Stored factors carry ``D⁻¹``
+(``Ṽ = D⁻¹V``).
 
 - per-expert: truncated SVD of ``T_e D`` (``U = U_r Σ_r``, no core);
 - shared-1d (MiLo-style): ``V`` = top-r right singular vectors of the stacked ``[T_e D]_e``,
