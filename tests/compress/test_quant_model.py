@@ -224,3 +224,23 @@ def test_cli_bad_input_one_line_exit_2_nothing_written(cli_model, tmp_path, flag
     msg = _err(runner.invoke(app, base + flags))
     assert needle in msg
     assert not out.exists()
+
+
+def test_quantized_model_generates_with_the_kv_cache_like_a_full_forward(make_model, make_batches):
+    from moelab.serve.generate import generate_ids
+
+    model, _ = _quantized(make_model, make_batches)
+    prompt = [1, 5, 9]
+    ids = list(generate_ids(model, prompt, max_new_tokens=6, temperature=0))
+    assert len(ids) == 6
+    seq = prompt[:]  # greedy decoding without the cache gives the same tokens
+    for _ in range(6):
+        with torch.no_grad():
+            logits = model(torch.tensor([seq])).logits[0, -1]
+        seq.append(int(logits.argmax()))
+    assert ids == seq[len(prompt) :]
+    bank = moe_layers(model)[0].experts
+    x = torch.randn(5, 16, dtype=torch.float64)
+    one = torch.zeros(6, dtype=torch.long)
+    one[2] = 5
+    torch.testing.assert_close(bank.expert_output(x, 2), bank(x, one))
