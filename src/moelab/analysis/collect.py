@@ -13,6 +13,7 @@ from torch import Tensor
 
 from moelab.core.telemetry import RoutingRecord
 from moelab.data import TokenStream, eval_batches, eval_coverage
+from moelab.errors import InvalidValueError
 from moelab.models import MoETransformer
 from moelab.models.hooks import moe_layers, observe_moe_layers
 
@@ -67,10 +68,10 @@ def collect(
         ("sample_tokens", sample_tokens),
     ):
         if v < 1:
-            raise ValueError(f"{name}: must be >= 1, got {v}")
+            raise InvalidValueError(f"{name}: must be >= 1, got {v}")
     layers = moe_layers(model)
     if not layers:
-        raise ValueError("model: has no MoE layer to analyse")
+        raise InvalidValueError("model: has no MoE layer to analyse")
     inputs: list[list[Tensor]] = [[] for _ in layers]
     records: list[list[RoutingRecord]] = [[] for _ in layers]
     domains: list[Tensor] = []

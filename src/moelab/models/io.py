@@ -30,6 +30,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from moelab.errors import UserError
 from moelab.models.config import ModelConfig
 from moelab.models.quantized import quantization_section, quantized_structure, read_quantization
 from moelab.models.transformer import MoETransformer
@@ -42,7 +43,7 @@ WEIGHTS_FILE = "model.safetensors"
 MANIFEST_FILE = "manifest.json"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A model folder cannot be saved or loaded; the message names the file or tensor."""
 
 
