@@ -246,3 +246,43 @@ def test_quantized_model_generates_with_the_kv_cache_like_a_full_forward(make_mo
     one = torch.zeros(6, dtype=torch.long)
     one[2] = 5
     torch.testing.assert_close(bank.expert_output(x, 2), bank(x, one))
+
+
+@pytest.mark.parametrize(
+    "experts", [{"activation": "geglu", "bias": True}, {"activation": "gelu"}, {"lora_rank": 2}]
+)
+def test_other_activations_biases_and_lora(experts, tmp_path):
+    from moelab.core.config import ExpertsConfig, MoEConfig, RouterConfig
+    from moelab.models import ModelConfig, MoETransformer
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        vocab_size=37, d_model=16, n_layers=1, n_heads=2, max_seq_len=32,
+        moe=MoEConfig(router=RouterConfig(num_experts=4, top_k=2),
+                      experts=ExpertsConfig(hidden_size=16, ffn_hidden_size=8, **experts)),
+    )  # fmt: skip
+    model = MoETransformer(cfg).double().eval()
+    if experts.get("bias"):
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() == 2 and p.shape[0] == 4:  # expert biases [E, width]
+                    p.normal_()
+    ids = torch.randint(0, 37, (2, 16), generator=torch.Generator().manual_seed(1))
+    spec = QuantSpec(method="gptq", bits=8, group_size=8, lowrank="per-expert", rank=2)
+    if experts.get("lora_rank"):
+        with pytest.raises(ValueError, match="merge-lora"):
+            quantize_model(model, [ids], QuantizeConfig(spec=spec, min_tokens=1))
+        return
+    with torch.no_grad():
+        before = model(ids).logits
+    quantize_model(model, [ids], QuantizeConfig(spec=spec, min_tokens=1))
+    bank = moe_layers(model)[0].experts
+    assert bank.proj_names == (("gate", "up", "down") if experts["activation"] == "geglu"
+                               else ("up", "down"))  # fmt: skip
+    with torch.no_grad():
+        after = model(ids).logits
+    # 8 bits + compensation: the function is kept closely (biases kept exactly)
+    assert float((after - before).abs().max()) < 0.05 * float(before.abs().max())
+    save_model(model, tmp_path / "q")
+    with torch.no_grad():
+        assert torch.equal(load_model(tmp_path / "q")(ids).logits, after)

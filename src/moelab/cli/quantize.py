@@ -23,6 +23,7 @@ import typer
 from rich.table import Table
 
 from moelab.cli._app import Opt, app, console, guarded
+from moelab.errors import InvalidValueError
 
 QUANTIZE_FILE = "quantize.json"
 
@@ -39,9 +40,9 @@ def parse_grid(text: str | None) -> tuple[int, int] | None:
     try:
         M, N = (int(p) for p in parts)
     except ValueError:
-        raise ValueError(f"grid: expected MxN such as 4x4, got {text!r}") from None
+        raise InvalidValueError(f"grid: expected MxN such as 4x4, got {text!r}") from None
     if M < 1 or N < 1:
-        raise ValueError(f"grid: both sides must be >= 1, got {text!r}")
+        raise InvalidValueError(f"grid: both sides must be >= 1, got {text!r}")
     return M, N
 
 
@@ -144,16 +145,16 @@ def _quantize(
         raise FileExistsError(f"out: {out} already exists; choose a new folder")
     for name, v in (("calib_tokens", calib_tokens), ("batch_size", batch_size)):
         if v < 1:
-            raise ValueError(f"{name}: must be >= 1, got {v}")
+            raise InvalidValueError(f"{name}: must be >= 1, got {v}")
     grid = parse_grid(grid_text)
     if grid is not None and lowrank != "tileq":
-        raise ValueError(f"grid: only used with --lowrank tileq, got --lowrank {lowrank}")
+        raise InvalidValueError(f"grid: only used with --lowrank tileq, got --lowrank {lowrank}")
     model, tokenizer = load_run(run)
     if is_quantized(model):
-        raise ValueError(f"run: {run} is already quantized; quantize the full-precision run")
+        raise InvalidValueError(f"run: {run} is already quantized; quantize the full-precision run")
     layers = moe_layers(model)
     if not layers:
-        raise ValueError(f"run: {run} has no MoE layer to quantize")
+        raise InvalidValueError(f"run: {run} has no MoE layer to quantize")
     if lowrank == "tileq" and grid is None:
         grid = square_grid(layers[0].config.router.num_experts)
     spec = QuantSpec(
@@ -171,7 +172,7 @@ def _quantize(
     has_run = run.is_dir() and (run / RUN_FILE).exists()
     S = seq_len or (run_train_config(run).seq_len if has_run else 256)
     if S < 1:
-        raise ValueError(f"seq_len: must be >= 1, got {S}")
+        raise InvalidValueError(f"seq_len: must be >= 1, got {S}")
     S = min(S, model.cfg.max_seq_len)
     streams = domain_streams(calibration_documents(calib_data, run_data(run)), tokenizer)
     calib = calibration_set(

@@ -23,6 +23,7 @@ from typing import Any
 
 from moelab.core.experts.quantized import QuantizedExpertBank, QuantSpec
 from moelab.core.layer import MoELayer
+from moelab.errors import InvalidValueError
 from moelab.models.transformer import MoETransformer
 
 QUANT_FORMAT_VERSION = 1
@@ -51,7 +52,7 @@ def model_quant_spec(model: MoETransformer) -> QuantSpec | None:
     if specs == {None} or not specs:
         return None
     if len(specs) != 1 or None in specs:
-        raise ValueError("model: MoE layers are quantized with different settings")
+        raise InvalidValueError("model: MoE layers are quantized with different settings")
     return next(iter(specs))
 
 
@@ -89,14 +90,14 @@ def read_quantization(section: Any, where: str) -> QuantSpec:
             with ``where``).
     """
     if not isinstance(section, dict) or not isinstance(section.get("spec"), dict):
-        raise ValueError(f"{where}: malformed 'quantization' section")
+        raise InvalidValueError(f"{where}: malformed 'quantization' section")
     v = section.get("format_version")
     if not isinstance(v, int) or not 1 <= v <= QUANT_FORMAT_VERSION:
-        raise ValueError(
+        raise InvalidValueError(
             f"{where}: quantization format_version {v!r} is not one this moelab reads "
             f"(1..{QUANT_FORMAT_VERSION})"
         )
     try:
         return QuantSpec.from_dict(section["spec"])
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{where}: invalid quantization spec ({e})") from e
+        raise InvalidValueError(f"{where}: invalid quantization spec ({e})") from e

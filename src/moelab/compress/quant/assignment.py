@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from moelab.errors import InvalidValueError
+
 
 def min_cost_assignment(cost: Tensor) -> Tensor:
     """Column assigned to each row of a square cost matrix, minimising the total cost.
@@ -23,9 +25,11 @@ def min_cost_assignment(cost: Tensor) -> Tensor:
         ValueError: not square, empty, or not finite.
     """
     if cost.dim() != 2 or cost.shape[0] != cost.shape[1] or cost.shape[0] == 0:
-        raise ValueError(f"cost: expected a non-empty square matrix, got {tuple(cost.shape)}")
+        raise InvalidValueError(
+            f"cost: expected a non-empty square matrix, got {tuple(cost.shape)}"
+        )
     if not torch.isfinite(cost).all():
-        raise ValueError("cost: contains NaN or Inf")
+        raise InvalidValueError("cost: contains NaN or Inf")
     n = cost.shape[0]
     a = torch.zeros(n + 1, n + 1, dtype=torch.float64)
     a[1:, 1:] = cost.double()

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from moelab.compress.quant.assignment import min_cost_assignment
+from moelab.errors import InvalidValueError
 
 
 def _sim(A: Tensor, B: Tensor) -> Tensor:
@@ -98,7 +99,7 @@ def grid_assignment(
     M, N = grid
     K, r = P.shape[0], P.shape[2]
     if M * N != K:
-        raise ValueError(f"grid: {M}x{N} does not factor the {K} experts")
+        raise InvalidValueError(f"grid: {M}x{N} does not factor the {K} experts")
     P, Q = P.double(), Q.double()
     if M == 1 or N == 1:  # a line: every placement gives the same sharing
         ar = torch.arange(K)

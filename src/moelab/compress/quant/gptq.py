@@ -30,6 +30,7 @@ from torch import Tensor
 
 from moelab.compress.quant.rtn import QuantizedTensor, group_params, quantize_values
 from moelab.core.experts.qformat import check_bits
+from moelab.errors import InvalidValueError
 
 
 def gptq_quantize(
@@ -64,16 +65,16 @@ def gptq_quantize(
     """
     check_bits(bits)
     if W.dim() != 3 or H.shape != (W.shape[0], W.shape[2], W.shape[2]):
-        raise ValueError(
+        raise InvalidValueError(
             f"W, H: expected [E, O, I] and [E, I, I], got {tuple(W.shape)}, {tuple(H.shape)}"
         )
     E, O, I = W.shape  # noqa: E741
     if group_size < 1 or I % group_size:
-        raise ValueError(f"group_size: {group_size} does not divide the input width {I}")
+        raise InvalidValueError(f"group_size: {group_size} does not divide the input width {I}")
     if not 0 < damp <= 1:
-        raise ValueError(f"damp: must be in (0, 1], got {damp}")
+        raise InvalidValueError(f"damp: must be in (0, 1], got {damp}")
     if not torch.isfinite(H).all():
-        raise ValueError("H: contains NaN or Inf")
+        raise InvalidValueError("H: contains NaN or Inf")
     g = group_size
     blk = max(g, (block_size // g) * g)
     W = W.detach().float().clone()

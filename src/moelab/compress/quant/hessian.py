@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from moelab.errors import InvalidValueError
+
 
 class HessianAccumulator:
     """Streaming ``Σ x xᵀ`` and row counts for E experts of input width I.
@@ -36,11 +38,11 @@ class HessianAccumulator:
         """
         E, I = self.sums.shape[0], self.sums.shape[1]  # noqa: E741
         if x_N.dim() != 2 or x_N.shape[1] != I or counts.shape != (E,):
-            raise ValueError(
+            raise InvalidValueError(
                 f"x_N, counts: expected [N, {I}] and [{E}], got {tuple(x_N.shape)}, {tuple(counts.shape)}"
             )
         if int(counts.sum()) != x_N.shape[0]:
-            raise ValueError(f"counts: sum {int(counts.sum())} != rows {x_N.shape[0]}")
+            raise InvalidValueError(f"counts: sum {int(counts.sum())} != rows {x_N.shape[0]}")
         x = x_N.to(torch.float64)
         start = 0
         for e, c in enumerate(counts.tolist()):

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from moelab.compress.quant.bicluster import grid_assignment
 from moelab.core.experts.lowrank import LowRankFactors
+from moelab.errors import InvalidValueError
 
 
 def activation_scale(H: Tensor, eps: float = 1e-6) -> Tensor:
@@ -83,11 +84,13 @@ def _top_left(blocks: Tensor, r: int) -> Tensor:
 
 def _check(T: Tensor, d: Tensor, rank: int) -> None:
     if T.dim() != 3 or d.shape not in ((T.shape[2],), (T.shape[2], T.shape[2])):
-        raise ValueError(
+        raise InvalidValueError(
             f"T, d: expected [K, O, I] and [I] or [I, I], got {tuple(T.shape)}, {tuple(d.shape)}"
         )
     if not isinstance(rank, int) or not 1 <= rank <= min(T.shape[1], T.shape[2]):
-        raise ValueError(f"rank: must be in [1, {min(T.shape[1], T.shape[2])}], got {rank!r}")
+        raise InvalidValueError(
+            f"rank: must be in [1, {min(T.shape[1], T.shape[2])}], got {rank!r}"
+        )
 
 
 def fit_per_expert(T: Tensor, d: Tensor, rank: int) -> LowRankFactors:
@@ -138,9 +141,9 @@ def fit_tileq(
     K = T.shape[0]
     M, N = grid
     if M * N != K:
-        raise ValueError(f"grid: {M}x{N} does not factor the {K} experts")
+        raise InvalidValueError(f"grid: {M}x{N} does not factor the {K} experts")
     if sweeps < 0:
-        raise ValueError(f"sweeps: must be >= 0, got {sweeps}")
+        raise InvalidValueError(f"sweeps: must be >= 0, got {sweeps}")
     A = _weigh(T, d)
     U0, _, Vh0 = torch.linalg.svd(A, full_matrices=False)
     row_of, col_of, _ = grid_assignment(
@@ -183,9 +186,9 @@ def fit_lowrank(
         return fit_shared_1d(T, d, rank)
     if scheme == "tileq":
         if grid is None:
-            raise ValueError("grid: tileq needs an M x N grid")
+            raise InvalidValueError("grid: tileq needs an M x N grid")
         return fit_tileq(T, d, rank, grid, sweeps=sweeps, seed=seed)[0]
-    raise ValueError(f"scheme: must be per-expert, shared-1d or tileq, got {scheme!r}")
+    raise InvalidValueError(f"scheme: must be per-expert, shared-1d or tileq, got {scheme!r}")
 
 
 def lowrank_extra_params(
@@ -206,4 +209,4 @@ def lowrank_extra_params(
     if scheme == "tileq":
         M, N = grid
         return M * r * d_out + N * r * d_in + K * r * r
-    raise ValueError(f"scheme: unknown {scheme!r}")
+    raise InvalidValueError(f"scheme: unknown {scheme!r}")

@@ -41,9 +41,11 @@ from moelab.compress.quant.gptq import gptq_quantize
 from moelab.compress.quant.hessian import HessianAccumulator
 from moelab.compress.quant.lowrank import activation_scale, activation_whitening, fit_lowrank
 from moelab.compress.quant.rtn import QuantizedTensor, quantize_rtn
+from moelab.core.config import GATED_ACTIVATIONS
 from moelab.core.experts.bank import ExpertBank
 from moelab.core.experts.quantized import QuantizedExpertBank, QuantizedProjection, QuantSpec
 from moelab.core.layer import MoELayer, MoEOutput
+from moelab.errors import InvalidValueError
 from moelab.models.hooks import moe_layers
 from moelab.utils.jsonfile import read_json
 
@@ -85,19 +87,19 @@ class QuantizeConfig:
 
     def __post_init__(self) -> None:
         if self.weighting not in ("diag", "full"):
-            raise ValueError(f"weighting: must be 'diag' or 'full', got {self.weighting!r}")
+            raise InvalidValueError(f"weighting: must be 'diag' or 'full', got {self.weighting!r}")
         if self.target not in ("error", "weight"):
-            raise ValueError(f"target: must be 'error' or 'weight', got {self.target!r}")
+            raise InvalidValueError(f"target: must be 'error' or 'weight', got {self.target!r}")
         if not 0 < self.damp <= 1:
-            raise ValueError(f"damp: must be in (0, 1], got {self.damp}")
+            raise InvalidValueError(f"damp: must be in (0, 1], got {self.damp}")
         if self.block_size < 1:
-            raise ValueError(f"block_size: must be >= 1, got {self.block_size}")
+            raise InvalidValueError(f"block_size: must be >= 1, got {self.block_size}")
         if self.min_tokens < 0:
-            raise ValueError(f"min_tokens: must be >= 0, got {self.min_tokens}")
+            raise InvalidValueError(f"min_tokens: must be >= 0, got {self.min_tokens}")
         if self.sweeps < 0:
-            raise ValueError(f"sweeps: must be >= 0, got {self.sweeps}")
+            raise InvalidValueError(f"sweeps: must be >= 0, got {self.sweeps}")
         if self.spec.act_order and self.spec.method != "gptq":
-            raise ValueError("act_order: only GPTQ orders columns (method='gptq')")
+            raise InvalidValueError("act_order: only GPTQ orders columns (method='gptq')")
 
 
 @dataclass
@@ -197,7 +199,7 @@ def _projection_weights(bank: ExpertBank) -> dict[str, Tensor]:
     Fh = bank.config.ffn_hidden_size
     w_in = bank.w_in.detach().float()
     out = {}
-    if bank.config.activation == "swiglu":
+    if bank.config.activation in GATED_ACTIVATIONS:
         out["gate"] = w_in[:, :, :Fh].transpose(1, 2)
         out["up"] = w_in[:, :, Fh:].transpose(1, 2)
     else:
@@ -244,7 +246,7 @@ def quantize_layer(
     """Quantize one layer's bank from its collected Hessians and swap it in (in place)."""
     bank = layer.experts
     if not isinstance(bank, ExpertBank):
-        raise ValueError(f"model: MoE layer {index} is already quantized")
+        raise InvalidValueError(f"model: MoE layer {index} is already quantized")
     spec = cfg.spec
     E = layer.config.router.num_experts
     counts = hess.inputs.counts
@@ -274,7 +276,8 @@ def quantize_layer(
         if factors is not None:
             lr_err[name] = output_error(W, What + proj.lowrank.dense(), acc.sums)
         projections[name] = proj
-    qbank = QuantizedExpertBank.from_projections(bank.config, E, spec, projections)
+    biases = (bank.b_in, bank.b_down) if bank.config.bias else None
+    qbank = QuantizedExpertBank.from_projections(bank.config, E, spec, projections, biases)
     layer.experts = qbank.to(device=bank.w_down.device, dtype=bank.w_down.dtype)
     return LayerReport(
         layer=index,
@@ -302,7 +305,7 @@ def collect_hessians(
     """
     layers = moe_layers(model)
     if not layers:
-        raise ValueError("model: has no MoE layer to quantize")
+        raise InvalidValueError("model: has no MoE layer to quantize")
     hess = [LayerHessians(layer) for layer in layers]
     route(model, batches, lambda j, lay, x, out: hess[j].observe(lay, x, out), on_batch=on_batch)
     return hess
@@ -332,16 +335,20 @@ def quantize_model(
     """
     layers = moe_layers(model)
     if not layers:
-        raise ValueError("model: has no MoE layer to quantize")
+        raise InvalidValueError("model: has no MoE layer to quantize")
     for i, layer in enumerate(layers):
         if isinstance(layer.experts, QuantizedExpertBank):
-            raise ValueError(f"model: MoE layer {i} is already quantized")
+            raise InvalidValueError(f"model: MoE layer {i} is already quantized")
         ex = layer.config.experts
+        if ex.lora_rank:
+            raise InvalidValueError(
+                "model: the experts carry LoRA adapters; merge them first (moelab merge-lora)"
+            )
         cfg.spec.check_model(layer.config.router.num_experts, (ex.hidden_size, ex.ffn_hidden_size))
     batches = list(batches)
     tokens = sum(b.numel() for b in batches)
     if tokens == 0:
-        raise ValueError("calibration: no tokens")
+        raise InvalidValueError("calibration: no tokens")
     reports: list[LayerReport] = []
     if cfg.sequential:
         for i, layer in enumerate(layers):
@@ -381,7 +388,7 @@ def run_data(folder: str | Path) -> RunData | None:
     info = read_json(path)
     train = info.get("train") if isinstance(info, dict) else None
     if not isinstance(train, dict) or not isinstance(train.get("data"), str):
-        raise ValueError(f"{path}: no 'train' section naming the training data")
+        raise InvalidValueError(f"{path}: no 'train' section naming the training data")
     return RunData(
         data=train["data"],
         max_bytes_per_domain=train.get("max_bytes_per_domain"),

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from moelab.core.experts.qformat import check_bits, dequantize
+from moelab.errors import InvalidValueError
 
 MIN_SCALE = 2.0**-14
 
@@ -100,7 +101,7 @@ def quantize_rtn(W: Tensor, bits: int, group_size: int, symmetric: bool = False)
     check_bits(bits)
     I = W.shape[-1]  # noqa: E741
     if group_size < 1 or I % group_size:
-        raise ValueError(f"group_size: {group_size} does not divide the input width {I}")
+        raise InvalidValueError(f"group_size: {group_size} does not divide the input width {I}")
     G = I // group_size
     Wg = W.float().reshape(*W.shape[:-1], G, group_size)
     scale, zero = group_params(Wg, bits, symmetric)

@@ -39,6 +39,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from moelab.errors import InvalidValueError
+
 SCHEMES = ("per-expert", "shared-1d", "tileq")
 
 
@@ -72,24 +74,24 @@ class LowRankFactors(nn.Module):
     ) -> None:
         super().__init__()
         if scheme not in SCHEMES:
-            raise ValueError(f"scheme: must be one of {SCHEMES}, got {scheme!r}")
+            raise InvalidValueError(f"scheme: must be one of {SCHEMES}, got {scheme!r}")
         if U.dim() != 3 or V.dim() != 3 or U.shape[2] != V.shape[2]:
-            raise ValueError(
+            raise InvalidValueError(
                 f"U, V: expected [M, O, r] and [N, I, r], got {tuple(U.shape)}, {tuple(V.shape)}"
             )
         K = row_of.shape[0]
         r = U.shape[2]
         if col_of.shape != (K,):
-            raise ValueError(f"col_of: expected [{K}], got {tuple(col_of.shape)}")
+            raise InvalidValueError(f"col_of: expected [{K}], got {tuple(col_of.shape)}")
         if S is not None and S.shape != (K, r, r):
-            raise ValueError(f"S: expected [{K}, {r}, {r}], got {tuple(S.shape)}")
+            raise InvalidValueError(f"S: expected [{K}, {r}, {r}], got {tuple(S.shape)}")
         if scheme == "tileq" and S is None:
-            raise ValueError("S: the tileq scheme needs per-expert cores")
+            raise InvalidValueError("S: the tileq scheme needs per-expert cores")
         cells = row_of.long() * V.shape[0] + col_of.long()
         if int(row_of.max()) >= U.shape[0] or int(col_of.max()) >= V.shape[0]:
-            raise ValueError("row_of/col_of: grid index out of range")
+            raise InvalidValueError("row_of/col_of: grid index out of range")
         if scheme != "shared-1d" and cells.unique().numel() != K:
-            raise ValueError("row_of/col_of: two experts share one grid cell")
+            raise InvalidValueError("row_of/col_of: two experts share one grid cell")
         self.scheme = scheme
         self.register_buffer("U", U.contiguous())
         self.register_buffer("V", V.contiguous())

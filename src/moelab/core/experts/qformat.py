@@ -26,13 +26,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from moelab.errors import InvalidTypeError, InvalidValueError
+
 SUPPORTED_BITS = (2, 3, 4, 8)
 
 
 def check_bits(bits: int) -> None:
     """Raise ``ValueError`` unless ``bits`` is one of :data:`SUPPORTED_BITS`."""
     if not isinstance(bits, int) or isinstance(bits, bool) or bits not in SUPPORTED_BITS:
-        raise ValueError(f"bits: must be one of {SUPPORTED_BITS}, got {bits!r}")
+        raise InvalidValueError(f"bits: must be one of {SUPPORTED_BITS}, got {bits!r}")
 
 
 def packed_size(numel: int, bits: int) -> int:
@@ -53,10 +55,10 @@ def pack_codes(codes: Tensor, bits: int) -> Tensor:
     """
     check_bits(bits)
     if codes.is_floating_point() or codes.dtype == torch.bool:
-        raise TypeError(f"codes: expected an integer tensor, got {codes.dtype}")
+        raise InvalidTypeError(f"codes: expected an integer tensor, got {codes.dtype}")
     flat = codes.reshape(-1).to(torch.int64)
     if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= 1 << bits):
-        raise ValueError(f"codes: values must be in [0, {(1 << bits) - 1}] for {bits} bits")
+        raise InvalidValueError(f"codes: values must be in [0, {(1 << bits) - 1}] for {bits} bits")
     if bits == 8:
         return flat.to(torch.uint8)
     pad = (-flat.numel()) % 8
@@ -83,7 +85,7 @@ def unpack_codes(packed: Tensor, bits: int, shape: tuple[int, ...] | torch.Size)
         or packed.dim() != 1
         or packed.numel() != packed_size(numel, bits)
     ):
-        raise ValueError(
+        raise InvalidValueError(
             f"packed: expected uint8 [{packed_size(numel, bits)}] for {numel} codes of {bits} bits, "
             f"got {packed.dtype} {tuple(packed.shape)}"
         )

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor, nn
 
-from moelab.core.config import ExpertsConfig
+from moelab.core.config import GATED_ACTIVATIONS, ExpertsConfig
 from moelab.core.experts.bank import ExpertBank
 from moelab.core.experts.grouped_mm import grouped_mm
 from moelab.core.experts.lowrank import SCHEMES, LowRankFactors, expert_of_rows
@@ -36,6 +36,7 @@ from moelab.core.experts.qformat import (
     packed_size,
     unpack_codes,
 )
+from moelab.errors import InvalidValueError
 
 LOWRANK_CHOICES = ("none", *SCHEMES)
 FLOAT_BYTES = 2  # scales and low-rank factors are stored as float16
@@ -70,22 +71,26 @@ class QuantSpec:
     def __post_init__(self) -> None:
         check_bits(self.bits)
         if self.method not in ("rtn", "gptq"):
-            raise ValueError(f"method: must be rtn or gptq, got {self.method!r}")
+            raise InvalidValueError(f"method: must be rtn or gptq, got {self.method!r}")
         if not isinstance(self.group_size, int) or self.group_size < 1:
-            raise ValueError(f"group_size: must be an int >= 1, got {self.group_size!r}")
+            raise InvalidValueError(f"group_size: must be an int >= 1, got {self.group_size!r}")
         if self.lowrank not in LOWRANK_CHOICES:
-            raise ValueError(f"lowrank: must be one of {LOWRANK_CHOICES}, got {self.lowrank!r}")
+            raise InvalidValueError(
+                f"lowrank: must be one of {LOWRANK_CHOICES}, got {self.lowrank!r}"
+            )
         if self.lowrank == "none":
             if self.rank != 0:
-                raise ValueError(f"rank: must be 0 without low-rank compensation, got {self.rank}")
+                raise InvalidValueError(
+                    f"rank: must be 0 without low-rank compensation, got {self.rank}"
+                )
         elif not isinstance(self.rank, int) or self.rank < 1:
-            raise ValueError(f"rank: must be an int >= 1, got {self.rank!r}")
+            raise InvalidValueError(f"rank: must be an int >= 1, got {self.rank!r}")
         if (self.lowrank == "tileq") != (self.grid is not None):
-            raise ValueError("grid: set exactly when lowrank='tileq'")
+            raise InvalidValueError("grid: set exactly when lowrank='tileq'")
         if self.grid is not None:
             g = tuple(self.grid)
             if len(g) != 2 or any(not isinstance(v, int) or v < 1 for v in g):
-                raise ValueError(f"grid: must be two ints >= 1 (M, N), got {self.grid!r}")
+                raise InvalidValueError(f"grid: must be two ints >= 1 (M, N), got {self.grid!r}")
             object.__setattr__(self, "grid", g)
 
     def to_dict(self) -> dict:
@@ -100,7 +105,7 @@ class QuantSpec:
             d["grid"] = tuple(d["grid"])
         unknown = set(d) - set(cls.__dataclass_fields__)
         if unknown:
-            raise ValueError(f"quantization: unknown field(s) {sorted(unknown)}")
+            raise InvalidValueError(f"quantization: unknown field(s) {sorted(unknown)}")
         return cls(**d)
 
     def check_model(self, num_experts: int, widths: tuple[int, ...]) -> None:
@@ -109,14 +114,14 @@ class QuantSpec:
         any matrix side; the grid must factor E)."""
         for w in widths:
             if w % self.group_size:
-                raise ValueError(
+                raise InvalidValueError(
                     f"group_size: {self.group_size} does not divide the projection width {w}"
                 )
             if self.rank > w:
-                raise ValueError(f"rank: {self.rank} exceeds the matrix side {w}")
+                raise InvalidValueError(f"rank: {self.rank} exceeds the matrix side {w}")
         if self.grid is not None and self.grid[0] * self.grid[1] != num_experts:
             M, N = self.grid
-            raise ValueError(f"grid: {M}x{N} does not factor the {num_experts} experts")
+            raise InvalidValueError(f"grid: {M}x{N} does not factor the {num_experts} experts")
 
 
 def _empty_factors(spec: QuantSpec, K: int, d_out: int, d_in: int) -> LowRankFactors | None:
@@ -198,13 +203,17 @@ class QuantizedProjection(nn.Module):
         """
         proj = cls(*codes.shape, spec)
         if scales.shape != proj.scales.shape:
-            raise ValueError(
+            raise InvalidValueError(
                 f"scales: expected {tuple(proj.scales.shape)}, got {tuple(scales.shape)}"
             )
         if (zeros is None) != spec.symmetric or (g_idx is None) == spec.act_order:
-            raise ValueError("zeros/g_idx: must be given exactly for asymmetric / act-order specs")
+            raise InvalidValueError(
+                "zeros/g_idx: must be given exactly for asymmetric / act-order specs"
+            )
         if (lowrank is None) != (spec.lowrank == "none"):
-            raise ValueError("lowrank: factors must be given exactly when spec.lowrank != 'none'")
+            raise InvalidValueError(
+                "lowrank: factors must be given exactly when spec.lowrank != 'none'"
+            )
         proj.codes = pack_codes(codes, spec.bits)
         proj.scales = scales.to(torch.float16).view(torch.int16)
         if zeros is not None:
@@ -214,7 +223,7 @@ class QuantizedProjection(nn.Module):
         if lowrank is not None:
             want = proj.lowrank
             if lowrank.U.shape != want.U.shape or lowrank.V.shape != want.V.shape:
-                raise ValueError(
+                raise InvalidValueError(
                     f"lowrank: factor shapes {tuple(lowrank.U.shape)}, {tuple(lowrank.V.shape)} do "
                     f"not match the spec's {tuple(want.U.shape)}, {tuple(want.V.shape)}"
                 )
@@ -271,19 +280,33 @@ class QuantizedExpertBank(nn.Module):
     Same forward contract: ``x_ND [N, D]`` rows sorted by expert, ``counts [E]`` → ``[N, D]``
     (plus ``[N, F]`` activations with ``return_activations``). ``w_in``/``w_down`` give the
     effective dense weights in the bank layout (``[E, D, 2F]`` / ``[E, F, D]``) for readers
-    such as the analysis (computed on demand, not stored).
+    such as the analysis (computed on demand, not stored). Every activation of
+    :class:`ExpertBank` is supported (gated ones have gate/up/down projections, the others
+    up/down); expert biases (``config.bias``) stay in full precision as buffers ``b_in``
+    ``[E, width]`` and ``b_down`` ``[E, D]``.
+
+    Raises:
+        ValueError: ``config.lora_rank`` is set (merge the adapters first).
     """
 
     def __init__(
         self, config: ExpertsConfig, num_experts: int, spec: QuantSpec, backend: str = "auto"
     ):
         super().__init__()
+        if config.lora_rank:
+            raise InvalidValueError(
+                "model: the experts carry LoRA adapters; merge them first (moelab merge-lora)"
+            )
         self.config = config
         self.num_experts = num_experts
         self.spec = spec
         self.backend = backend
         D, Fh = config.hidden_size, config.ffn_hidden_size
-        names = ("gate", "up", "down") if config.activation == "swiglu" else ("up", "down")
+        gated = config.activation in GATED_ACTIVATIONS
+        names = ("gate", "up", "down") if gated else ("up", "down")
+        width = 2 * Fh if gated else Fh
+        self.register_buffer("b_in", torch.zeros(num_experts, width) if config.bias else None)
+        self.register_buffer("b_down", torch.zeros(num_experts, D) if config.bias else None)
         self.proj_names = names
         self.projections = nn.ModuleDict(
             {
@@ -306,13 +329,20 @@ class QuantizedExpertBank(nn.Module):
         num_experts: int,
         spec: QuantSpec,
         projections: dict[str, QuantizedProjection],
+        biases: tuple[Tensor, Tensor] | None = None,
     ) -> QuantizedExpertBank:
         bank = cls(config, num_experts, spec)
+        if (biases is not None) != bool(config.bias):
+            raise InvalidValueError("biases: give (b_in, b_down) exactly when config.bias is set")
+        if biases is not None:
+            bank.b_in, bank.b_down = (b.detach().clone() for b in biases)
         if set(projections) != set(bank.proj_names):
-            raise ValueError(f"projections: expected {bank.proj_names}, got {sorted(projections)}")
+            raise InvalidValueError(
+                f"projections: expected {bank.proj_names}, got {sorted(projections)}"
+            )
         for name, p in projections.items():
             if p.shape != bank.projections[name].shape:
-                raise ValueError(
+                raise InvalidValueError(
                     f"projections[{name!r}]: shape {p.shape}, expected {bank.projections[name].shape}"
                 )
             bank.projections[name] = p
@@ -357,9 +387,13 @@ class QuantizedExpertBank(nn.Module):
         ]
         if corr:
             h = h + torch.cat(corr, dim=-1)
+        if self.b_in is not None:
+            h = h + self.b_in.to(dt)[experts]
         a = self.activation(h)
         down = self.projections["down"]
         y = grouped_mm(a, down.dequantize(dt).transpose(1, 2).contiguous(), counts, self.backend)
+        if self.b_down is not None:
+            y = y + self.b_down.to(dt)[experts]
         if down_lowrank and down.lowrank is not None:
             y = y + down.lowrank.apply_rows(a, experts)
         return y, a, experts
@@ -393,7 +427,11 @@ class QuantizedExpertBank(nn.Module):
         dt = x_TD.dtype
         w_in = self._w_in(dt, True)[expert]
         w_down = self.projections["down"].weight(dt)[expert].T
-        return self.activation(x_TD @ w_in) @ w_down
+        h = x_TD @ w_in
+        if self.b_in is not None:
+            h = h + self.b_in[expert].to(dt)
+        y = self.activation(h) @ w_down
+        return y + self.b_down[expert].to(dt) if self.b_down is not None else y
 
     def storage_bytes(self) -> dict[str, int]:
         """Stored bytes per component summed over projections (see QuantizedProjection)."""
