@@ -107,7 +107,7 @@ def grid_assignment(
         return row_of, col_of, _objective(P, Q, row_of, col_of, M, N, r)
     SP, SQ = _sim(P, P), _sim(Q, Q)
     gen = torch.Generator().manual_seed(seed)
-    best: tuple[Tensor, Tensor, float] | None = None
+    best: tuple[Tensor, Tensor, float] = (torch.empty(0), torch.empty(0), float("-inf"))
     for _ in range(max(1, restarts)):
         row_of, col_of = _seed(SP, SQ, M, N, gen)
         for _ in range(iters):
@@ -121,7 +121,6 @@ def grid_assignment(
                 break
             row_of, col_of = new_row, new_col
         obj = _objective(P, Q, row_of, col_of, M, N, r)
-        if best is None or obj > best[2]:
+        if obj > best[2]:
             best = (row_of, col_of, obj)
-    assert best is not None
     return best
