@@ -8,6 +8,10 @@ Folder layout (``FORMAT_VERSION = 1``)::
     manifest.json      {"format_version": 1, "files": {"model.safetensors":
                         {"sha256": ..., "bytes": ...}, "config.json": {...}}}
 
+A model whose MoE layers hold quantized expert banks adds a ``"quantization"`` section to
+config.json and stores the banks' packed codes, scales and low-rank factors in the same
+safetensors file (:mod:`moelab.models.quantized`); loading rebuilds the quantized banks.
+
 Every file is written atomically (temp file in the folder, fsync, ``os.replace``, fsync of
 the folder); the manifest is written last, so a crash mid-save leaves a folder whose
 checksum does not verify rather than a silently mixed one. Loading verifies the format
@@ -28,6 +32,7 @@ from safetensors.torch import load_file, save_file
 
 from moelab.errors import UserError
 from moelab.models.config import ModelConfig
+from moelab.models.quantized import quantization_section, quantized_structure, read_quantization
 from moelab.models.transformer import MoETransformer
 from moelab.utils.atomic import atomic_write, atomic_write_json
 from moelab.utils.jsonfile import read_json
@@ -60,7 +65,11 @@ def _stored_state(model: MoETransformer) -> dict[str, torch.Tensor]:
     state = model.state_dict()
     if model.cfg.tie_embeddings:
         state.pop("lm_head.weight", None)
-    return {k: v.detach().contiguous().cpu() for k, v in state.items()}
+    out = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+    for k, v in out.items():  # quantized banks store their low-rank factors as float16
+        if ".lowrank." in k and v.is_floating_point():
+            out[k] = v.to(torch.float16)
+    return out
 
 
 def _read_json(path: Path) -> Any:
@@ -92,13 +101,14 @@ def save_model(model: MoETransformer, folder: str | os.PathLike[str]) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     state = _stored_state(model)
-    _write_json(
-        folder / CONFIG_FILE, {"format_version": FORMAT_VERSION, "model": model.cfg.to_dict()}
-    )
-    atomic_write(
-        folder / WEIGHTS_FILE,
-        lambda tmp: save_file(state, tmp, metadata={"format_version": str(FORMAT_VERSION)}),
-    )
+    config = {"format_version": FORMAT_VERSION, "model": model.cfg.to_dict()}
+    metadata = {"format_version": str(FORMAT_VERSION)}
+    quant = quantization_section(model)
+    if quant is not None:
+        config["quantization"] = quant
+        metadata["quantization_format_version"] = str(quant["format_version"])
+    _write_json(folder / CONFIG_FILE, config)
+    atomic_write(folder / WEIGHTS_FILE, lambda tmp: save_file(state, tmp, metadata=metadata))
     files = {}
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         p = folder / name
@@ -175,6 +185,12 @@ def load_model(
         raise CheckpointError(f"{wpath}: cannot read safetensors ({e})") from e
 
     model = MoETransformer(cfg)
+    quant = _read_json(folder / CONFIG_FILE).get("quantization")
+    if quant is not None:
+        try:
+            quantized_structure(model, read_quantization(quant, str(folder / CONFIG_FILE)))
+        except ValueError as e:
+            raise CheckpointError(str(e)) from e
     expected = _stored_state(model)
     missing = sorted(set(expected) - set(tensors))
     extra = sorted(set(tensors) - set(expected))
