@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from moelab.utils.fields import check_fields
+
 ScoreFunc = Literal["softmax", "sigmoid"]
 RouterKind = Literal["token_choice", "expert_choice", "usmoe"]
 USMoEScore = Literal["sigmoid_scaled", "softmax_over_tokens"]
@@ -95,6 +97,7 @@ class RouterConfig:
     usmoe_constraint: USMoEConstraint = "global"
 
     def __post_init__(self) -> None:
+        check_fields(self)
         E, k = self.num_experts, self.top_k
         _check(isinstance(E, int) and E >= 1, "num_experts", f"must be an int >= 1, got {E!r}")
         _check(
@@ -231,6 +234,7 @@ class ExpertsConfig:
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
+        check_fields(self)
         _check(self.hidden_size >= 1, "hidden_size", f"must be >= 1, got {self.hidden_size}")
         _check(
             self.ffn_hidden_size >= 1,
@@ -288,6 +292,7 @@ class LossConfig:
     cross_layer_variant: CrossLayerVariant = "pathway"
 
     def __post_init__(self) -> None:
+        check_fields(self)
         _check(
             self.load_balance in ("switch", "seq", "global", "none"),
             "load_balance",

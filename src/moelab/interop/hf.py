@@ -40,6 +40,7 @@ from moelab.interop.hf_weights import (
 )
 from moelab.models import MoETransformer, load_model, save_model
 from moelab.utils.atomic import write_folder_atomically
+from moelab.utils.outdir import MARKER, check_output_folder
 
 HF_SOURCE_FILE = "hf_source.json"
 """Written next to a converted moelab model: the original HF config, arch and layout, so an
@@ -186,7 +187,9 @@ def export_hf(
         ``out_dir``. The folder appears complete or not at all (temp folder + rename).
     Raises:
         UnsupportedConfigError naming the moelab field ``arch`` cannot express;
-        FileExistsError when ``out_dir`` is not empty and not ``overwrite``.
+        OutputFolderError (:func:`moelab.utils.outdir.check_output_folder`): ``out_dir`` is
+        or surrounds ``tokenizer_from``, holds files moelab did not write, or (a
+        ``FileExistsError`` too) is not empty and not ``overwrite``.
     """
     hf, tensors, arch = hf_state(model, arch, layout)
     if base_config:
@@ -202,7 +205,8 @@ def export_hf(
             copy_tokenizer(Path(tokenizer_from), tmp)
 
     out = Path(out_dir)
-    write_folder_atomically(out, fill, overwrite)
+    inputs = [tokenizer_from] if tokenizer_from is not None else []
+    write_folder_atomically(out, fill, overwrite, inputs=inputs)
     return out
 
 
@@ -240,9 +244,12 @@ def convert(
         layout: for ``"hf"``: expert layout written.
     Raises:
         ValueError for a bad ``direction``; InteropError subclasses; CheckpointError for
-        an invalid moelab folder; FileExistsError (see ``overwrite``).
+        an invalid moelab folder; OutputFolderError: ``dst`` is, contains or lies inside
+        ``src``, holds files moelab did not write, or (a ``FileExistsError`` too) is not
+        empty and not ``overwrite`` — checked before anything is read.
     """
     src, dst = Path(src), Path(dst)
+    check_output_folder(dst, inputs=[src], overwrite=overwrite)
     if direction == "moelab":
         model, meta = import_hf(src)
         if arch is not None and arch != meta.arch:
@@ -254,7 +261,7 @@ def convert(
             (tmp / HF_SOURCE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
             return copy_tokenizer(src, tmp)
 
-        copied = write_folder_atomically(dst, fill, overwrite)
+        copied = write_folder_atomically(dst, fill, overwrite, inputs=[src])
         return ConvertReport(dst, direction, meta.arch, meta.layout, copied, meta.notes)
     if direction == "hf":
         model = load_model(src)
@@ -276,7 +283,8 @@ def convert(
             tokenizer_from=src,
             overwrite=overwrite,
         )
-        copied = [n for n in os.listdir(dst) if n not in ("config.json", "model.safetensors")]
+        written = ("config.json", "model.safetensors", MARKER)
+        copied = [n for n in os.listdir(dst) if n not in written]
         notes = [] if "tokenizer.json" in copied else [f"no tokenizer.json in {src}; none copied"]
         return ConvertReport(dst, direction, arch, layout, sorted(copied), notes)
     raise ValueError(f"direction: must be 'moelab' or 'hf', got {direction!r}")

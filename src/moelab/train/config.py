@@ -11,6 +11,8 @@ from typing import Any
 
 import yaml
 
+from moelab.utils.fields import check_fields
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -75,6 +77,7 @@ class TrainConfig:
     init_from: str | None = None
 
     def __post_init__(self) -> None:
+        check_fields(self, ConfigError)
         for f in fields(self):
             _check_type(f.name, getattr(self, f.name), f.type)
         positive = (
