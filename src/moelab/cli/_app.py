@@ -14,6 +14,7 @@ from rich.console import Console
 
 from moelab.data import DataError
 from moelab.models import CheckpointError
+from moelab.utils.atomic import DiskFullError
 
 app = typer.Typer(
     add_completion=False,
@@ -34,6 +35,7 @@ USER_ERRORS = (
     IsADirectoryError,
     PermissionError,
     FloatingPointError,
+    DiskFullError,
 )
 
 

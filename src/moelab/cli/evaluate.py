@@ -43,7 +43,7 @@ def _evaluate_run(run: Path, data: str | None, tokens: int, batch_size: int):
     from moelab.train.loop import prepare_data, run_train_config
 
     model, tokenizer = load_run(run)
-    cfg = run_train_config(run)
+    cfg = run_train_config(run, need_data=data is None)
     seq_len = min(cfg.seq_len, model.cfg.max_seq_len)
     if data is None:
         _, _, streams = prepare_data(cfg, tokenizer)

@@ -184,6 +184,9 @@ def train(
     time_budget: Annotated[float | None, Opt(help="Stop after this many seconds.")] = None,
     seed: Annotated[int | None, Opt(help="Random seed.")] = None,
     progress: Annotated[bool, Opt(help="Show the progress bar.")] = True,
+    allow_data_change: Annotated[
+        bool, Opt(help="--resume even though the corpus changed since the run started.")
+    ] = False,
 ) -> None:
     """Train an MoE language model on real text.
 
@@ -233,7 +236,10 @@ def train(
     model_cfg, train_cfg = (
         (None, None) if resume else guarded(build_configs, config, model_flags, train_flags, dense)
     )
-    result = guarded(train_run, model_cfg, train_cfg, run_dir, resume=resume, progress=progress)
+    result = guarded(
+        train_run, model_cfg, train_cfg, run_dir, resume=resume, progress=progress,
+        allow_data_change=allow_data_change,
+    )  # fmt: skip
     if result is None:
         return
     if result.interrupted:

@@ -35,6 +35,8 @@ def generate_ids(
     Raises:
         ValueError: empty prompt, max_new_tokens < 0, bad sampling settings, or a USMoE
             router that looks at future tokens.
+        FloatingPointError: the model's logits are not finite (NaN/inf weights); raised
+            before any token is sampled from them.
     """
     if not prompt_ids:
         raise ValueError("prompt: must encode to at least one token")
@@ -59,6 +61,11 @@ def generate_ids(
             else:
                 logits = model(x, kv_cache=cache, start_pos=pos).logits[:, -1]
             pos += x.shape[1]
+            if not bool(torch.isfinite(logits).all()):
+                raise FloatingPointError(
+                    f"position {pos}: the model's logits are not finite; its weights or "
+                    "activations hold NaN or inf"
+                )
             nxt = sample_next(
                 logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
             )

@@ -126,9 +126,22 @@ def read_run_info(run_dir: Path) -> dict[str, Any]:
     return info
 
 
-def run_train_config(folder: Path) -> TrainConfig:
-    """The training settings of a run folder, or the defaults for a bare model folder."""
+def run_train_config(folder: Path, *, need_data: bool = False) -> TrainConfig:
+    """The training settings of a run folder, or the defaults for a bare model folder.
+
+    Args:
+        folder: a run folder or a bare model folder.
+        need_data: the caller will use the settings' corpus (the run's validation split): a
+            folder without ``run.json`` then raises instead of silently using the default
+            corpus.
+    Raises:
+        ConfigError: ``run.json`` is malformed, or missing while ``need_data``.
+    """
     if not (Path(folder) / RUN_FILE).exists():
+        if need_data:
+            raise ConfigError(
+                f"{folder}: no {RUN_FILE}, so the run's corpus is unknown; pass --data CORPUS"
+            )
         return TrainConfig()
     return TrainConfig.from_dict(read_run_info(folder)["train"])
 

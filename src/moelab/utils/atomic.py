@@ -155,6 +155,7 @@ def write_folder_atomically(
     *,
     inputs: Iterable[str | os.PathLike[str]] = (),
     flag: str = "--overwrite",
+    known_outputs: Iterable[str] = (),
 ) -> Any:
     """Create ``out_dir`` by ``fill(tmp)`` in a sibling temp folder, fsync, then rename.
 
@@ -171,6 +172,7 @@ def write_folder_atomically(
         overwrite: replace a non-empty ``out_dir`` that moelab wrote.
         inputs: the files/folders the command reads (refused as or around the output).
         flag: the CLI flag behind ``overwrite``, for messages.
+        known_outputs: see :func:`~moelab.utils.outdir.check_output_folder`.
     Raises:
         OutputFolderError: see :func:`~moelab.utils.outdir.check_output_folder`
             (``OutputExistsError``, a ``FileExistsError``, for a non-empty ``out_dir``).
@@ -178,14 +180,16 @@ def write_folder_atomically(
         DiskFullError: the disk filled up.
     """
     out_dir = Path(out_dir)
-    inputs = list(inputs)
-    check_output_folder(out_dir, inputs=inputs, overwrite=overwrite, flag=flag)
+    rules = dict(
+        inputs=list(inputs), overwrite=overwrite, flag=flag, known_outputs=tuple(known_outputs)
+    )
+    check_output_folder(out_dir, **rules)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     created = not out_dir.exists()
     out_dir.mkdir(exist_ok=True)
     try:
         with folder_lock(out_dir, what="output folder"):
-            check_output_folder(out_dir, inputs=inputs, overwrite=overwrite, flag=flag)
+            check_output_folder(out_dir, **rules)
             return _swap_in(out_dir, fill)
     except BaseException as e:
         if created:

@@ -14,7 +14,8 @@ message names the folder and the fix):
    carries a marker file (:data:`MARKER`) listing the files it wrote; a folder without the
    marker, or with any file the marker does not list, is refused (its foreign files are named).
    Our choice: refusing rather than keeping the foreign files, so a replaced folder is always
-   exactly the new output.
+   exactly the new output. A folder without the marker (written before moelab had one)
+   counts as moelab's when each of its top-level entries is one of ``known_outputs``.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ def check_output_folder(
     inputs: Iterable[str | os.PathLike[str]] = (),
     overwrite: bool = False,
     flag: str = "--overwrite",
+    known_outputs: Iterable[str] = (),
 ) -> Path:
     """Check that writing the folder ``out`` as a whole can lose nothing (see module rules).
 
@@ -91,6 +93,8 @@ def check_output_folder(
         inputs: every file or folder the command reads (model folder, calibration file...).
         overwrite: the user allowed replacing a non-empty ``out`` written by moelab.
         flag: the CLI flag that sets ``overwrite``, for the message (``--force``...).
+        known_outputs: top-level names the command writes; a marker-less folder holding
+            only these is treated as an earlier output of the command.
     Returns:
         ``Path(out)``.
     Raises:
@@ -113,6 +117,9 @@ def check_output_folder(
     if not overwrite:
         raise OutputExistsError(f"{out}: exists and is not empty (pass {flag} to replace it)")
     foreign = _foreign_files(out)
+    known = set(known_outputs)
+    if foreign is None and known and all(p.name in known for p in out.iterdir()):
+        foreign = []
     if foreign is None:
         raise OutputFolderError(
             f"{out}: not written by moelab (no {MARKER}); refusing to replace it even with "
