@@ -162,10 +162,19 @@ def _check_run_dir(run_dir: Path, resume: bool) -> None:
             raise ConfigError(
                 f"{run_dir}: the run has already finished; start a new run with another --out"
             )
-    elif run_dir.exists() and any(run_dir.iterdir()):
+    elif run_dir.exists() and any(not _start_leftover(p) for p in run_dir.iterdir()):
         raise ConfigError(
             f"{run_dir}: run folder exists and is not empty; pass --resume or another --out"
         )
+
+
+def _start_leftover(path: Path) -> bool:
+    """A file a start writes before ``run.json`` (the tokenizer, temp files): a run killed
+    then left only these, which the next start rewrites, so they do not block it."""
+    name = path.name
+    return path.is_file() and (
+        name in tokenizer_files(path.parent) or (name.startswith(".") and name.endswith(".tmp"))
+    )
 
 
 def prepare_data(
@@ -377,9 +386,10 @@ def _train(
         tokens_seen = int(ckpt.state["tokens_seen"])
         elapsed_before = float(ckpt.state["elapsed_s"])
         if dist_info.is_main:
-            metrics.truncate_after(start_step)
+            # a resume from step 0 validates step 0 again: keep nothing then
+            metrics.truncate_after(start_step if start_step > 0 else -1)
     elif resume and dist_info.is_main:
-        metrics.truncate_after(0)
+        metrics.truncate_after(-1)
 
     saved_step = {"step": ckpt.step if ckpt is not None else None}
 
