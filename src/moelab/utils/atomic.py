@@ -52,9 +52,27 @@ def disk_full_error(
     )
 
 
-def is_disk_full(exc: BaseException) -> bool:
-    """True for an ``OSError`` meaning the disk or quota is full."""
-    return isinstance(exc, OSError) and exc.errno in _FULL
+LOW_SPACE = 1 << 20
+"""A write that fails while fewer bytes than this are free counts as a full disk."""
+
+
+def is_disk_full(exc: BaseException, folder: str | os.PathLike[str] | None = None) -> bool:
+    """True when ``exc`` means the disk or quota is full.
+
+    An ``OSError`` says so by its errno; writers that wrap the error (safetensors'
+    ``SafetensorError``, torch's ``RuntimeError`` from its zip writer) are recognised by
+    the OS message in their text or, given ``folder``, by fewer than :data:`LOW_SPACE` bytes
+    left free there after the failure.
+    """
+    if isinstance(exc, DiskFullError):
+        return True
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return exc.errno in _FULL
+    if not isinstance(exc, Exception) or isinstance(exc, (ValueError, TypeError)):
+        return False
+    if "No space left on device" in str(exc) or "os error 28" in str(exc):
+        return True
+    return folder is not None and 0 <= _free_bytes(Path(folder)) < LOW_SPACE
 
 
 def ensure_free_space(folder: str | os.PathLike[str], needed: int) -> None:
@@ -111,7 +129,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], Any]) -> P
         os.replace(tmp, path)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
-        if is_disk_full(e):
+        if is_disk_full(e, path.parent) and not isinstance(e, DiskFullError):
             raise disk_full_error(path, e) from e
         raise
     fsync_dir(path.parent)
@@ -195,7 +213,7 @@ def write_folder_atomically(
         if created:
             with contextlib.suppress(OSError):
                 out_dir.rmdir()  # only if still empty
-        if is_disk_full(e) and not isinstance(e, DiskFullError):
+        if is_disk_full(e, out_dir.parent) and not isinstance(e, DiskFullError):
             raise disk_full_error(out_dir, e) from e
         raise
 
