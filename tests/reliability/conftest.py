@@ -117,7 +117,10 @@ def metrics(run: Path) -> list[dict]:
 def assert_same_run(run: Path, reference: Path) -> None:
     """Final weights bit-identical, metrics identical (timings aside), run finished."""
     assert (run / "manifest.json").is_file(), sorted(p.name for p in run.iterdir())
-    a, b = load_file(str(run / "model.safetensors")), load_file(str(reference / "model.safetensors"))
+    a, b = (
+        load_file(str(run / "model.safetensors")),
+        load_file(str(reference / "model.safetensors")),
+    )
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), f"{k} differs (seed {SEED})"

@@ -39,6 +39,7 @@ from moelab.interop.hf_weights import (
     model_rules,
 )
 from moelab.models import MoETransformer, load_model, save_model
+from moelab.models.memory import check_model_fits
 from moelab.utils.atomic import write_folder_atomically
 from moelab.utils.outdir import MARKER, check_output_folder
 
@@ -82,6 +83,8 @@ def model_from_hf_state(
         UnexpectedTensorError, TensorShapeError: naming the field or tensor.
     """
     cfg, spec = config_from_hf(hf_config)
+    emb = tensors.get("model.embed_tokens.weight")
+    check_model_fits(cfg, emb.element_size() if emb is not None else 4)  # before any allocation
     layout = detect_layout(tensors)
     check_counts(
         tensors, cfg.n_layers, (spec.num_experts_field, cfg.moe.router.num_experts), layout
