@@ -85,7 +85,7 @@ def resume_args(out: Path) -> list[str]:
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory) -> Path:
     r = random.Random(0)
-    words = "the cat sat on a mat and then ran far away from home to see old friends".split()
+    words = ["the", "cat", "sat", "on", "a", "mat", "and", "then", "ran", "far", "away", "from"]
     text = "\n\n".join(" ".join(r.choice(words) for _ in range(120)) for _ in range(40))
     path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
     path.write_text(text)

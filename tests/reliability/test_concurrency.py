@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -28,7 +29,8 @@ def _wait_stopped(proc, timeout=120.0) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         assert proc.poll() is None, proc.communicate()
-        state = open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        stat = Path(f"/proc/{proc.pid}/stat").read_text()
+        state = stat.rsplit(")", 1)[1].split()[0]
         if state in ("T", "t"):
             return
         time.sleep(0.1)
@@ -48,7 +50,7 @@ def test_second_writer_on_a_run_is_refused(corpus, reference, tmp_path):
         assert "not empty" in again or "another moelab process" in again
     finally:
         first.send_signal(signal.SIGCONT)
-    stdout, stderr = first.communicate(timeout=300)
+    _, stderr = first.communicate(timeout=300)
     assert first.returncode == 0, stderr
     assert_same_run(out, reference)  # nothing interleaved into its metrics or checkpoints
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]

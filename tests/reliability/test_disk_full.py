@@ -92,9 +92,9 @@ def test_torn_metrics_tail_does_not_block_resume(corpus, reference, tmp_path):
     assert_same_run(out, reference)
 
 
-def test_corrupt_metrics_line_is_named(finished_run, corpus, tmp_path):
+def test_corrupt_metrics_line_is_named(corpus, tmp_path):
     out = tmp_path / "r2"
-    proc = moelab_proc(
+    moelab_proc(
         *train_args(corpus, out), fault=("kill", "moelab.train.loop:sample_batch", 11, "before")
     )
     lines = (out / "metrics.jsonl").read_text().splitlines()

@@ -180,7 +180,7 @@ def test_missing_latest_json_resumes_from_the_newest_checkpoint(unfinished, lib_
 def test_corrupt_newest_checkpoint_falls_back(unfinished, lib_reference):
     w = unfinished / "checkpoints" / "step-000004" / "model.safetensors"
     w.write_bytes(w.read_bytes()[:100])
-    result, warned = resume(unfinished)
+    _, warned = resume(unfinished)
     assert any("step-000004" in m and "truncated" in m for m in warned), warned
     assert_same_run(unfinished, lib_reference)
 
