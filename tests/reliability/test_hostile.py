@@ -366,3 +366,20 @@ def test_files_follow_the_umask(finished_run):
     os.umask(mask)
     for name in ("model.safetensors", "manifest.json", "run.json", "metrics.jsonl"):
         assert (finished_run / name).stat().st_mode & 0o777 == 0o666 & ~mask, name
+
+
+def test_analysis_folder_symlinked_outside(finished_run, corpus, outside):
+    (finished_run / "analysis").symlink_to(outside, target_is_directory=True)
+    line = err(cli("analyze", finished_run, "--data", corpus, "--tokens", "256"))
+    assert "symbolic link" in line and untouched(outside)
+
+
+def test_imported_tokenizer_is_checksummed(finished_run, corpus, tmp_path):
+    """Tokenizer files copied in by convert are in the manifest: a later swap is caught."""
+    hf, back = tmp_path / "hf", tmp_path / "back"
+    assert cli("convert", finished_run, hf, "--to", "hf").exit_code == 0
+    (hf / "tokenizer.json").write_text('{"version": "1.0", "model": {}}')
+    assert cli("convert", hf, back).exit_code == 0
+    assert "tokenizer.json" in json.loads((back / "manifest.json").read_text())["files"]
+    (back / "tokenizer.json").write_text('{"version": "1.0", "model": {"swapped": 1}}')
+    assert "tokenizer.json" in err(cli("eval", back, "--data", corpus))

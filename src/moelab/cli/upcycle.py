@@ -21,6 +21,7 @@ from typing import Annotated, Any
 import torch
 
 from moelab.cli._app import Opt, app, console, fail, guarded
+from moelab.data.fingerprint import tokenizer_files
 from moelab.models.config import ModelConfig
 from moelab.models.dense_twin import count_params
 from moelab.models.io import CheckpointError, load_model, save_model
@@ -244,8 +245,8 @@ def upcycle_command(
     info.pop("seconds")
 
     def fill(tmp: Path) -> None:
-        save_model(moe, tmp)
-        tok.save(tmp)
+        tok.save(tmp)  # first, so that the manifest checksums the tokenizer files too
+        save_model(moe, tmp, extra_files=tokenizer_files(tmp))
         atomic_write_json(tmp / UPCYCLE_FILE, info, sort_keys=True)
 
     write_folder_atomically(out, fill, overwrite=force, inputs=inputs, flag="--force")

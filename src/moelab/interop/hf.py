@@ -259,10 +259,11 @@ def convert(
             raise InteropError(f"arch: {src} is a {meta.arch!r} checkpoint, not {arch!r}")
 
         def fill(tmp: Path) -> list[str]:
-            save_model(model, tmp)
+            copied = copy_tokenizer(src, tmp)  # first: the manifest checksums these files too
+            save_model(model, tmp, extra_files=copied)
             record = {"arch": meta.arch, "layout": meta.layout, "config": meta.hf_config}
             (tmp / HF_SOURCE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-            return copy_tokenizer(src, tmp)
+            return copied
 
         copied = write_folder_atomically(dst, fill, overwrite, inputs=[src])
         return ConvertReport(dst, direction, meta.arch, meta.layout, copied, meta.notes)
