@@ -399,6 +399,16 @@ def _train(
         metrics.truncate_after(-1)
 
     saved_step = {"step": ckpt.step if ckpt is not None else None}
+    device = next(model.parameters()).device
+
+    def stop_requested() -> bool:
+        """The stop flag, agreed by all ranks (so that no rank leaves a collective alone)."""
+        if not dist_info.enabled:
+            return stop.stop
+        flag = torch.tensor([int(stop.stop)], device=device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        stop.stop = bool(flag.item())
+        return stop.stop
 
     def checkpoint(step: int) -> None:
         saved_step["step"] = step
@@ -464,7 +474,7 @@ def _train(
             n_bytes = 0
             gen_at_start, rng_at_start = generator.get_state(), torch.get_rng_state()
             for micro in range(cfg.grad_accum):
-                if stop.stop:  # react within one micro-batch: abandon this step
+                if stop_requested():  # react within one micro-batch: abandon this step
                     break
                 batch = sample_batch(train_stream, cfg.batch_size, cfg.seq_len, generator)
                 sync = micro == cfg.grad_accum - 1 or not dist_info.enabled
@@ -477,7 +487,7 @@ def _train(
                 n_bytes += int(batch.target_bytes.sum())
                 for c, rec in zip(counts, [r for r in records if r is not None], strict=True):
                     c += rec.counts
-            if stop.stop:  # roll the abandoned step back; checkpoint the last finished one
+            if stop_requested():  # roll the abandoned step back; checkpoint the last finished one
                 generator.set_state(gen_at_start)
                 torch.set_rng_state(rng_at_start)
                 optimizer.zero_grad(set_to_none=True)
@@ -536,7 +546,9 @@ def _train(
             )
             if step % cfg.eval_every == 0 or step == cfg.steps or over_budget:
                 final_eval = validate(step) or final_eval
-            stopping = stop.stop or (stop_after is not None and step >= stop_after) or over_budget
+            stopping = (
+                stop_requested() or (stop_after is not None and step >= stop_after) or over_budget
+            )
             if step >= cfg.steps:
                 break  # the final checkpoint and model are written below
             if stopping or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
