@@ -239,6 +239,8 @@ def train(
         min_lr_ratio=min_lr_ratio, beta1=beta1, beta2=beta2, eps=adam_eps,
         allow_noncausal_routing=allow_noncausal_routing,
     )  # fmt: skip
+    if allow_data_change and not resume:
+        fail(ValueError("--allow-data-change: only applies with --resume"))
     given = [k for k, v in {**model_flags, **train_flags}.items() if v is not None]
     if resume and (given or config or dense):
         fail(
