@@ -17,12 +17,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from moelab.errors import InvalidValueError
 from moelab.models.config import ModelConfig
 
 ENV_OVERRIDE = "MOELAB_ALLOW_LARGE_MODEL"
 
 
-class ModelTooLargeError(ValueError):
+class ModelTooLargeError(InvalidValueError):
     """A model config needs more memory than the machine has available."""
 
 

@@ -13,11 +13,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from moelab.errors import InvalidValueError
 from moelab.utils.atomic import atomic_write_text, disk_full_error, is_disk_full
 from moelab.utils.paths import refuse_symlink
 
 
-class MetricsError(ValueError):
+class MetricsError(InvalidValueError):
     """``metrics.jsonl`` has an invalid line (other than a torn last one)."""
 
 

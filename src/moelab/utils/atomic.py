@@ -18,14 +18,18 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from moelab.errors import UserError
 from moelab.utils.locking import folder_lock
 from moelab.utils.outdir import check_output_folder, write_marker
 
 _FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 
 
-class DiskFullError(OSError):
+class DiskFullError(UserError, OSError):
     """No space left for a write; the message names the file and the space free/needed."""
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
 
 
 def _free_bytes(path: Path) -> int:

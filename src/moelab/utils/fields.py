@@ -17,6 +17,8 @@ import types
 import typing
 from typing import Any, Literal, Union
 
+from moelab.errors import InvalidValueError
+
 MAX_INT = 2**53
 """Largest magnitude accepted for an int field (exactly representable as a float)."""
 
@@ -60,7 +62,7 @@ def _check_value(name: str, value: Any, hint: Any) -> str | None:
     return None
 
 
-def check_fields(obj: Any, error: type[Exception] = ValueError, prefix: str = "") -> None:
+def check_fields(obj: Any, error: type[Exception] = InvalidValueError, prefix: str = "") -> None:
     """Check every field of the dataclass instance ``obj`` against its type annotation.
 
     Args:

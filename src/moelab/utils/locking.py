@@ -16,13 +16,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from moelab.errors import UserError
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 
-class FolderBusyError(ValueError):
+class FolderBusyError(UserError):
     """Another process holds the folder's lock (it is writing into the folder)."""
 
 

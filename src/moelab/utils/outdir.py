@@ -1,7 +1,7 @@
 """Output-folder safety for every command that writes a folder (convert, upcycle, analyze,
 and new ones such as prune/quant/serve exports): :func:`check_output_folder`.
 
-Rules (each refusal raises :class:`OutputFolderError`, a ``ValueError`` whose one-line
+Rules (each refusal raises :class:`OutputFolderError`, a user error whose one-line
 message names the folder and the fix):
 
 1. The output must not be an input, lie inside an input folder, or contain an input
@@ -25,11 +25,13 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from moelab.errors import InvalidValueError
+
 MARKER = ".moelab-output.json"
 """Marker file in every folder moelab writes as a whole: ``{"files": [relative paths]}``."""
 
 
-class OutputFolderError(ValueError):
+class OutputFolderError(InvalidValueError):
     """An output folder would overwrite an input or files moelab did not write."""
 
 

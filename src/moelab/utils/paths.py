@@ -12,8 +12,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from moelab.errors import InvalidValueError
 
-class UnsafePathError(ValueError):
+
+class UnsafePathError(InvalidValueError):
     """A file named from inside a folder lies outside it (or a write would follow a symlink)."""
 
 
