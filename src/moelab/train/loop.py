@@ -37,7 +37,6 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from moelab.core.layer import MoELayer
 from moelab.core.routers import update_expert_bias
 from moelab.data import (
     Document,
@@ -57,6 +56,7 @@ from moelab.data.fingerprint import (
 )
 from moelab.errors import TrainingDivergedError
 from moelab.models import ModelConfig, MoETransformer, load_model, save_model
+from moelab.models.hooks import moe_layers
 from moelab.models.io import MANIFEST_FILE
 from moelab.models.lora import add_expert_lora, freeze_all_but_lora
 from moelab.train.checkpoint import checkpoint_dirs, load_checkpoint, save_checkpoint
@@ -95,11 +95,6 @@ class _LossModule(nn.Module):
     def forward(self, input_ids, targets, doc_ids=None):
         out = self.model.loss(input_ids, targets, doc_ids=doc_ids)
         return out.loss, out.ce, out.aux_loss, out.output.records
-
-
-def moe_layers(model: nn.Module) -> list[MoELayer]:
-    """The model's MoE layers in depth order."""
-    return [m for m in model.modules() if isinstance(m, MoELayer)]
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
