@@ -45,3 +45,26 @@ def summary_table(title: str, result) -> Table:
             name, f"{s.loss:.4f}", f"{s.perplexity:.2f}", f"{s.bits_per_byte:.4f}", f"{s.tokens:,}"
         )
     return table
+
+
+def write_derived_run(
+    out: Path, model, tokenizer, run_info: dict | None, report_file: str, report: dict, source: Path
+) -> None:
+    """Write a model derived from the run ``source`` (pruned, quantized, ...) as a run folder:
+    weights, tokenizer, ``run.json`` (the source's, with the new model config) and the
+    command's JSON report, atomically; ``out`` may not be, contain or lie inside ``source``.
+
+    Raises:
+        OutputFolderError: see :func:`moelab.utils.outdir.check_output_folder`.
+    """
+    from moelab.models import save_model
+    from moelab.utils.atomic import atomic_write_json, write_folder_atomically
+
+    def fill(tmp: Path) -> None:
+        save_model(model, tmp)
+        tokenizer.save(tmp)
+        if run_info is not None:
+            atomic_write_json(tmp / "run.json", {**run_info, "model": model.cfg.to_dict()})
+        atomic_write_json(tmp / report_file, report)
+
+    write_folder_atomically(out, fill, inputs=[source])

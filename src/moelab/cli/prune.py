@@ -94,7 +94,7 @@ def _prune(
     calib_data: str | None, calib_tokens: int, seq_len: int | None, batch_size: int, seed: int,
     min_experts: int, pca_rank: int, beta: float, alpha: float, rank_source: str,
 ):  # fmt: skip
-    from moelab.cli._common import load_run
+    from moelab.cli._common import load_run, write_derived_run
     from moelab.compress import (
         RunData,
         calibration_documents,
@@ -152,22 +152,16 @@ def _prune(
                      "tokens": calib.n_tokens, "seq_len": S, "seed": seed,
                      "domains": list(calib.domain_names)},
     )  # fmt: skip
-    _write(out, result.model, tokenizer, report, read_run_info(run) if has_run else None)
+    write_derived_run(
+        out,
+        result.model,
+        tokenizer,
+        read_run_info(run) if has_run else None,
+        "prune.json",
+        report,
+        run,
+    )
     return report, _table(run, report)
-
-
-def _write(out: Path, model, tokenizer, report: dict, run_info: dict | None) -> None:
-    from moelab.models import save_model
-    from moelab.utils.atomic import atomic_write_json, write_folder_atomically
-
-    def fill(tmp: Path) -> None:
-        save_model(model, tmp)
-        tokenizer.save(tmp)
-        if run_info is not None:
-            atomic_write_json(tmp / "run.json", {**run_info, "model": model.cfg.to_dict()})
-        atomic_write_json(tmp / "prune.json", report)
-
-    write_folder_atomically(out, fill)
 
 
 def _table(run: Path, report: dict) -> Table:

@@ -131,7 +131,7 @@ def _quantize(
     lowrank_target: str, weighting: str, min_tokens: int, sequential: bool, calib_data: str | None, calib_tokens: int,
     seq_len: int | None, batch_size: int, seed: int,
 ):  # fmt: skip
-    from moelab.cli._common import load_run
+    from moelab.cli._common import load_run, write_derived_run
     from moelab.compress import calibration_documents, calibration_set, domain_streams
     from moelab.compress.progress import TokenProgress
     from moelab.compress.quant import QuantizeConfig, quantize_model
@@ -192,22 +192,10 @@ def _quantize(
         lowrank_target=lowrank_target,
         weighting=weighting,
     )  # fmt: skip
-    _write(out, model, tokenizer, report, read_run_info(run) if has_run else None)
+    write_derived_run(
+        out, model, tokenizer, read_run_info(run) if has_run else None, QUANTIZE_FILE, report, run
+    )
     return report, _table(run, report)
-
-
-def _write(out: Path, model, tokenizer, report: dict, run_info: dict | None) -> None:
-    from moelab.models import save_model
-    from moelab.utils.atomic import atomic_write_json, write_folder_atomically
-
-    def fill(tmp: Path) -> None:
-        save_model(model, tmp)
-        tokenizer.save(tmp)
-        if run_info is not None:
-            atomic_write_json(tmp / "run.json", run_info)
-        atomic_write_json(tmp / QUANTIZE_FILE, report)
-
-    write_folder_atomically(out, fill)
 
 
 def _table(run: Path, report: dict) -> Table:

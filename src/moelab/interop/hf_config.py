@@ -327,13 +327,14 @@ def config_to_hf(cfg: ModelConfig, arch: str, base: dict[str, Any] | None = None
     moe = cfg.moe
     if moe is None:
         raise UnsupportedConfigError(f"moe: {arch} needs MoE layers (got a dense model)")
+    moe_layer_ids = [i for i in range(cfg.n_layers) if cfg.is_moe_layer(i)]
     for j, n in enumerate(cfg.experts_per_layer or ()):
         _require(
             n == moe.router.num_experts,
             "experts_per_layer",
             arch,
             f"needs the same number of experts in every MoE layer; layer "
-            f"{cfg.first_dense_layers + j} has {n}, not {moe.router.num_experts} (a pruned model "
+            f"{moe_layer_ids[j]} has {n}, not {moe.router.num_experts} (a pruned model "
             "with per-layer budgets; prune with --per-layer uniform to export it)",
         )
     r, ex = moe.router, moe.experts

@@ -229,12 +229,11 @@ class ModelConfig:
         Raises:
             ValueError: layer ``i`` is not an MoE layer.
         """
-        if not self.is_moe_layer(i):
-            raise ValueError(f"layer {i}: not an MoE layer")
-        assert self.moe is not None
+        if not self.is_moe_layer(i) or self.moe is None:
+            raise InvalidValueError(f"layer {i}: not an MoE layer")
         if self.experts_per_layer is None:
             return self.moe
-        j = i - self.first_dense_layers
+        j = sum(self.is_moe_layer(m) for m in range(i))  # ordinal among MoE layers (interleaving)
         E = self.experts_per_layer[j]
         router = self.moe.router
         if router.num_experts == E:

@@ -238,9 +238,12 @@ def load_model(
             )
     w = tensors["embed.weight"]
     for name, t in tensors.items():
-        if not t.is_floating_point():
+        # weights are floating point; integer tensors only where the model keeps integers
+        # (a quantized bank's codes and grid indices)
+        if t.is_floating_point() != expected[name].is_floating_point():
+            kind = "floating point" if expected[name].is_floating_point() else "integer"
             raise CheckpointError(
-                f"{wpath}: tensor {name!r} has dtype {t.dtype}; weights must be floating point "
+                f"{wpath}: tensor {name!r} has dtype {t.dtype}; it must be {kind} "
                 f"(embed.weight is {w.dtype})"
             )
     if w.dtype != model.embed.weight.dtype:
