@@ -16,6 +16,15 @@ from moelab.core.config import ExpertsConfig
 from moelab.core.experts.grouped_mm import grouped_mm
 
 
+def expert_activation(kind: str, h: Tensor) -> Tensor:
+    """The experts' activation on the first matmul's output: ``silu(gate) ⊙ up`` on
+    ``[.., 2F]`` for ``"swiglu"``, exact (erf) ``gelu`` on ``[.., F]`` for ``"gelu"``."""
+    if kind == "swiglu":
+        gate, up = h.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    return F.gelu(h)
+
+
 class ExpertBank(nn.Module):
     """E experts computed on rows sorted by expert.
 
@@ -44,10 +53,7 @@ class ExpertBank(nn.Module):
 
     def activation(self, h: Tensor) -> Tensor:
         """``silu(gate) ⊙ up`` on ``[.., 2F]`` for swiglu, exact (erf) ``gelu`` for gelu."""
-        if self.config.activation == "swiglu":
-            gate, up = h.chunk(2, dim=-1)
-            return F.silu(gate) * up
-        return F.gelu(h)
+        return expert_activation(self.config.activation, h)
 
     def forward(
         self, x_ND: Tensor, counts: Tensor, return_activations: bool = False

@@ -1,0 +1,1 @@
+"""Model compression: pruning, quantization, low-rank compensation and the lossless codec."""
