@@ -17,6 +17,7 @@ Expert ``e`` of MoE layer ``l`` stores ``w_gate_up[e] [D, 2F]`` (or ``w_up[e] [D
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -32,7 +33,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from moelab.compress.lossless.bitfield import ELEMENT_BYTES, SM_BYTES, SUPPORTED
+from moelab.compress.lossless.bitfield import ELEMENT_BYTES, SM_BYTES, SUPPORTED, tensor_bits
 from moelab.compress.lossless.store import (
     INDEX_FILE,
     PACK_FILE,
@@ -240,7 +241,7 @@ def compress_model(
                     for n, w in stacked.items():
                         enc = encode_tensor(w[e], codec, chunks)
                         check = decode_tensor(enc.place(0), memory_read(b"".join(enc.segments)))
-                        if not torch.equal(check.view(torch.uint8), w[e].contiguous().view(torch.uint8)):
+                        if not np.array_equal(tensor_bits(check), tensor_bits(w[e])):
                             raise RuntimeError(f"lossless codec is not bit-exact on {n}[{e}]")
                         specs[n] = writer.add(enc)
                         kinds[n].add(specs[n], enc.stored_bytes)
@@ -354,6 +355,22 @@ def open_store(folder: str | os.PathLike[str], storage_mbps: float | None = None
     return OpenStore(folder, cfg, pack, dense, trace)
 
 
+@contextlib.contextmanager
+def _skip_init():
+    """Make ``torch.nn.init``'s random fills no-ops while a model is built on the meta device
+    (every value is replaced by stored weights; the meta-tensor fills would only cost
+    seconds of decomposition set-up), like transformers' ``no_init_weights``."""
+    names = ("normal_", "uniform_", "trunc_normal_", "kaiming_uniform_", "xavier_uniform_")
+    saved = {n: getattr(torch.nn.init, n) for n in names}
+    try:
+        for n in names:
+            setattr(torch.nn.init, n, lambda t, *a, **k: t)
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(torch.nn.init, n, f)
+
+
 def skeleton_model(store: OpenStore, bank_factory: Callable[[int, MoELayer], torch.nn.Module] | None) -> MoETransformer:
     """A :class:`MoETransformer` with the store's dense weights and, per MoE layer, either the
     expert bank made by ``bank_factory(layer_index, layer)`` or (None) the decompressed experts.
@@ -362,7 +379,7 @@ def skeleton_model(store: OpenStore, bank_factory: Callable[[int, MoELayer], tor
     device and the dense tensors are assigned).
     """
     cfg = store.cfg
-    with torch.device("meta"):
+    with _skip_init(), torch.device("meta"):
         model = MoETransformer(cfg)
     names = expert_tensor_names(cfg)
     for li, (_, layer) in enumerate(moe_layers(model)):

@@ -14,10 +14,11 @@ Admission, per request of expert ``e`` with ``tokens`` tokens:
    a slot is free (full first).
 
 Our reading where the notes leave it open [I]:
-- "cache as full, else SM if full is full": when the full tier has no free slot, the full
-  tier's token-LFU victim is evicted only if it is itself out of the hot set
-  (``up(victim) >= T_full``); otherwise the expert goes to the SM tier instead.
-- an SM-tier admission evicts the SM tier's token-LFU victim when no slot is free;
+- "cache as full, else SM if full is full": a tier with no free slot evicts the
+  token-LFU minimum among its residents that have left its hot set (``up >= T_full`` for the
+  full tier, ``up >= T_sm`` for SM); when every resident is still hot the tier is "full" and
+  the expert falls through to the SM tier (then to not caching). The margin thus acts as
+  hysteresis against swapping experts of nearly equal counts.
 - promoting an SM-resident expert to full frees its SM slot; an expert evicted from the full
   tier is dropped (not demoted to SM).
 """
@@ -83,6 +84,21 @@ class TwoTierCache:
         (self.full if tier == "full" else self.sm).add(e)
         (self.lfu_full if tier == "full" else self.lfu_sm).on_insert(e, tokens)
 
+    def _make_room(self, tier: str, threshold: float, evicted: list[tuple[int, str]]) -> bool:
+        """Free a slot of ``tier`` if possible: a free slot, or evict the token-LFU minimum
+        among the residents that are no longer in the tier's hot set (``up >= threshold``)."""
+        slots, resident = (self.n_full, self.full) if tier == "full" else (self.n_sm, self.sm)
+        if slots == 0:
+            return False
+        if len(resident) < slots:
+            return True
+        cold = [v for v in resident if self.rank(v) >= threshold]
+        if not cold:
+            return False
+        lfu = self.lfu_full if tier == "full" else self.lfu_sm
+        evicted.append(self._evict(lfu.victim(cold), tier))
+        return True
+
     def access(self, e: int, tokens: int = 1) -> TierAccess:
         """Request expert ``e`` for ``tokens`` tokens; update counts, tiers and policy state."""
         if not 0 <= e < self.E:
@@ -94,37 +110,22 @@ class TwoTierCache:
             return TierAccess(before, "full")
         up = self.rank(e)
         evicted: list[tuple[int, str]] = []
-        want = "full" if up < self.t_full else "sm" if up < self.t_sm else None
-        if want == "full" and self.n_full > 0:
-            if len(self.full) < self.n_full:
-                return self._promote(e, before, tokens, evicted)
-            v = self.lfu_full.victim(self.full)
-            if self.rank(v) >= self.t_full:
-                evicted.append(self._evict(v, "full"))
-                return self._promote(e, before, tokens, evicted)
-            want = "sm"
-        if want == "full":
-            want = "sm"
+        if up < self.t_full and self._make_room("full", self.t_full, evicted):
+            if before == "sm":
+                self.sm.discard(e)
+                self.lfu_sm.on_evict(e)
+            self._place(e, "full", tokens)
+            return TierAccess(before, "full", evicted)
         if before == "sm":
             self.lfu_sm.on_hit(e, tokens)
             return TierAccess(before, "sm", evicted)
-        if want == "sm" and self.n_sm > 0:
-            if len(self.sm) >= self.n_sm:
-                evicted.append(self._evict(self.lfu_sm.victim(self.sm), "sm"))
+        if up < self.t_sm and self._make_room("sm", self.t_sm, evicted):
             self._place(e, "sm", tokens)
             return TierAccess(before, "sm", evicted)
         if len(self.full) < self.n_full:
-            return self._promote(e, before, tokens, evicted)
+            self._place(e, "full", tokens)
+            return TierAccess(before, "full", evicted)
         if len(self.sm) < self.n_sm:
             self._place(e, "sm", tokens)
             return TierAccess(before, "sm", evicted)
         return TierAccess(before, None, evicted)
-
-    def _promote(
-        self, e: int, before: str, tokens: int, evicted: list[tuple[int, str]]
-    ) -> TierAccess:
-        if before == "sm":
-            self.sm.discard(e)
-            self.lfu_sm.on_evict(e)
-        self._place(e, "full", tokens)
-        return TierAccess(before, "full", evicted)
