@@ -11,7 +11,7 @@ section (c), describe it).
    ``w ← w · π_target / π(w)`` with ``π_i(w) = w_i · e_{k-1}(w_{-i}) / e_k(w)`` from elementary
    symmetric sums (:func:`cps_weights`); Bernoulli ``p_i = w_i / (1 + w_i)``, whose
    independent draws conditioned on exactly ``k`` successes are that CPS design.
-4. For each full-tier fraction ``f ∈ {0.01, …, 0.99}``: ``n_full = ⌊f·M / slot_full⌋`` and
+4. For each full-tier fraction ``f ∈ {0, 0.01, …, 1}``: ``n_full = ⌊f·M / slot_full⌋`` and
    ``n_sm = ⌊(1-f)·M / slot_sm⌋``; ranks ``[0, n_full)`` are full, the next ``n_sm`` SM.
 5. Poisson-binomial DP (``P_j ← P_j (1-p) + P_{j-1} p``) per tier gives the joint law of the hit
    counts ``(h_f, h_s)`` conditioned on ``h_f + h_s + h_rest = k`` (:func:`hit_distribution`).
@@ -21,7 +21,8 @@ section (c), describe it).
 7. Smooth the delay curve with a window of 5 and take the argmin.
 8. Fall back to a single LFU tier when no split is feasible or for ``k = 1`` (Switch) models.
 
-Our choices [I]: inclusion probabilities above 1 are capped and the excess redistributed over
+Our choices [I]: the grid includes ``f = 0`` and ``f = 1`` (the code's ``0.01 … 0.99`` misses
+"all SM" and "all full" when the budget is an exact multiple of the slot size); inclusion probabilities above 1 are capped and the excess redistributed over
 the uncapped ranks until they sum to ``k``; the smoothing window is centred (edges use the
 available neighbours); ``M`` is the caller's per-layer byte budget (the code uses
 ``0.95 · device memory / #layers``); the delay constants ``d_dec`` (seconds per chunk decode),
@@ -252,7 +253,7 @@ def plan_tiers(
     p_w = cps_weights(pi, k)
     p = p_w / (1.0 + p_w)
     p = np.where(pi >= 1.0 - 1e-9, 1.0 - 1e-9, p)
-    fractions = np.round(np.arange(1, 100) / 100.0, 2)
+    fractions = np.round(np.arange(0, 101) / 100.0, 2)
     delays, splits = [], []
     for f in fractions:
         nf = min(num_experts, int(f * layer_bytes // slot_full))
