@@ -117,7 +117,9 @@ def bench_run(run: Path, args) -> None:
     t0 = time.perf_counter()
     rows = sizes(model)
     print(f"\n(1) lossless expert sizes ({time.perf_counter() - t0:.0f} s)")
-    print("| tensor | elements | entropy H (bits/elt) | zstd exp bits/elt (÷H) | ANS exp bits/elt (÷H) | total zstd % of bf16 | total ANS % of bf16 |")
+    print(
+        "| tensor | elements | entropy H (bits/elt) | zstd exp bits/elt (÷H) | ANS exp bits/elt (÷H) | total zstd % of bf16 | total ANS % of bf16 |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         n = r["elements"]
@@ -130,7 +132,10 @@ def bench_run(run: Path, args) -> None:
 
     # stores and traces
     work = Path(args.work)
-    profile = [text_ids(tokenizer, "shakespeare", 128, skip=4096 + 128 * i) for i in range(args.profile_seqs)]
+    profile = [
+        text_ids(tokenizer, "shakespeare", 128, skip=4096 + 128 * i)
+        for i in range(args.profile_seqs)
+    ]
     trace = record_trace(model, profile)
     build_store(model, work / f"{name}-raw", "raw", trace)
     build_store(model, work / f"{name}-zstd", "zstd", trace)
@@ -161,9 +166,13 @@ def bench_run(run: Path, args) -> None:
                 if system == "naive offload":
                     m = load_offloaded(work / f"{name}-raw", policy="lru", threads=0, **kw)
                 elif system == "LFU + prefetch":
-                    m = load_offloaded(work / f"{name}-raw", policy="lfu", threads=args.threads, prefetch=k, **kw)
+                    m = load_offloaded(
+                        work / f"{name}-raw", policy="lfu", threads=args.threads, prefetch=k, **kw
+                    )
                 else:
-                    m = load_offloaded(work / f"{name}-zstd", policy="zipmoe", threads=args.threads, **kw)
+                    m = load_offloaded(
+                        work / f"{name}-zstd", policy="zipmoe", threads=args.threads, **kw
+                    )
                 eng = offload_engine(m)
                 out, s = timed_generation(m, prompt, args.tokens)
                 st = eng.snapshot()
@@ -172,7 +181,9 @@ def bench_run(run: Path, args) -> None:
                     hit_full=st.hits_full / max(st.requests, 1),
                     hit_sm=st.hits_sm / max(st.requests, 1),
                     mb_per_token=st.bytes_read / 1e6 / (len(out) + 1),
-                    plan=f"{plan.n_full}F+{plan.n_sm}SM" if plan is not None and plan.kind == "two_tier" else "",
+                    plan=f"{plan.n_full}F+{plan.n_sm}SM"
+                    if plan is not None and plan.kind == "two_tier"
+                    else "",
                 )
                 eng.close()
                 del m
@@ -186,10 +197,14 @@ def bench_run(run: Path, args) -> None:
         f"{expert_total / 1e6:.0f} MB; in-memory tokens reproduced by every offloaded run: "
         f"{'yes' if identical else 'NO'}"
     )
-    print("| storage | budget | system | ms/token | tok/s | vs naive | hit full / SM | MB read/token | tiers/layer |")
+    print(
+        "| storage | budget | system | ms/token | tok/s | vs naive | hit full / SM | MB read/token | tiers/layer |"
+    )
     print("|---|---:|---|---:|---:|---:|---:|---:|---|")
     mem = results[configs[0]]
-    print(f"| - | 100 % | in memory | {1e3 * statistics.mean(mem):.1f} ± {1e3 * _sd(mem):.1f} | {1 / statistics.mean(mem):.2f} | | | | |")
+    print(
+        f"| - | 100 % | in memory | {1e3 * statistics.mean(mem):.1f} ± {1e3 * _sd(mem):.1f} | {1 / statistics.mean(mem):.2f} | | | | |"
+    )
     for cap in (None, args.storage_mbps):
         for pct in args.budgets:
             naive = statistics.mean(results[("naive offload", pct, cap)])
@@ -229,7 +244,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=8, help="output tokens per generation")
     ap.add_argument("--prompt-tokens", type=int, default=16)
     ap.add_argument("--profile-seqs", type=int, default=8, help="128-token sequences profiled")
-    ap.add_argument("--budgets", type=int, nargs="+", default=[25, 50, 75], help="% of expert bytes")
+    ap.add_argument(
+        "--budgets", type=int, nargs="+", default=[25, 50, 75], help="% of expert bytes"
+    )
     ap.add_argument("--storage-mbps", type=float, default=300.0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)

@@ -91,9 +91,13 @@ def test_bad_inputs(run_and_store, tmp_path):
         runner.invoke(app, ["generate", str(root / "run"), "--offload", "--cache-mb", "3"])
     )
     out = tmp_path / "o"
-    assert "--lossless" in err_line(runner.invoke(app, ["compress", str(root / "run"), "--out", str(out)]))
+    assert "--lossless" in err_line(
+        runner.invoke(app, ["compress", str(root / "run"), "--out", str(out)])
+    )
     assert "codec" in err_line(
-        runner.invoke(app, ["compress", str(root / "run"), "--lossless", "--out", str(out), "--codec", "lz4"])
+        runner.invoke(
+            app, ["compress", str(root / "run"), "--lossless", "--out", str(out), "--codec", "lz4"]
+        )
     )
     assert not out.exists()
     torch.manual_seed(0)
@@ -101,6 +105,8 @@ def test_bad_inputs(run_and_store, tmp_path):
     save_model(MoETransformer(ModelConfig.tiny(vocab_size=256)).to(torch.float16), half)
     ByteTokenizer().save(half)
     assert "bfloat16 and float32" in err_line(
-        runner.invoke(app, ["compress", str(half), "--lossless", "--out", str(out), "--profile-tokens", "0"])
+        runner.invoke(
+            app, ["compress", str(half), "--lossless", "--out", str(out), "--profile-tokens", "0"]
+        )
     )
     assert not out.exists()

@@ -81,7 +81,9 @@ def test_tampered_pack_names_expert_and_file(store, tmp_path):
         f.seek(spec["sm"]["offset"] + 3)
         f.write(bytes([b[0] ^ 0x10]))
     s = open_store(folder)  # the size is right, so opening works; the read fails
-    with pytest.raises(StoreError, match=rf"experts.pack: layer {layer} expert {expert} tensor 'w_down'.*checksum"):
+    with pytest.raises(
+        StoreError, match=rf"experts.pack: layer {layer} expert {expert} tensor 'w_down'.*checksum"
+    ):
         s.pack.load_tensor(layer, expert, "w_down")
     with pytest.raises(StoreError, match="checksum"):
         s.pack.verify()
@@ -100,7 +102,7 @@ def test_truncated_and_foreign_stores(store, tmp_path):
     shutil.copy(other / INDEX_FILE, folder / INDEX_FILE)
     with pytest.raises(StoreError, match="belongs to another model"):
         open_store(folder)
-    with pytest.raises(StoreError, match="store.json: missing"):
+    with pytest.raises(StoreError, match=r"store\.json: missing"):
         open_store(tmp_path)
 
 

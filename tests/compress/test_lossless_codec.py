@@ -21,9 +21,7 @@ CODECS = ("best", "zstd", "ans", "raw")
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return (
-        a.dtype == b.dtype
-        and a.shape == b.shape
-        and np.array_equal(tensor_bits(a), tensor_bits(b))
+        a.dtype == b.dtype and a.shape == b.shape and np.array_equal(tensor_bits(a), tensor_bits(b))
     )
 
 
@@ -124,7 +122,9 @@ def test_entropy_and_bits_per_element():
     z = encode_tensor(t, "zstd", chunks=5)
     assert z.stored_bytes - n <= 1.2 * n * h / 8
     assert enc.spec["sha256"] == hashlib.sha256(tensor_bits(t).tobytes()).hexdigest()
-    assert math.isclose(encode_tensor(t, "best").stored_bytes, min(enc.stored_bytes, z.stored_bytes))
+    assert math.isclose(
+        encode_tensor(t, "best").stored_bytes, min(enc.stored_bytes, z.stored_bytes)
+    )
 
 
 def test_bad_inputs():

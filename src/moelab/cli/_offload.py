@@ -6,8 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-import typer
-
 from moelab.cli._app import Opt, err_console
 from moelab.cli._common import load_run
 
@@ -17,9 +15,7 @@ OffloadFlag = Annotated[
 CacheMb = Annotated[
     float | None, Opt(help="With --offload: expert cache budget in MiB (all layers).")
 ]
-Policy = Annotated[
-    str, Opt(help="With --offload: cache policy zipmoe, lru, lfu or fifo.")
-]
+Policy = Annotated[str, Opt(help="With --offload: cache policy zipmoe, lru, lfu or fifo.")]
 StorageMbps = Annotated[
     float | None, Opt(help="With --offload: emulate storage of this bandwidth (MB/s).")
 ]

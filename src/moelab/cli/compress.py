@@ -30,7 +30,8 @@ def compress(
         str | None, Opt(help="Cast the model first: bf16 or fp32 (default: keep its dtype).")
     ] = None,
     codec: Annotated[
-        str, Opt(help="Exponent codec: best (smaller per tensor), zstd, ans, or raw (uncompressed).")
+        str,
+        Opt(help="Exponent codec: best (smaller per tensor), zstd, ans, or raw (uncompressed)."),
     ] = "best",
     chunks: Annotated[int, Opt(help="Independently decodable exponent chunks per tensor.")] = 5,
     profile_data: Annotated[

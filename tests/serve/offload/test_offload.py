@@ -30,9 +30,17 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("off")
     compress_model(model, root / "zstd", codec="zstd", trace=trace)
     compress_model(model, root / "raw", codec="raw")
-    expert_mib = 2 * sum(
-        t.numel() for t in (model.blocks[0].ffn.experts.w_gate_up[0], model.blocks[0].ffn.experts.w_down[0])
-    ) / 2**20
+    expert_mib = (
+        2
+        * sum(
+            t.numel()
+            for t in (
+                model.blocks[0].ffn.experts.w_gate_up[0],
+                model.blocks[0].ffn.experts.w_down[0],
+            )
+        )
+        / 2**20
+    )
     return model, root, expert_mib, trace
 
 
@@ -56,7 +64,13 @@ def test_offloaded_generation_equals_in_memory(setup, store, policy, threads, pr
     model, root, _, _ = setup
     prompt = [5, 9, 2, 7, 11]
     want = list(generate_ids(model, prompt, max_new_tokens=24, temperature=0))
-    om = load_offloaded(root / store, cache_mb=total_mib(setup, 0.3), policy=policy, threads=threads, prefetch=prefetch)
+    om = load_offloaded(
+        root / store,
+        cache_mb=total_mib(setup, 0.3),
+        policy=policy,
+        threads=threads,
+        prefetch=prefetch,
+    )
     got = list(generate_ids(om, prompt, max_new_tokens=24, temperature=0))
     assert got == want
     # sampled generation and a batched forward are bit-identical too
@@ -75,16 +89,20 @@ def test_offloaded_generation_equals_in_memory(setup, store, policy, threads, pr
 
 
 def test_zipmoe_plan_uses_both_tiers_and_belady_bounds_lru(setup):
-    model, root, _, trace = setup
+    model, root, _, _ = setup
     om = load_offloaded(root / "zstd", cache_mb=total_mib(setup, 0.3), storage_mbps=20)
     eng = offload_engine(om)
     assert eng.plan.kind == "two_tier"
     assert eng.plan.n_full * eng.full_bytes + eng.plan.n_sm * eng.sm_bytes <= eng.layer_bytes
     prompt = [1, 2, 3]
-    future = record_requests(model, lambda: list(generate_ids(model, prompt, max_new_tokens=16, temperature=0)))
+    future = record_requests(
+        model, lambda: list(generate_ids(model, prompt, max_new_tokens=16, temperature=0))
+    )
     hits = {}
     for policy in ("lru", "belady"):
-        om = load_offloaded(root / "raw", cache_mb=total_mib(setup, 0.3), policy=policy, future=future)
+        om = load_offloaded(
+            root / "raw", cache_mb=total_mib(setup, 0.3), policy=policy, future=future
+        )
         out = list(generate_ids(om, prompt, max_new_tokens=16, temperature=0))
         assert out == list(generate_ids(model, prompt, max_new_tokens=16, temperature=0))
         hits[policy] = offload_engine(om).snapshot().hits_full
@@ -138,4 +156,7 @@ def test_bad_inputs(setup, tmp_path):
         f.write(data)
     with pytest.raises(StoreError, match=r"experts.pack: layer \d+ expert \d+ tensor"):
         list(generate_ids(om, [1, 2], max_new_tokens=3, temperature=0))
-    assert torch.equal(decompress_model(root / "zstd").blocks[0].ffn.experts.w_down, model.blocks[0].ffn.experts.w_down)
+    assert torch.equal(
+        decompress_model(root / "zstd").blocks[0].ffn.experts.w_down,
+        model.blocks[0].ffn.experts.w_down,
+    )

@@ -101,7 +101,11 @@ def test_plan_is_the_argmin_of_the_delay_model():
     p = np.minimum(w / (1 + w), 1 - 1e-9)
     plan = plan_tiers(counts, 2, 8, 5e6, 2_000_000, 1_000_000, io_bound, window=1)
     best = min(
-        layer_delay(hit_distribution(p, int(f * 5e6 // 2e6), min(8, int((1 - f) * 5e6 // 1e6)), 2), io_bound, 2)
+        layer_delay(
+            hit_distribution(p, int(f * 5e6 // 2e6), min(8, int((1 - f) * 5e6 // 1e6)), 2),
+            io_bound,
+            2,
+        )
         for f in np.arange(0, 101) / 100
     )
     assert plan.expected_delay_s == pytest.approx(best)

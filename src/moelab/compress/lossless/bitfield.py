@@ -34,7 +34,9 @@ def dtype_name(t: Tensor) -> str:
         TypeError: any other dtype (the split is defined for bf16 and fp32 only).
     """
     if t.dtype not in SUPPORTED:
-        raise TypeError(f"tensor dtype: the lossless codec supports bfloat16 and float32, got {t.dtype}")
+        raise TypeError(
+            f"tensor dtype: the lossless codec supports bfloat16 and float32, got {t.dtype}"
+        )
     return SUPPORTED[t.dtype]
 
 

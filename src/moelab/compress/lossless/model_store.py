@@ -141,9 +141,7 @@ class StoreReport:
             "codec": self.codec,
             "dense_bytes": self.dense_bytes,
             "seconds": self.seconds,
-            "kinds": {
-                k: {**v.__dict__, "stored": v.stored} for k, v in self.kinds.items()
-            },
+            "kinds": {k: {**v.__dict__, "stored": v.stored} for k, v in self.kinds.items()},
         }
 
 
@@ -371,7 +369,9 @@ def _skip_init():
             setattr(torch.nn.init, n, f)
 
 
-def skeleton_model(store: OpenStore, bank_factory: Callable[[int, MoELayer], torch.nn.Module] | None) -> MoETransformer:
+def skeleton_model(
+    store: OpenStore, bank_factory: Callable[[int, MoELayer], torch.nn.Module] | None
+) -> MoETransformer:
     """A :class:`MoETransformer` with the store's dense weights and, per MoE layer, either the
     expert bank made by ``bank_factory(layer_index, layer)`` or (None) the decompressed experts.
 

@@ -26,6 +26,7 @@ reader sleeps until then. Reads are still real file reads.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
@@ -148,10 +149,8 @@ class ExpertPack:
             self._fd = -1
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass
 
     @property
     def num_layers(self) -> int:

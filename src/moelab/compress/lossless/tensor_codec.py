@@ -15,6 +15,7 @@ Layout ``"split"`` is the ZipMoE layout; layout ``"raw"`` stores the plain bit p
 from __future__ import annotations
 
 import hashlib
+import itertools
 import time
 import zlib
 from collections.abc import Callable
@@ -52,7 +53,7 @@ def chunk_bounds(n: int, chunks: int) -> list[tuple[int, int]]:
     """``[(start, stop)]`` of ``min(chunks, n)`` contiguous, near-equal chunks of ``n`` items."""
     c = min(chunks, n)
     edges = [(i * n) // c for i in range(c + 1)] if c else [0]
-    return list(zip(edges[:-1], edges[1:], strict=True))
+    return list(itertools.pairwise(edges))
 
 
 @dataclass

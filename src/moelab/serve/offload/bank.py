@@ -29,14 +29,18 @@ class OffloadedExpertBank(nn.Module):
         ValueError: ``return_activations`` (training features need the in-memory bank).
     """
 
-    def __init__(self, engine: OffloadEngine, layer: int, config: ExpertsConfig, num_experts: int) -> None:
+    def __init__(
+        self, engine: OffloadEngine, layer: int, config: ExpertsConfig, num_experts: int
+    ) -> None:
         super().__init__()
         self.engine = engine
         self.layer = layer
         self.config = config
         self.num_experts = num_experts
         self.first = "w_gate_up" if config.activation == "swiglu" else "w_up"
-        self.width = 2 * config.ffn_hidden_size if config.activation == "swiglu" else config.ffn_hidden_size
+        self.width = (
+            2 * config.ffn_hidden_size if config.activation == "swiglu" else config.ffn_hidden_size
+        )
 
     def extra_repr(self) -> str:
         return f"layer={self.layer}, num_experts={self.num_experts}, offloaded"

@@ -27,8 +27,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, wait
-from concurrent.futures import FIRST_COMPLETED
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -136,7 +135,9 @@ class OffloadEngine:
             uncompressed (raw) store; ``belady`` without a per-layer future.
     """
 
-    def __init__(self, store: OpenStore, config: OffloadConfig, trace: np.ndarray | None = None) -> None:
+    def __init__(
+        self, store: OpenStore, config: OffloadConfig, trace: np.ndarray | None = None
+    ) -> None:
         config.check()
         self.store, self.config = store, config
         self.pack = store.pack
@@ -211,7 +212,13 @@ class OffloadEngine:
         if c.policy == "zipmoe":
             if self.plan is None:
                 if self.trace is None:
-                    self.plan = TierPlan("lfu", min(self.E, int(self.layer_bytes // self.full_bytes)), 0, 1.0, math.nan)
+                    self.plan = TierPlan(
+                        "lfu",
+                        min(self.E, int(self.layer_bytes // self.full_bytes)),
+                        0,
+                        1.0,
+                        math.nan,
+                    )
                 else:
                     self.plan = plan_tiers(
                         self.trace, self.k, self.E, self.layer_bytes, self.full_bytes,
@@ -252,7 +259,9 @@ class OffloadEngine:
 
     def _tasks(self, li: int, e: int, sm: dict[str, np.ndarray] | None) -> list[TensorTask]:
         return [
-            TensorTask(li, e, name, spec, None if sm is None else sm[name], self._verify((li, e, name)))
+            TensorTask(
+                li, e, name, spec, None if sm is None else sm[name], self._verify((li, e, name))
+            )
             for name, spec in self.pack.tensors(li, e).items()
         ]
 
@@ -268,7 +277,9 @@ class OffloadEngine:
             return out
         return {(t.expert, t.name): f for t, f in self.scheduler.submit(tasks)}
 
-    def _install(self, st: LayerState, e: int, loading: _Loading, weights: dict[str, Tensor]) -> None:
+    def _install(
+        self, st: LayerState, e: int, loading: _Loading, weights: dict[str, Tensor]
+    ) -> None:
         if loading.after == "full":
             st.full[e] = weights
             st.sm.pop(e, None)
@@ -337,7 +348,10 @@ class OffloadEngine:
             t0 = time.perf_counter()
             done_e = [e for e, ld in pending.items() if all(f.done() for f in ld.futures.values())]
             if not done_e:
-                wait([f for ld in pending.values() for f in ld.futures.values()], return_when=FIRST_COMPLETED)
+                wait(
+                    [f for ld in pending.values() for f in ld.futures.values()],
+                    return_when=FIRST_COMPLETED,
+                )
                 self.stats.wait_s += time.perf_counter() - t0
                 continue
             for e in done_e:

@@ -64,7 +64,9 @@ def load_offloaded(
     )  # fmt: skip
 
     def bank(li, layer):
-        return OffloadedExpertBank(engine, li, layer.config.experts, layer.config.router.num_experts)
+        return OffloadedExpertBank(
+            engine, li, layer.config.experts, layer.config.router.num_experts
+        )
 
     model = skeleton_model(store, bank)
     model.offload_engine = engine

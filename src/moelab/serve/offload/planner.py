@@ -266,5 +266,10 @@ def plan_tiers(
     i = int(np.argmin(sm))
     nf, ns = splits[i]
     return TierPlan(
-        "two_tier", nf, ns, float(fractions[i]), float(delays[i]), list(zip(fractions.tolist(), sm.tolist(), strict=True))
+        "two_tier",
+        nf,
+        ns,
+        float(fractions[i]),
+        float(delays[i]),
+        list(zip(fractions.tolist(), sm.tolist(), strict=True)),
     )

@@ -165,7 +165,9 @@ class Scheduler:
     def _read_sm(self, job: _Job) -> None:
         t = job.task
         try:
-            blob = self.pack.read_segment(t.layer, t.expert, t.name, t.spec["sm"], "sign-mantissa bytes")
+            blob = self.pack.read_segment(
+                t.layer, t.expert, t.name, t.spec["sm"], "sign-mantissa bytes"
+            )
             job.sm = np.frombuffer(blob, dtype=np.uint8)
         except BaseException as e:
             job.part_done(self._fail(t, e))
@@ -175,7 +177,9 @@ class Scheduler:
     def _chunk(self, job: _Job, i: int, start: int) -> None:
         t = job.task
         try:
-            blob = self.pack.read_segment(t.layer, t.expert, t.name, t.spec["chunks"][i], f"exponent chunk {i}")
+            blob = self.pack.read_segment(
+                t.layer, t.expert, t.name, t.spec["chunks"][i], f"exponent chunk {i}"
+            )
             t0 = time.perf_counter()
             part = decode_exponent_chunk(t.spec, i, blob)
             job.exp[start : start + part.shape[0]] = part
@@ -195,7 +199,9 @@ class Scheduler:
         return out
 
     def _raw(self, task: TensorTask) -> Tensor:
-        blob = self.pack.read_segment(task.layer, task.expert, task.name, task.spec["raw"], "raw bytes")
+        blob = self.pack.read_segment(
+            task.layer, task.expert, task.name, task.spec["raw"], "raw bytes"
+        )
         try:
             out = decode_raw(task.spec, blob, task.verify)
         except TensorDecodeError as e:
