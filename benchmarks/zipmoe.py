@@ -189,11 +189,28 @@ def bench_run(run: Path, args) -> None:
                 del m
             identical &= out == ref
             results[cfg].append(s)
+            print(f"  {cfg}: {1e3 * s:.0f} ms/token", file=sys.stderr, flush=True)
         print(f"round {rnd + 1}/{args.repeats} done", file=sys.stderr, flush=True)
+        print_speed(args, configs, results, stats, prompt, expert_total, identical, rnd + 1)
 
+    print("\n(3) hit rate on the recorded decode requests (simulation, single tier)")
+    print("| budget | slots/layer | LRU | LFU | FIFO | token-LFU | Belady |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for pct in args.budgets:
+        cap = int(pct / 100 * E)
+        cells = []
+        for p in ("lru", "lfu", "fifo", "zipmoe", "belady"):
+            hits = sum(sum(simulate(p, seq, cap)) for seq in future)
+            cells.append(f"{100 * hits / sum(map(len, future)):.0f} %")
+        print(f"| {pct} % | {cap} | " + " | ".join(cells) + " |")
+    _ = mem_s
+
+
+def print_speed(args, configs, results, stats, prompt, expert_total, identical, rounds) -> None:
+    """The decoding table over the rounds measured so far."""
     print(
         f"\n(2) decoding, {args.tokens} output tokens after a {len(prompt)}-token KJV prompt, "
-        f"{args.repeats} interleaved rounds, {args.threads} decode threads; expert bytes "
+        f"{rounds} interleaved round(s), {args.threads} decode threads; expert bytes "
         f"{expert_total / 1e6:.0f} MB; in-memory tokens reproduced by every offloaded run: "
         f"{'yes' if identical else 'NO'}"
     )
@@ -219,18 +236,6 @@ def bench_run(run: Path, args) -> None:
                     f"{100 * st['hit_full']:.0f} % / {100 * st['hit_sm']:.0f} % | "
                     f"{st['mb_per_token']:.1f} | {st['plan']} |"
                 )
-
-    print("\n(3) hit rate on the recorded decode requests (simulation, single tier)")
-    print("| budget | slots/layer | LRU | LFU | FIFO | token-LFU | Belady |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for pct in args.budgets:
-        cap = int(pct / 100 * E)
-        cells = []
-        for p in ("lru", "lfu", "fifo", "zipmoe", "belady"):
-            hits = sum(sum(simulate(p, seq, cap)) for seq in future)
-            cells.append(f"{100 * hits / sum(map(len, future)):.0f} %")
-        print(f"| {pct} % | {cap} | " + " | ".join(cells) + " |")
-    _ = mem_s
 
 
 def _sd(xs: list[float]) -> float:
