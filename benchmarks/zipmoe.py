@@ -140,8 +140,18 @@ def bench_run(run: Path, args) -> None:
     build_store(model, work / f"{name}-raw", "raw", trace)
     build_store(model, work / f"{name}-zstd", "zstd", trace)
     prompt = text_ids(tokenizer, "kjv", args.prompt_tokens).tolist()
-    ref, mem_s = timed_generation(model, prompt, args.tokens)
+    ref, _ = timed_generation(model, prompt, args.tokens)
     future = record_requests(model, lambda: timed_generation(model, prompt, args.tokens))
+    print("\n(3) hit rate on the recorded decode requests (simulation, single tier)")
+    print("| budget | slots/layer | LRU | LFU | FIFO | token-LFU | Belady |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for pct in args.budgets:
+        cap = int(pct / 100 * E)
+        cells = []
+        for p in ("lru", "lfu", "fifo", "zipmoe", "belady"):
+            hits = sum(sum(simulate(p, seq, cap)) for seq in future)
+            cells.append(f"{100 * hits / sum(map(len, future)):.0f} %")
+        print(f"| {pct} % | {cap} | " + " | ".join(cells) + " |")
     full_bytes = open_store(work / f"{name}-zstd").expert_bytes()[0]
     expert_total = L * E * full_bytes
 
@@ -193,18 +203,6 @@ def bench_run(run: Path, args) -> None:
         print(f"round {rnd + 1}/{args.repeats} done", file=sys.stderr, flush=True)
         print_speed(args, configs, results, stats, prompt, expert_total, identical, rnd + 1)
 
-    print("\n(3) hit rate on the recorded decode requests (simulation, single tier)")
-    print("| budget | slots/layer | LRU | LFU | FIFO | token-LFU | Belady |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for pct in args.budgets:
-        cap = int(pct / 100 * E)
-        cells = []
-        for p in ("lru", "lfu", "fifo", "zipmoe", "belady"):
-            hits = sum(sum(simulate(p, seq, cap)) for seq in future)
-            cells.append(f"{100 * hits / sum(map(len, future)):.0f} %")
-        print(f"| {pct} % | {cap} | " + " | ".join(cells) + " |")
-    _ = mem_s
-
 
 def print_speed(args, configs, results, stats, prompt, expert_total, identical, rounds) -> None:
     """The decoding table over the rounds measured so far."""
@@ -254,7 +252,9 @@ def main() -> None:
     )
     ap.add_argument("--storage-mbps", type=float, default=300.0)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument(
+        "--repeats", type=int, default=2, help="timed rounds (0: sizes and hit rates only)"
+    )
     args = ap.parse_args()
     torch.manual_seed(0)
     np.random.seed(0)
