@@ -115,7 +115,7 @@ def bench_run(run: Path, args) -> None:
 
     # (1) sizes
     t0 = time.perf_counter()
-    rows = sizes(model)
+    rows = [] if args.no_sizes else sizes(model)
     print(f"\n(1) lossless expert sizes ({time.perf_counter() - t0:.0f} s)")
     print(
         "| tensor | elements | entropy H (bits/elt) | zstd exp bits/elt (÷H) | ANS exp bits/elt (÷H) | total zstd % of bf16 | total ANS % of bf16 |"
@@ -252,6 +252,7 @@ def main() -> None:
     )
     ap.add_argument("--storage-mbps", type=float, default=300.0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-sizes", action="store_true", help="skip table (1)")
     ap.add_argument(
         "--repeats", type=int, default=2, help="timed rounds (0: sizes and hit rates only)"
     )
