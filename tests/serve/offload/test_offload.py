@@ -160,3 +160,15 @@ def test_bad_inputs(setup, tmp_path):
         decompress_model(root / "zstd").blocks[0].ffn.experts.w_down,
         model.blocks[0].ffn.experts.w_down,
     )
+
+
+def test_prefetch_staging_is_paid_from_the_rounding_first(setup):
+    model, root, expert_mib, _ = setup
+    L = model.cfg.num_moe_layers
+    # 2 slots per layer plus half an expert spare; staging 1 expert: only the spare and one
+    # slot go, staging 2: two slots go (1.5 experts short)
+    mib = (2 * L + 0.5) * expert_mib
+    for prefetch, lost in ((0, 0), (1, 1), (2, 2)):
+        om = load_offloaded(root / "raw", cache_mb=mib, policy="lfu", prefetch=prefetch)
+        slots = offload_engine(om).slots_per_layer
+        assert sum(slots) == 2 * L - lost and min(slots) >= 1

@@ -16,7 +16,7 @@ memory per layer):
 Loads: ``threads = 0`` loads serially on the calling thread (naive offloading); otherwise the
 :class:`Scheduler`'s pools load misses in parallel. ``prefetch = n`` predicts ``n`` experts of
 the next layer (:class:`ExpertPredictor`) after each layer and starts loading them; the staging
-buffer for them is taken out of the cache budget. Budgets are in MiB (2^20 bytes).
+buffer for them is paid from the cache budget (:meth:`OffloadEngine._single_tier_slots`). Budgets are in MiB (2^20 bytes).
 
 Statistics (:class:`OffloadStats`): requests, hits per tier, misses, prefetch hits, bytes read,
 read/decode/merge seconds, seconds the forward pass waited for loads.
@@ -152,6 +152,7 @@ class OffloadEngine:
                 f"cache_mb: {config.cache_mb} MiB is smaller than one layer's top-{self.k} "
                 f"experts ({need / MIB:.2f} MiB); accepted: >= {need / MIB:.2f}"
             )
+        self.slots_per_layer = self._single_tier_slots(budget)
         budget -= config.prefetch * self.full_bytes  # the prefetch staging buffer
         self.layer_bytes = max(0.0, budget / self.L)
         if config.policy == "zipmoe" and self.raw:
@@ -207,6 +208,22 @@ class OffloadEngine:
             T, max(1, self.config.threads), chunks, d_dec, sm_bytes / bw, coded / max(raw_exp, 1)
         )
 
+    def _single_tier_slots(self, budget: float) -> list[int]:
+        """Full-expert slots per layer for the single-tier policies: ``⌊budget/L / expert⌋``
+        each; the prefetch staging buffer (``prefetch`` experts) is paid from the bytes the
+        per-layer rounding leaves over, and only then by removing slots (one layer at a
+        time), so it costs at most its own size."""
+        slots = [min(self.E, int(budget / self.L // self.full_bytes))] * self.L
+        spare = budget - sum(slots) * self.full_bytes
+        need = self.config.prefetch * self.full_bytes - spare
+        i = 0
+        while need > 0 and any(slots):
+            if slots[i % self.L]:
+                slots[i % self.L] -= 1
+                need -= self.full_bytes
+            i += 1
+        return slots
+
     def _new_layer(self, li: int) -> LayerState:
         c = self.config
         if c.policy == "zipmoe":
@@ -227,7 +244,7 @@ class OffloadEngine:
             if self.plan.kind == "two_tier":
                 return LayerState(None, TwoTierCache(self.plan.n_full, self.plan.n_sm, self.E))
             return LayerState(SlotCache(self.plan.n_full, build_policy("zipmoe")), None)
-        cap = min(self.E, int(self.layer_bytes // self.full_bytes))
+        cap = self.slots_per_layer[li]
         future = c.future[li] if c.policy == "belady" else None
         return LayerState(SlotCache(cap, build_policy(c.policy, future)), None)
 
@@ -316,8 +333,8 @@ class OffloadEngine:
                 evicted = [(a.evicted, "full")] if a.evicted is not None else []
             held_full = st.full.get(e)
             held_sm = st.sm.get(e)
-            for v, _tier in evicted:
-                st.full.pop(v, None) if _tier == "full" else st.sm.pop(v, None)
+            for v, tier in evicted:
+                (st.full if tier == "full" else st.sm).pop(v, None)
             if before == "full" and held_full is not None:
                 self.stats.hits_full += 1
                 ready.append((e, held_full))
