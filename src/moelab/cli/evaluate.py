@@ -19,6 +19,7 @@ from moelab.cli._offload import (
     load_for_inference,
     report_offload,
 )
+from moelab.errors import InvalidValueError
 
 
 @app.command("eval")
@@ -80,7 +81,7 @@ def _evaluate_run(
     model, tokenizer = load_for_inference(run, *offload_args)
     noncausal = model.noncausal_routing_layers()
     if noncausal and not allow_noncausal:
-        raise ValueError(
+        raise InvalidValueError(
             f"router: MoE layers {noncausal} route with a USMoE scope that looks at future "
             "tokens, so bits/byte would not be a causal LM score; pass "
             "--allow-noncausal-routing to score it anyway"
@@ -91,5 +92,12 @@ def _evaluate_run(
         _, _, streams = prepare_data(cfg, tokenizer)
     else:
         streams = {data: TokenStream.from_documents(load_corpus(data), tokenizer, name=data)}
-    result = evaluate(model, streams, seq_len=seq_len, batch_size=batch_size, max_tokens=tokens)
+    result = evaluate(
+        model,
+        streams,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        max_tokens=tokens,
+        doc_masks=cfg.doc_masks,
+    )
     return result, noncausal, model

@@ -49,6 +49,7 @@ from moelab.compress.lossless.tensor_codec import (
     encode_tensor,
     memory_read,
 )
+from moelab.core.config import GATED_ACTIVATIONS
 from moelab.core.layer import MoELayer
 from moelab.models.config import ModelConfig
 from moelab.models.io import CONFIG_FILE, FORMAT_VERSION, load_config, sha256_file
@@ -75,7 +76,7 @@ def moe_layers(model: MoETransformer) -> list[tuple[int, MoELayer]]:
 def expert_tensor_names(cfg: ModelConfig) -> tuple[str, str]:
     """The stored names of an expert's two tensors (``w_gate_up``/``w_up``, ``w_down``)."""
     assert cfg.moe is not None
-    first = "w_gate_up" if cfg.moe.experts.activation == "swiglu" else "w_up"
+    first = "w_gate_up" if cfg.moe.experts.activation in GATED_ACTIVATIONS else "w_up"
     return first, "w_down"
 
 
@@ -151,6 +152,12 @@ def _check_model(model: MoETransformer, dtype: str | None) -> torch.dtype:
     layers = moe_layers(model)
     if not layers:
         raise ValueError("model: has no MoE layer (nothing to offload)")
+    ex = model.cfg.moe.experts
+    if getattr(ex, "bias", False) or getattr(ex, "lora_rank", 0):
+        raise ValueError(
+            "model: experts with biases or LoRA adapters are not supported by the lossless "
+            "store (merge the adapters first: moelab merge-lora)"
+        )
     if dtype is not None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype: must be bf16 or fp32, got {dtype!r}")

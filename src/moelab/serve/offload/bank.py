@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from moelab.core.config import ExpertsConfig
-from moelab.core.experts.bank import expert_activation
+from moelab.core.config import GATED_ACTIVATIONS, ExpertsConfig
+from moelab.core.experts.bank import ExpertBank
 from moelab.serve.offload.engine import OffloadEngine
 
 
@@ -37,10 +37,9 @@ class OffloadedExpertBank(nn.Module):
         self.layer = layer
         self.config = config
         self.num_experts = num_experts
-        self.first = "w_gate_up" if config.activation == "swiglu" else "w_up"
-        self.width = (
-            2 * config.ffn_hidden_size if config.activation == "swiglu" else config.ffn_hidden_size
-        )
+        gated = config.activation in GATED_ACTIVATIONS
+        self.first = "w_gate_up" if gated else "w_up"
+        self.width = 2 * config.ffn_hidden_size if gated else config.ffn_hidden_size
 
     def extra_repr(self) -> str:
         return f"layer={self.layer}, num_experts={self.num_experts}, offloaded"
@@ -59,7 +58,7 @@ class OffloadedExpertBank(nn.Module):
             w_in = w[self.first].to(x_ND.device)
             torch.mm(x_ND[rows], w_in, out=h[rows])
             down[e] = w["w_down"].to(x_ND.device)
-        a = expert_activation(self.config.activation, h)
+        a = ExpertBank.activation(self, h)  # the in-memory bank's nonlinearity (reads .config)
         y = x_ND.new_empty(x_ND.shape[0], self.config.hidden_size)
         for e in sorted(down):
             rows = slice(starts[e], starts[e + 1])
