@@ -8,6 +8,7 @@ from typing import Annotated
 
 from moelab.cli._app import Opt, err_console
 from moelab.cli._common import load_run
+from moelab.errors import InvalidValueError
 
 OffloadFlag = Annotated[
     bool, Opt("--offload", help="Serve experts from a lossless store (moelab compress --lossless).")
@@ -33,15 +34,15 @@ def load_for_inference(
     """
     if not offload:
         if cache_mb is not None or storage_mbps is not None or policy != "zipmoe":
-            raise ValueError("--cache-mb, --policy and --storage-mbps need --offload")
+            raise InvalidValueError("--cache-mb, --policy and --storage-mbps need --offload")
         return load_run(run)
     from moelab.data import load_tokenizer
     from moelab.serve.offload import load_offloaded
 
     if cache_mb is None:
-        raise ValueError("cache_mb: --offload needs --cache-mb N (MiB for the expert cache)")
+        raise InvalidValueError("cache_mb: --offload needs --cache-mb N (MiB for the expert cache)")
     if policy not in ("zipmoe", "lru", "lfu", "fifo"):
-        raise ValueError(f"policy: must be zipmoe, lru, lfu or fifo; got {policy!r}")
+        raise InvalidValueError(f"policy: must be zipmoe, lru, lfu or fifo; got {policy!r}")
     model = load_offloaded(run, cache_mb=cache_mb, policy=policy, storage_mbps=storage_mbps)
     return model, load_tokenizer(run)
 

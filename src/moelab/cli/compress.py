@@ -17,6 +17,7 @@ from rich.table import Table
 
 from moelab.cli._app import Opt, app, console, guarded
 from moelab.cli._common import load_run
+from moelab.errors import InvalidValueError
 
 
 @app.command()
@@ -78,9 +79,11 @@ def _compress(run, out, lossless, dtype, codec, chunks, profile_data, profile_to
     from moelab.serve.offload.trace import record_trace
 
     if not lossless:
-        raise ValueError("compress: pass --lossless (the only compression this command writes)")
+        raise InvalidValueError(
+            "compress: pass --lossless (the only compression this command writes)"
+        )
     if profile_tokens < 0 or profile_seq_len < 1:
-        raise ValueError(
+        raise InvalidValueError(
             f"profile_tokens: must be >= 0 and profile_seq_len >= 1, got {profile_tokens}, "
             f"{profile_seq_len}"
         )
@@ -91,7 +94,7 @@ def _compress(run, out, lossless, dtype, codec, chunks, profile_data, profile_to
         from moelab.compress.lossless.model_store import DTYPES
 
         if dtype not in DTYPES:
-            raise ValueError(f"dtype: must be bf16 or fp32, got {dtype!r}")
+            raise InvalidValueError(f"dtype: must be bf16 or fp32, got {dtype!r}")
         model = model.to(DTYPES[dtype])
     trace = None
     if profile_tokens:

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from moelab.errors import InvalidTypeError, InvalidValueError
+
 SUPPORTED = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 SM_BYTES = {"bfloat16": 1, "float32": 3}
 """Sign-mantissa bytes per element for each supported dtype (the exponent is always 1 byte)."""
@@ -34,7 +36,7 @@ def dtype_name(t: Tensor) -> str:
         TypeError: any other dtype (the split is defined for bf16 and fp32 only).
     """
     if t.dtype not in SUPPORTED:
-        raise TypeError(
+        raise InvalidTypeError(
             f"tensor dtype: the lossless codec supports bfloat16 and float32, got {t.dtype}"
         )
     return SUPPORTED[t.dtype]
@@ -71,7 +73,7 @@ def split(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         sm32 = ((bits >> 8) & 0x800000) | (bits & 0x7FFFFF)
         sm = sm32.astype("<u4").view(np.uint8).reshape(-1, 4)[:, :3].reshape(-1)
         return exp, np.ascontiguousarray(sm)
-    raise TypeError(f"bits: expected uint16 or uint32, got {bits.dtype}")
+    raise InvalidTypeError(f"bits: expected uint16 or uint32, got {bits.dtype}")
 
 
 def merge(exp: np.ndarray, sm: np.ndarray, dtype: str) -> np.ndarray:
@@ -83,7 +85,7 @@ def merge(exp: np.ndarray, sm: np.ndarray, dtype: str) -> np.ndarray:
     n = exp.shape[0]
     b = SM_BYTES[dtype]
     if sm.shape[0] != n * b:
-        raise ValueError(f"sign-mantissa stream: expected {n * b} bytes, got {sm.shape[0]}")
+        raise InvalidValueError(f"sign-mantissa stream: expected {n * b} bytes, got {sm.shape[0]}")
     if dtype == "bfloat16":
         s = sm.astype(np.uint16)
         out = exp.astype(np.uint16) << 7

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from moelab.errors import InvalidValueError
+
 CODECS = ("zstd", "ans")
 """Exponent codecs tried by ``best``."""
 ZSTD_LEVEL = 1
@@ -70,7 +72,7 @@ def encode_chunk(codec: str, data: np.ndarray, table: tuple[np.ndarray, np.ndarr
         coder = _constriction().stream.stack.AnsCoder()
         coder.encode_reverse(idx, _ans_model(counts))
         return coder.get_compressed().astype("<u4").tobytes()
-    raise ValueError(f"codec: must be one of zstd, ans, const, raw; got {codec!r}")
+    raise InvalidValueError(f"codec: must be one of zstd, ans, const, raw; got {codec!r}")
 
 
 def decode_chunk(
@@ -94,19 +96,19 @@ def decode_chunk(
                 _zstd().ZstdDecompressor().decompress(bytes(blob), max_output_size=n), np.uint8
             )
         except _zstd().ZstdError as e:
-            raise ValueError(f"zstd chunk does not decode ({e})") from e
+            raise InvalidValueError(f"zstd chunk does not decode ({e})") from e
     elif codec == "ans":
         symbols, counts = table
         words = np.frombuffer(blob, dtype="<u4").astype(np.uint32)
         try:
             idx = _constriction().stream.stack.AnsCoder(words).decode(_ans_model(counts), n)
         except Exception as e:  # constriction raises plain exceptions on bad input
-            raise ValueError(f"ans chunk does not decode ({e})") from e
+            raise InvalidValueError(f"ans chunk does not decode ({e})") from e
         if idx.size and (idx.min() < 0 or idx.max() >= symbols.size):
-            raise ValueError("ans chunk decodes to symbols outside the table")
+            raise InvalidValueError("ans chunk decodes to symbols outside the table")
         out = symbols[idx]
     else:
-        raise ValueError(f"codec: must be one of zstd, ans, const, raw; got {codec!r}")
+        raise InvalidValueError(f"codec: must be one of zstd, ans, const, raw; got {codec!r}")
     if out.shape[0] != n:
-        raise ValueError(f"{codec} chunk decodes to {out.shape[0]} symbols, expected {n}")
+        raise InvalidValueError(f"{codec} chunk decodes to {out.shape[0]} symbols, expected {n}")
     return out

@@ -51,6 +51,7 @@ from moelab.compress.lossless.tensor_codec import (
 )
 from moelab.core.config import GATED_ACTIVATIONS
 from moelab.core.layer import MoELayer
+from moelab.errors import InvalidTypeError, InvalidValueError
 from moelab.models.config import ModelConfig
 from moelab.models.io import CONFIG_FILE, FORMAT_VERSION, load_config, sha256_file
 from moelab.models.transformer import MoETransformer
@@ -148,23 +149,23 @@ class StoreReport:
 
 def _check_model(model: MoETransformer, dtype: str | None) -> torch.dtype:
     if not isinstance(model, MoETransformer):
-        raise TypeError(f"model: expected MoETransformer, got {type(model).__name__}")
+        raise InvalidTypeError(f"model: expected MoETransformer, got {type(model).__name__}")
     layers = moe_layers(model)
     if not layers:
-        raise ValueError("model: has no MoE layer (nothing to offload)")
+        raise InvalidValueError("model: has no MoE layer (nothing to offload)")
     ex = model.cfg.moe.experts
     if getattr(ex, "bias", False) or getattr(ex, "lora_rank", 0):
-        raise ValueError(
+        raise InvalidValueError(
             "model: experts with biases or LoRA adapters are not supported by the lossless "
             "store (merge the adapters first: moelab merge-lora)"
         )
     if dtype is not None:
         if dtype not in DTYPES:
-            raise ValueError(f"dtype: must be bf16 or fp32, got {dtype!r}")
+            raise InvalidValueError(f"dtype: must be bf16 or fp32, got {dtype!r}")
         return DTYPES[dtype]
     have = layers[0][1].experts.w_down.dtype
     if have not in SUPPORTED:
-        raise ValueError(
+        raise InvalidValueError(
             f"model: experts are {have}; the lossless codec supports bfloat16 and float32 "
             "(pass --dtype bf16 to cast)"
         )
@@ -201,9 +202,9 @@ def compress_model(
     """
     target = _check_model(model, dtype)
     if codec not in CODEC_CHOICES:
-        raise ValueError(f"codec: must be one of {', '.join(CODEC_CHOICES)}; got {codec!r}")
+        raise InvalidValueError(f"codec: must be one of {', '.join(CODEC_CHOICES)}; got {codec!r}")
     if chunks < 1:
-        raise ValueError(f"chunks: must be >= 1, got {chunks}")
+        raise InvalidValueError(f"chunks: must be >= 1, got {chunks}")
     if model.embed.weight.dtype != target:
         model = model.to(target)  # nn.Module.to casts in place; callers pass a loaded copy
     layers = moe_layers(model)
@@ -211,7 +212,7 @@ def compress_model(
     if trace is not None:
         trace = np.asarray(trace)
         if trace.ndim != 3 or trace.shape[1:] != (len(layers), E) or (trace < 0).any():
-            raise ValueError(
+            raise InvalidValueError(
                 f"trace: expected non-negative counts [P, {len(layers)}, {E}], got {trace.shape}"
             )
     cfg = model.cfg

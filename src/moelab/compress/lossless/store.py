@@ -40,6 +40,7 @@ from moelab.compress.lossless.tensor_codec import (
     decode_tensor,
     read_segment,
 )
+from moelab.errors import InvalidValueError
 from moelab.models.io import CheckpointError
 from moelab.utils.atomic import atomic_write_json
 from moelab.utils.jsonfile import read_json
@@ -64,7 +65,7 @@ class BandwidthLimiter:
 
     def __init__(self, mbps: float) -> None:
         if not mbps > 0:
-            raise ValueError(f"storage_mbps: must be > 0, got {mbps}")
+            raise InvalidValueError(f"storage_mbps: must be > 0, got {mbps}")
         self.bytes_per_s = mbps * 1e6
         self._busy_until = 0.0
         self._lock = threading.Lock()

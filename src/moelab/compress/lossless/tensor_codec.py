@@ -36,6 +36,7 @@ from moelab.compress.lossless.bitfield import (
     tensor_bits,
 )
 from moelab.compress.lossless.coders import CODECS, decode_chunk, encode_chunk, symbol_table
+from moelab.errors import InvalidValueError
 
 DEFAULT_CHUNKS = 5
 """Exponent chunks per tensor (the authors' ``num_file_chunks``)."""
@@ -45,7 +46,7 @@ ReadFn = Callable[[int, int], bytes]
 """``read(offset, size) -> bytes``: a positioned read from the pack."""
 
 
-class TensorDecodeError(ValueError):
+class TensorDecodeError(InvalidValueError):
     """A tensor's stored bytes fail their checksum or do not decode."""
 
 
@@ -124,9 +125,9 @@ def encode_tensor(t: Tensor, codec: str = "best", chunks: int = DEFAULT_CHUNKS) 
         ValueError: unknown codec or chunks < 1.
     """
     if codec not in CODEC_CHOICES:
-        raise ValueError(f"codec: must be one of {', '.join(CODEC_CHOICES)}; got {codec!r}")
+        raise InvalidValueError(f"codec: must be one of {', '.join(CODEC_CHOICES)}; got {codec!r}")
     if chunks < 1:
-        raise ValueError(f"chunks: must be >= 1, got {chunks}")
+        raise InvalidValueError(f"chunks: must be >= 1, got {chunks}")
     dtype = dtype_name(t)
     start = time.perf_counter()
     bits = tensor_bits(t)

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from moelab.core.config import GATED_ACTIVATIONS, ExpertsConfig
 from moelab.core.experts.bank import ExpertBank
+from moelab.errors import InvalidValueError
 from moelab.serve.offload.engine import OffloadEngine
 
 
@@ -46,7 +47,7 @@ class OffloadedExpertBank(nn.Module):
 
     def forward(self, x_ND: Tensor, counts: Tensor, return_activations: bool = False) -> Tensor:
         if return_activations:
-            raise ValueError("return_activations: offloaded experts are inference-only")
+            raise InvalidValueError("return_activations: offloaded experts are inference-only")
         c = counts.tolist()
         starts = [0]
         for n in c:

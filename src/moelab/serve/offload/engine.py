@@ -36,6 +36,7 @@ from torch import Tensor
 
 from moelab.compress.lossless.model_store import OpenStore
 from moelab.compress.lossless.tensor_codec import assemble, decode_exponent_chunk, read_segment
+from moelab.errors import InvalidValueError
 from moelab.serve.offload.planner import DelayModel, TierPlan, plan_tiers
 from moelab.serve.offload.policies import POLICIES, SlotCache, build_policy
 from moelab.serve.offload.prefetch import ExpertPredictor
@@ -71,17 +72,21 @@ class OffloadConfig:
 
     def check(self) -> None:
         if not (isinstance(self.cache_mb, int | float) and self.cache_mb > 0):
-            raise ValueError(f"cache_mb: must be > 0, got {self.cache_mb}")
+            raise InvalidValueError(f"cache_mb: must be > 0, got {self.cache_mb}")
         if self.policy not in POLICIES:
-            raise ValueError(f"policy: must be one of {', '.join(POLICIES)}; got {self.policy!r}")
+            raise InvalidValueError(
+                f"policy: must be one of {', '.join(POLICIES)}; got {self.policy!r}"
+            )
         if self.threads < 0:
-            raise ValueError(f"threads: must be >= 0, got {self.threads}")
+            raise InvalidValueError(f"threads: must be >= 0, got {self.threads}")
         if self.prefetch < 0:
-            raise ValueError(f"prefetch: must be >= 0, got {self.prefetch}")
+            raise InvalidValueError(f"prefetch: must be >= 0, got {self.prefetch}")
         if self.verify not in VERIFY:
-            raise ValueError(f"verify: must be one of {', '.join(VERIFY)}; got {self.verify!r}")
+            raise InvalidValueError(
+                f"verify: must be one of {', '.join(VERIFY)}; got {self.verify!r}"
+            )
         if self.storage_mbps is not None and not self.storage_mbps > 0:
-            raise ValueError(f"storage_mbps: must be > 0, got {self.storage_mbps}")
+            raise InvalidValueError(f"storage_mbps: must be > 0, got {self.storage_mbps}")
 
 
 @dataclass
@@ -148,7 +153,7 @@ class OffloadEngine:
         budget = config.cache_mb * MIB
         need = self.k * self.full_bytes
         if budget < need:
-            raise ValueError(
+            raise InvalidValueError(
                 f"cache_mb: {config.cache_mb} MiB is smaller than one layer's top-{self.k} "
                 f"experts ({need / MIB:.2f} MiB); accepted: >= {need / MIB:.2f}"
             )
@@ -156,9 +161,13 @@ class OffloadEngine:
         budget -= config.prefetch * self.full_bytes  # the prefetch staging buffer
         self.layer_bytes = max(0.0, budget / self.L)
         if config.policy == "zipmoe" and self.raw:
-            raise ValueError("policy zipmoe: needs a compressed store (this one is codec raw)")
+            raise InvalidValueError(
+                "policy zipmoe: needs a compressed store (this one is codec raw)"
+            )
         if config.policy == "belady" and (config.future is None or len(config.future) != self.L):
-            raise ValueError(f"policy belady: needs the recorded requests of all {self.L} layers")
+            raise InvalidValueError(
+                f"policy belady: needs the recorded requests of all {self.L} layers"
+            )
         self.delay_model = self._measure_delays()
         self.trace = trace if trace is not None else store.trace
         self.plan: TierPlan | None = None

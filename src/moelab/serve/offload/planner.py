@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from moelab.errors import InvalidValueError
+
 
 def rank_distribution(counts: np.ndarray) -> np.ndarray:
     """``[P, L, E]`` (or ``[L, E]``) token counts → ``[E]`` activation mass per rank, summing
@@ -49,13 +51,13 @@ def rank_distribution(counts: np.ndarray) -> np.ndarray:
     if c.ndim == 2:
         c = c[None]
     if c.ndim != 3:
-        raise ValueError(f"counts: expected [P, L, E] or [L, E], got shape {c.shape}")
+        raise InvalidValueError(f"counts: expected [P, L, E] or [L, E], got shape {c.shape}")
     if (c < 0).any():
-        raise ValueError("counts: must be >= 0")
+        raise InvalidValueError("counts: must be >= 0")
     ranked = -np.sort(-c, axis=-1)
     total = ranked.reshape(-1, c.shape[-1]).sum(0)
     if total.sum() <= 0:
-        raise ValueError("counts: the trace routes no tokens")
+        raise InvalidValueError("counts: the trace routes no tokens")
     return total / total.sum()
 
 
@@ -67,7 +69,9 @@ def inclusion_probabilities(dist: np.ndarray, k: int) -> np.ndarray:
     """
     d = np.asarray(dist, dtype=np.float64)
     if not 1 <= k <= int((d > 0).sum()):
-        raise ValueError(f"k: must be in [1, {int((d > 0).sum())}] for this distribution, got {k}")
+        raise InvalidValueError(
+            f"k: must be in [1, {int((d > 0).sum())}] for this distribution, got {k}"
+        )
     pi = np.zeros_like(d)
     capped = np.zeros(d.shape, dtype=bool)
     for _ in range(d.shape[0] + 1):
@@ -152,7 +156,7 @@ def hit_distribution(p: np.ndarray, n_full: int, n_sm: int, k: int) -> np.ndarra
                 H[a, b] = pf[a] * ps[b] * pr[c]
     z = H.sum()
     if z <= 0:
-        raise ValueError("hit_distribution: total = k has probability 0 under p")
+        raise InvalidValueError("hit_distribution: total = k has probability 0 under p")
     return H / z
 
 

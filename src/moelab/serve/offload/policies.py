@@ -32,6 +32,8 @@ import math
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from moelab.errors import InvalidValueError
+
 POLICIES = ("lru", "lfu", "fifo", "zipmoe", "belady")
 
 
@@ -125,7 +127,7 @@ class Belady(EvictionPolicy):
     def observe(self, key):
         self.pos += 1
         if self.pos >= len(self.future) or self.future[self.pos] != key:
-            raise ValueError(
+            raise InvalidValueError(
                 f"belady: request {self.pos} is {key!r}, the recorded trace says "
                 f"{self.future[self.pos] if self.pos < len(self.future) else 'end of trace'!r}"
             )
@@ -149,11 +151,11 @@ def build_policy(name: str, future: Sequence[Hashable] | None = None) -> Evictio
     """
     if name == "belady":
         if future is None:
-            raise ValueError("policy belady: needs the recorded request trace (future)")
+            raise InvalidValueError("policy belady: needs the recorded request trace (future)")
         return Belady(future)
     table = {"lru": LRU, "lfu": LFU, "fifo": FIFO, "zipmoe": TokenLFU}
     if name not in table:
-        raise ValueError(f"policy: must be one of {', '.join(POLICIES)}; got {name!r}")
+        raise InvalidValueError(f"policy: must be one of {', '.join(POLICIES)}; got {name!r}")
     return table[name]()
 
 
@@ -176,7 +178,7 @@ class SlotCache:
 
     def __post_init__(self) -> None:
         if self.capacity < 0:
-            raise ValueError(f"capacity: must be >= 0, got {self.capacity}")
+            raise InvalidValueError(f"capacity: must be >= 0, got {self.capacity}")
 
     def access(self, key: Hashable, tokens: int = 1) -> Access:
         """Request ``key`` on behalf of ``tokens`` tokens."""
@@ -227,6 +229,6 @@ def simulate(
     keys = list(requests)
     weights = [1] * len(keys) if tokens is None else list(tokens)
     if len(weights) != len(keys):
-        raise ValueError(f"tokens: expected {len(keys)} values, got {len(weights)}")
+        raise InvalidValueError(f"tokens: expected {len(keys)} values, got {len(weights)}")
     cache = SlotCache(capacity, build_policy(policy, keys if policy == "belady" else None))
     return [cache.access(k, t).hit for k, t in zip(keys, weights, strict=True)]

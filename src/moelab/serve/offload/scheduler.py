@@ -41,6 +41,7 @@ from moelab.compress.lossless.tensor_codec import (
     decode_exponent_chunk,
     decode_raw,
 )
+from moelab.errors import InvalidValueError
 
 
 @dataclass
@@ -144,7 +145,7 @@ class Scheduler:
 
     def __init__(self, pack: ExpertPack, threads: int, d_dec: float, d_sm: float) -> None:
         if threads < 1:
-            raise ValueError(f"threads: must be >= 1, got {threads}")
+            raise InvalidValueError(f"threads: must be >= 1, got {threads}")
         self.pack = pack
         self.threads = threads
         self.d_dec, self.d_sm = d_dec, d_sm

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from moelab.errors import InvalidValueError
 from moelab.serve.offload.policies import TokenLFU
 
 MARGIN = 0.1
@@ -51,9 +52,9 @@ class TwoTierCache:
 
     def __init__(self, n_full: int, n_sm: int, num_experts: int, margin: float = MARGIN) -> None:
         if n_full < 0 or n_sm < 0:
-            raise ValueError(f"n_full, n_sm: must be >= 0, got {n_full}, {n_sm}")
+            raise InvalidValueError(f"n_full, n_sm: must be >= 0, got {n_full}, {n_sm}")
         if num_experts < 1:
-            raise ValueError(f"num_experts: must be >= 1, got {num_experts}")
+            raise InvalidValueError(f"num_experts: must be >= 1, got {num_experts}")
         self.n_full, self.n_sm, self.E = n_full, n_sm, num_experts
         self.t_full = n_full + margin * num_experts
         self.t_sm = self.t_full + n_sm + margin * num_experts
@@ -102,7 +103,7 @@ class TwoTierCache:
     def access(self, e: int, tokens: int = 1) -> TierAccess:
         """Request expert ``e`` for ``tokens`` tokens; update counts, tiers and policy state."""
         if not 0 <= e < self.E:
-            raise ValueError(f"expert: must be in [0, {self.E}), got {e}")
+            raise InvalidValueError(f"expert: must be in [0, {self.E}), got {e}")
         self.global_count[e] += tokens
         before = self.tier_of(e)
         if before == "full":

@@ -16,13 +16,14 @@ import torch
 from torch import Tensor
 
 from moelab.core.layer import MoELayer
+from moelab.errors import InvalidValueError
 from moelab.models.transformer import MoETransformer
 
 
 def _moe_layers(model: MoETransformer) -> list[MoELayer]:
     layers = [m for m in model.modules() if isinstance(m, MoELayer)]
     if not layers:
-        raise ValueError("model: has no MoE layer")
+        raise InvalidValueError("model: has no MoE layer")
     return layers
 
 
@@ -44,7 +45,7 @@ def record_trace(model: MoETransformer, sequences: Iterable[Tensor]) -> np.ndarr
         out = model(ids)
         rows.append(np.stack([r.counts.cpu().numpy() for r in out.records if r is not None]))
     if not rows:
-        raise ValueError("sequences: need at least one sequence")
+        raise InvalidValueError("sequences: need at least one sequence")
     return np.stack(rows).astype(np.int64)
 
 
