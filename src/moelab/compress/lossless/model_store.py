@@ -56,6 +56,7 @@ from moelab.models.config import ModelConfig
 from moelab.models.io import CONFIG_FILE, FORMAT_VERSION, load_config, sha256_file
 from moelab.models.transformer import MoETransformer
 from moelab.utils.atomic import atomic_write_json, write_folder_atomically
+from moelab.utils.jsonfile import read_json
 
 DENSE_FILE = "dense.safetensors"
 PROFILE_FILE = "profile.json"
@@ -63,9 +64,11 @@ DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.floa
           "float32": torch.float32}  # fmt: skip
 
 
-def model_fingerprint(cfg: ModelConfig, dtype: str) -> str:
-    """sha256 of the canonical model config JSON plus the expert dtype."""
-    blob = json.dumps({"model": cfg.to_dict(), "dtype": dtype}, sort_keys=True)
+def model_fingerprint(model_dict: dict[str, Any], dtype: str) -> str:
+    """sha256 of the model config as written to config.json (canonical JSON) plus the expert
+    dtype. Hashing the stored dict, not a re-serialised :class:`ModelConfig`, keeps stores
+    valid when later moelab versions add config fields with defaults."""
+    blob = json.dumps({"model": model_dict, "dtype": dtype}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -261,7 +264,9 @@ def compress_model(
                 "pack": PACK_FILE,
                 "pack_bytes": writer.offset,
                 "pack_sha256": writer.sha256,
-                "model_fingerprint": model_fingerprint(cfg, dname),
+                "model_fingerprint": model_fingerprint(
+                    read_json(tmp / CONFIG_FILE, StoreError)["model"], dname
+                ),
                 "dense_sha256": dense_sha,
                 "dtype": dname,
                 "codec": codec,
@@ -339,7 +344,8 @@ def open_store(folder: str | os.PathLike[str], storage_mbps: float | None = None
     cfg = load_config(folder)
     pack = ExpertPack(folder, storage_mbps)
     idx = pack.index
-    if idx.get("model_fingerprint") != model_fingerprint(cfg, idx.get("dtype", "")):
+    stored = read_json(folder / CONFIG_FILE, StoreError).get("model", {})
+    if idx.get("model_fingerprint") != model_fingerprint(stored, idx.get("dtype", "")):
         raise StoreError(
             f"{folder / INDEX_FILE}: the expert store belongs to another model "
             f"(its fingerprint does not match {folder / CONFIG_FILE})"
@@ -355,8 +361,6 @@ def open_store(folder: str | os.PathLike[str], storage_mbps: float | None = None
         raise StoreError(f"{dpath}: cannot read safetensors ({e})") from e
     trace = None
     if (folder / PROFILE_FILE).is_file():
-        from moelab.utils.jsonfile import read_json
-
         trace = np.asarray(read_json(folder / PROFILE_FILE, StoreError)["counts"], dtype=np.int64)
     return OpenStore(folder, cfg, pack, dense, trace)
 
