@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from moelab.cli._app import Opt, app, console, guarded
-from moelab.cli._common import load_run, summary_table
+from moelab.cli._common import summary_table
+from moelab.cli._offload import (
+    CacheMb,
+    OffloadFlag,
+    Policy,
+    StorageMbps,
+    load_for_inference,
+    report_offload,
+)
 from moelab.errors import InvalidValueError
 
 
@@ -25,16 +34,24 @@ def eval_cmd(
     allow_noncausal_routing: Annotated[
         bool, Opt(help="Score a model whose routing looks at future tokens (not a causal LM).")
     ] = False,
+    offload: OffloadFlag = False,
+    cache_mb: CacheMb = None,
+    policy: Policy = "zipmoe",
+    storage_mbps: StorageMbps = None,
 ) -> None:
     """Loss, perplexity and bits per byte of a run (per domain for the mix corpus).
 
     Examples:
       moelab eval runs/main
       moelab eval runs/main --data kjv --json
+      moelab eval runs/main-zip --offload --cache-mb 4 --tokens 8192
     """
-    result, noncausal = guarded(
-        _evaluate_run, run, data, tokens, batch_size, allow_noncausal_routing
+    offload_args = (offload, cache_mb, policy, storage_mbps)
+    start = time.perf_counter()
+    result, noncausal, model = guarded(
+        _evaluate_run, run, data, tokens, batch_size, allow_noncausal_routing, offload_args
     )
+    report_offload(model, result.overall.tokens, time.perf_counter() - start)
     note = (
         f"not a causal LM score: MoE layers {noncausal} route with USMoE scopes that look at "
         "future tokens"
@@ -48,13 +65,20 @@ def eval_cmd(
         console.print(summary_table(title + (f" ({note})" if note else ""), result))
 
 
-def _evaluate_run(run: Path, data: str | None, tokens: int, batch_size: int, allow_noncausal: bool):
-    """(EvalResult, indices of MoE layers whose routing looks at future tokens)."""
+def _evaluate_run(
+    run: Path,
+    data: str | None,
+    tokens: int,
+    batch_size: int,
+    allow_noncausal: bool,
+    offload_args: tuple = (False, None, "zipmoe", None),
+):
+    """(EvalResult, indices of MoE layers whose routing looks at future tokens, model)."""
     from moelab.data import TokenStream, load_corpus
     from moelab.train.evaluate import evaluate
     from moelab.train.loop import prepare_data, run_train_config
 
-    model, tokenizer = load_run(run)
+    model, tokenizer = load_for_inference(run, *offload_args)
     noncausal = model.noncausal_routing_layers()
     if noncausal and not allow_noncausal:
         raise InvalidValueError(
@@ -76,4 +100,4 @@ def _evaluate_run(run: Path, data: str | None, tokens: int, batch_size: int, all
         max_tokens=tokens,
         doc_masks=cfg.doc_masks,
     )
-    return result, noncausal
+    return result, noncausal, model

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from moelab.cli._app import Opt, app, err_console, guarded
-from moelab.cli._common import load_run
+from moelab.cli._offload import (
+    CacheMb,
+    OffloadFlag,
+    Policy,
+    StorageMbps,
+    load_for_inference,
+    report_offload,
+)
 
 
 @app.command()
@@ -23,16 +31,21 @@ def generate(
     top_k: Annotated[int, Opt(help="Keep the k most likely tokens (0 = off).")] = 50,
     top_p: Annotated[float, Opt(help="Nucleus probability mass (1 = off).")] = 0.95,
     seed: Annotated[int, Opt(help="Sampling seed.")] = 0,
+    offload: OffloadFlag = False,
+    cache_mb: CacheMb = None,
+    policy: Policy = "zipmoe",
+    storage_mbps: StorageMbps = None,
 ) -> None:
     """Continue a prompt, streaming tokens as they are sampled.
 
     Examples:
       moelab generate runs/main --prompt "ROMEO:" --max-new-tokens 300
       moelab generate runs/main --prompt "def main(" --temperature 0
+      moelab generate runs/main-zip --offload --cache-mb 4 --storage-mbps 200
     """
     from moelab.serve.generate import generate_ids, stream_text
 
-    model, tokenizer = guarded(load_run, run)
+    model, tokenizer = guarded(load_for_inference, run, offload, cache_mb, policy, storage_mbps)
 
     def go() -> None:
         prompt_ids = tokenizer.encode(prompt)
@@ -41,11 +54,13 @@ def generate(
             top_k=top_k or None, top_p=top_p, seed=seed, stop_id=tokenizer.eot_id,
         )  # fmt: skip
         counted = _Counted(ids)
+        start = time.perf_counter()
         sys.stdout.write(prompt)
         for piece in stream_text(tokenizer, counted):
             sys.stdout.write(piece)
             sys.stdout.flush()
         sys.stdout.write("\n")
+        report_offload(model, counted.n, time.perf_counter() - start)
         if counted.n < max_new_tokens and len(prompt_ids) + counted.n >= model.cfg.max_seq_len:
             err_console.print(
                 f"[yellow]stopped after {counted.n} tokens: the context holds {model.cfg.max_seq_len}[/]"

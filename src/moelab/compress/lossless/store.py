@@ -1,0 +1,217 @@
+"""The expert store: one pack file of encoded expert tensors plus a JSON index.
+
+Files (``FORMAT_VERSION = 1``)::
+
+    experts.pack   segments of every expert tensor, back to back (exponent chunks, then
+                   sign-mantissa bytes; or raw bit patterns)
+    store.json     {"format_version": 1, "pack": "experts.pack", "pack_bytes": N,
+                    "pack_sha256": ..., "model_fingerprint": ..., "num_layers": L,
+                    "num_experts": E, "dtype": ..., "codec": ...,
+                    "experts": [{"layer": l, "expert": e,
+                                 "tensors": {"w_gate_up": spec, "w_down": spec}}]}
+
+``spec`` is :meth:`EncodedTensor.place`'s output: offsets, sizes and CRC-32 of every segment and
+the SHA-256 of the tensor. Reads are positioned (``os.pread``) and touch only the segments
+asked for; the whole pack is never loaded. A pack whose size differs from the index, a segment
+whose CRC-32 fails, or a tensor whose SHA-256 fails raises :class:`StoreError` naming the
+file, the layer, the expert and the tensor. The store is written inside a temporary folder that
+is renamed into place (:func:`moelab.utils.atomic.write_folder_atomically`), so a failed write
+leaves nothing behind.
+
+Bandwidth cap (this project's emulation, not the paper's): with ``storage_mbps`` set, reads
+are timed as if the pack sat on a single-queue device of that bandwidth (MB = 10^6 bytes):
+a read of ``n`` bytes issued at ``t`` completes at ``max(t, busy_until) + n / bw`` and the
+reader sleeps until then. Reads are still real file reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from moelab.compress.lossless.tensor_codec import (
+    EncodedTensor,
+    TensorDecodeError,
+    decode_tensor,
+    read_segment,
+)
+from moelab.errors import InvalidValueError
+from moelab.models.io import CheckpointError
+from moelab.utils.atomic import atomic_write_json
+from moelab.utils.jsonfile import read_json
+
+FORMAT_VERSION = 1
+PACK_FILE = "experts.pack"
+INDEX_FILE = "store.json"
+
+
+class StoreError(CheckpointError):
+    """The expert store is missing, truncated, corrupt, or from another model; the message
+    names the file (and the expert/tensor where one is at fault)."""
+
+
+class BandwidthLimiter:
+    """Emulates a storage device of ``mbps`` megabytes (10^6 B) per second, one request at a
+    time, shared by all threads that read through it.
+
+    Raises:
+        ValueError: ``mbps`` is not > 0.
+    """
+
+    def __init__(self, mbps: float) -> None:
+        if not mbps > 0:
+            raise InvalidValueError(f"storage_mbps: must be > 0, got {mbps}")
+        self.bytes_per_s = mbps * 1e6
+        self._busy_until = 0.0
+        self._lock = threading.Lock()
+
+    def wait(self, nbytes: int, issued: float) -> None:
+        """Block until a read of ``nbytes`` issued at ``issued`` (``time.perf_counter``) would
+        complete on the emulated device."""
+        with self._lock:
+            start = max(issued, self._busy_until)
+            done = start + nbytes / self.bytes_per_s
+            self._busy_until = done
+        delay = done - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+
+
+class PackWriter:
+    """Appends encoded tensors to an open pack file and builds the index entries."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self._f = f
+        self.offset = 0
+        self._sha = hashlib.sha256()
+
+    def add(self, enc: EncodedTensor) -> dict[str, Any]:
+        """Write ``enc``'s segments; return its placed spec."""
+        spec = enc.place(self.offset)
+        for seg in enc.segments:
+            self._f.write(seg)
+            self._sha.update(seg)
+            self.offset += len(seg)
+        return spec
+
+    @property
+    def sha256(self) -> str:
+        return self._sha.hexdigest()
+
+
+def write_index(folder: Path, index: dict[str, Any]) -> None:
+    """Write ``store.json`` (adds the format version)."""
+    atomic_write_json(folder / INDEX_FILE, {"format_version": FORMAT_VERSION, **index})
+
+
+class ExpertPack:
+    """Read access to a store's pack: index lookups and positioned reads.
+
+    Args:
+        folder: the store folder.
+        storage_mbps: optional bandwidth cap (see the module docstring).
+    Raises:
+        StoreError: missing/unreadable index, newer format version, missing pack, or a pack
+            whose size differs from the index (truncated or appended to).
+    """
+
+    def __init__(self, folder: str | os.PathLike[str], storage_mbps: float | None = None) -> None:
+        self.folder = Path(folder)
+        ipath = self.folder / INDEX_FILE
+        index = read_json(ipath, StoreError)
+        v = index.get("format_version") if isinstance(index, dict) else None
+        if not isinstance(v, int) or not 1 <= v <= FORMAT_VERSION:
+            raise StoreError(f"{ipath}: unsupported or missing format_version {v!r}")
+        self.index = index
+        self.path = self.folder / index.get("pack", PACK_FILE)
+        if not self.path.is_file():
+            raise StoreError(f"{self.path}: missing (listed in {INDEX_FILE})")
+        size = self.path.stat().st_size
+        if size != index["pack_bytes"]:
+            raise StoreError(
+                f"{self.path}: truncated or altered ({size} bytes, {INDEX_FILE} says "
+                f"{index['pack_bytes']})"
+            )
+        self.limiter = BandwidthLimiter(storage_mbps) if storage_mbps is not None else None
+        self._entries = {(x["layer"], x["expert"]): x["tensors"] for x in index["experts"]}
+        self._fd = os.open(self.path, os.O_RDONLY)
+        self.bytes_read = 0
+        self.read_s = 0.0
+        self._stat_lock = threading.Lock()
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    @property
+    def num_layers(self) -> int:
+        return self.index["num_layers"]
+
+    @property
+    def num_experts(self) -> int:
+        return self.index["num_experts"]
+
+    def tensors(self, layer: int, expert: int) -> dict[str, dict[str, Any]]:
+        """The placed specs of one expert's tensors, by name.
+
+        Raises:
+            StoreError: the store has no such expert.
+        """
+        try:
+            return self._entries[(layer, expert)]
+        except KeyError:
+            raise StoreError(
+                f"{self.folder / INDEX_FILE}: no entry for layer {layer} expert {expert}"
+            ) from None
+
+    def read(self, offset: int, size: int) -> bytes:
+        """``size`` bytes at ``offset`` (one ``os.pread``; throttled by the cap if set)."""
+        issued = time.perf_counter()
+        data = os.pread(self._fd, size, offset)
+        if self.limiter is not None:
+            self.limiter.wait(len(data), issued)
+        dt = time.perf_counter() - issued
+        with self._stat_lock:
+            self.bytes_read += len(data)
+            self.read_s += dt
+        return data
+
+    def where(self, layer: int, expert: int, name: str) -> str:
+        """``"<pack>: layer l expert e tensor name"`` for error messages."""
+        return f"{self.path}: layer {layer} expert {expert} tensor {name!r}"
+
+    def read_segment(self, layer: int, expert: int, name: str, ref: dict, what: str) -> bytes:
+        """A CRC-checked segment; :class:`StoreError` names the expert on failure."""
+        try:
+            return read_segment(self.read, ref, what)
+        except TensorDecodeError as e:
+            raise StoreError(f"{self.where(layer, expert, name)}: {e}") from None
+
+    def load_tensor(self, layer: int, expert: int, name: str, verify: bool = True):
+        """Read and decode one expert tensor serially (sha256-verified)."""
+        spec = self.tensors(layer, expert).get(name)
+        if spec is None:
+            raise StoreError(f"{self.where(layer, expert, name)}: not in the store")
+        try:
+            return decode_tensor(spec, self.read, verify)
+        except TensorDecodeError as e:
+            raise StoreError(f"{self.where(layer, expert, name)}: {e}") from None
+
+    def verify(self) -> None:
+        """Check the whole pack's sha256 against the index (reads the file once)."""
+        h = hashlib.sha256()
+        with open(self.path, "rb") as f:
+            while block := f.read(1 << 22):
+                h.update(block)
+        if h.hexdigest() != self.index["pack_sha256"]:
+            raise StoreError(f"{self.path}: sha256 checksum mismatch (file is corrupt)")

@@ -1,0 +1,405 @@
+"""The offload engine: per-layer expert caches over a lossless store, fed by the scheduler.
+
+For every MoE layer call the engine receives the experts the routing plan needs (with their
+token counts), looks each up in the layer's cache, and returns the decompressed weights —
+cache hits at once, misses as the scheduler finishes them (so the expert matmuls of ready
+experts overlap the remaining loads).
+
+Caching (one cache per layer, each with ``budget / L`` bytes, as ZipMoE's planner divides
+memory per layer):
+- policy ``zipmoe``: two tiers (:class:`TwoTierCache`) sized by the planner
+  (:func:`plan_tiers`) from the store's routing profile, token-weighted LFU with admission;
+  without a profile, or for top-1 models, one token-LFU tier (the planner's fallback);
+- ``lru``/``lfu``/``fifo``/``belady``: one tier of ``⌊budget/L / expert bytes⌋`` slots
+  (:class:`SlotCache`); ``belady`` needs the recorded request sequence of every layer.
+
+Loads: ``threads = 0`` loads serially on the calling thread (naive offloading); otherwise the
+:class:`Scheduler`'s pools load misses in parallel. ``prefetch = n`` predicts ``n`` experts of
+the next layer (:class:`ExpertPredictor`) after each layer and starts loading them; the staging
+buffer for them is paid from the cache budget (:meth:`OffloadEngine._single_tier_slots`). Budgets are in MiB (2^20 bytes).
+
+Statistics (:class:`OffloadStats`): requests, hits per tier, misses, prefetch hits, bytes read,
+read/decode/merge seconds, seconds the forward pass waited for loads.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from torch import Tensor
+
+from moelab.compress.lossless.model_store import OpenStore
+from moelab.compress.lossless.tensor_codec import assemble, decode_exponent_chunk, read_segment
+from moelab.errors import InvalidValueError
+from moelab.serve.offload.planner import DelayModel, TierPlan, plan_tiers
+from moelab.serve.offload.policies import POLICIES, SlotCache, build_policy
+from moelab.serve.offload.prefetch import ExpertPredictor
+from moelab.serve.offload.scheduler import Scheduler, TensorTask
+from moelab.serve.offload.tiers import TwoTierCache
+
+MIB = 1 << 20
+VERIFY = ("first", "always", "off")
+
+
+@dataclass
+class OffloadConfig:
+    """Settings of the offloaded experts.
+
+    Attributes:
+        cache_mb: cache budget in MiB for all layers (>= top_k experts' bytes).
+        policy: ``zipmoe``, ``lru``, ``lfu``, ``fifo`` or ``belady``.
+        threads: decode threads (0 = load serially on the forward thread).
+        prefetch: experts of the next layer to prefetch (0 = off).
+        storage_mbps: emulated storage bandwidth in MB/s (10^6 B/s); None = real reads only.
+        verify: sha256-check decoded tensors ``first`` time each is loaded, ``always``, or
+            ``off`` (segment CRC-32s are always checked).
+        future: for ``belady``: per layer, the experts it will request, in request order.
+    """
+
+    cache_mb: float
+    policy: str = "zipmoe"
+    threads: int = 2
+    prefetch: int = 0
+    storage_mbps: float | None = None
+    verify: str = "first"
+    future: list[list[int]] | None = None
+
+    def check(self) -> None:
+        if not (isinstance(self.cache_mb, int | float) and self.cache_mb > 0):
+            raise InvalidValueError(f"cache_mb: must be > 0, got {self.cache_mb}")
+        if self.policy not in POLICIES:
+            raise InvalidValueError(
+                f"policy: must be one of {', '.join(POLICIES)}; got {self.policy!r}"
+            )
+        if self.threads < 0:
+            raise InvalidValueError(f"threads: must be >= 0, got {self.threads}")
+        if self.prefetch < 0:
+            raise InvalidValueError(f"prefetch: must be >= 0, got {self.prefetch}")
+        if self.verify not in VERIFY:
+            raise InvalidValueError(
+                f"verify: must be one of {', '.join(VERIFY)}; got {self.verify!r}"
+            )
+        if self.storage_mbps is not None and not self.storage_mbps > 0:
+            raise InvalidValueError(f"storage_mbps: must be > 0, got {self.storage_mbps}")
+
+
+@dataclass
+class OffloadStats:
+    """Counters of one engine (reset with :meth:`OffloadEngine.reset_stats`)."""
+
+    requests: int = 0
+    hits_full: int = 0
+    hits_sm: int = 0
+    misses: int = 0
+    prefetch_hits: int = 0
+    prefetch_issued: int = 0
+    bytes_read: int = 0
+    read_s: float = 0.0
+    decode_s: float = 0.0
+    merge_s: float = 0.0
+    wait_s: float = 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        return (self.hits_full + self.hits_sm) / self.requests if self.requests else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "hit_rate": self.hit_rate}
+
+
+@dataclass
+class _Loading:
+    """An expert being loaded: one future per tensor, and where to cache it afterwards."""
+
+    futures: dict[str, Future]
+    after: str | None
+    prefetched: bool = False
+
+
+@dataclass
+class LayerState:
+    """One layer's cache state and the data of its resident experts."""
+
+    slots: SlotCache | None
+    tiers: TwoTierCache | None
+    full: dict[int, dict[str, Tensor]] = field(default_factory=dict)
+    sm: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+
+
+class OffloadEngine:
+    """Expert caches and loaders over an open store.
+
+    Raises:
+        ValueError: bad settings; a budget below one layer's top-k experts; ``zipmoe`` on an
+            uncompressed (raw) store; ``belady`` without a per-layer future.
+    """
+
+    def __init__(
+        self, store: OpenStore, config: OffloadConfig, trace: np.ndarray | None = None
+    ) -> None:
+        config.check()
+        self.store, self.config = store, config
+        self.pack = store.pack
+        idx = self.pack.index
+        self.L, self.E, self.k = idx["num_layers"], idx["num_experts"], idx["top_k"]
+        self.raw = idx["codec"] == "raw"
+        self.full_bytes, self.sm_bytes = store.expert_bytes()
+        budget = config.cache_mb * MIB
+        need = self.k * self.full_bytes
+        if budget < need:
+            raise InvalidValueError(
+                f"cache_mb: {config.cache_mb} MiB is smaller than one layer's top-{self.k} "
+                f"experts ({need / MIB:.2f} MiB); accepted: >= {need / MIB:.2f}"
+            )
+        self.slots_per_layer = self._single_tier_slots(budget)
+        budget -= config.prefetch * self.full_bytes  # the prefetch staging buffer
+        self.layer_bytes = max(0.0, budget / self.L)
+        if config.policy == "zipmoe" and self.raw:
+            raise InvalidValueError(
+                "policy zipmoe: needs a compressed store (this one is codec raw)"
+            )
+        if config.policy == "belady" and (config.future is None or len(config.future) != self.L):
+            raise InvalidValueError(
+                f"policy belady: needs the recorded requests of all {self.L} layers"
+            )
+        self.delay_model = self._measure_delays()
+        self.trace = trace if trace is not None else store.trace
+        self.plan: TierPlan | None = None
+        self.layers = [self._new_layer(li) for li in range(self.L)]
+        self.scheduler = (
+            Scheduler(self.pack, config.threads, self.delay_model.d_dec, self.delay_model.d_sm)
+            if config.threads > 0
+            else Scheduler(self.pack, 1, self.delay_model.d_dec, self.delay_model.d_sm)
+        )
+        self.predictor = ExpertPredictor(self.L, self.E)
+        self.prefetching: dict[tuple[int, int], _Loading] = {}
+        self._verified: set[tuple[int, int, str]] = set()
+        self.stats = OffloadStats()
+        self._base = (self.pack.bytes_read, self.pack.read_s)
+
+    # ------------------------------------------------------------------------ setup
+    def _measure_delays(self) -> DelayModel:
+        """Delay constants from the store: ``d_dec`` = (chunk decodes + recombination) of
+        expert (0, 0)'s tensors per chunk, timed here [I: the authors' constant is a
+        profiled decompression time per tensor; our CPU recombination is not free, so it is
+        included]; ``d_sm`` = one tensor's SM bytes at the capped or a measured read
+        bandwidth; ``CR`` = coded / raw exponent bytes."""
+        specs = list(self.pack.tensors(0, 0).values())
+        T = len(specs)
+        if self.raw:
+            return DelayModel(T, max(1, self.config.threads), 1, 0.0, 1e-3, 1.0)
+        chunks = max(1, len(specs[0]["chunks"]))
+        blobs = [[read_segment(self.pack.read, r, "chunk") for r in s["chunks"]] for s in specs]
+        sms = [read_segment(self.pack.read, s["sm"], "sm") for s in specs]
+        t0 = time.perf_counter()
+        n = 0
+        for spec, chunk_blobs, sm in zip(specs, blobs, sms, strict=True):
+            parts = [decode_exponent_chunk(spec, i, b) for i, b in enumerate(chunk_blobs)]
+            assemble(spec, np.concatenate(parts) if parts else np.empty(0, np.uint8), sm, False)
+            n += len(chunk_blobs)
+        d_dec = (time.perf_counter() - t0) / max(n, 1)
+        sm_bytes = float(np.mean([len(b) for b in sms]))
+        if self.config.storage_mbps is not None:
+            bw = self.config.storage_mbps * 1e6
+        else:
+            t0 = time.perf_counter()
+            nbytes = sum(len(self.pack.read(s["sm"]["offset"], s["sm"]["size"])) for s in specs)
+            bw = nbytes / max(time.perf_counter() - t0, 1e-9)
+        raw_exp = sum(s["numel"] for s in specs)
+        coded = sum(r["size"] for s in specs for r in s["chunks"])
+        return DelayModel(
+            T, max(1, self.config.threads), chunks, d_dec, sm_bytes / bw, coded / max(raw_exp, 1)
+        )
+
+    def _single_tier_slots(self, budget: float) -> list[int]:
+        """Full-expert slots per layer for the single-tier policies: ``⌊budget/L / expert⌋``
+        each; the prefetch staging buffer (``prefetch`` experts) is paid from the bytes the
+        per-layer rounding leaves over, and only then by removing slots (one layer at a
+        time), so it costs at most its own size."""
+        slots = [min(self.E, int(budget / self.L // self.full_bytes))] * self.L
+        spare = budget - sum(slots) * self.full_bytes
+        need = self.config.prefetch * self.full_bytes - spare
+        i = 0
+        while need > 0 and any(slots):
+            if slots[i % self.L]:
+                slots[i % self.L] -= 1
+                need -= self.full_bytes
+            i += 1
+        return slots
+
+    def _new_layer(self, li: int) -> LayerState:
+        c = self.config
+        if c.policy == "zipmoe":
+            if self.plan is None:
+                if self.trace is None:
+                    self.plan = TierPlan(
+                        "lfu",
+                        min(self.E, int(self.layer_bytes // self.full_bytes)),
+                        0,
+                        1.0,
+                        math.nan,
+                    )
+                else:
+                    self.plan = plan_tiers(
+                        self.trace, self.k, self.E, self.layer_bytes, self.full_bytes,
+                        self.sm_bytes, self.delay_model,
+                    )  # fmt: skip
+            if self.plan.kind == "two_tier":
+                return LayerState(None, TwoTierCache(self.plan.n_full, self.plan.n_sm, self.E))
+            return LayerState(SlotCache(self.plan.n_full, build_policy("zipmoe")), None)
+        cap = self.slots_per_layer[li]
+        future = c.future[li] if c.policy == "belady" else None
+        return LayerState(SlotCache(cap, build_policy(c.policy, future)), None)
+
+    def close(self) -> None:
+        self.scheduler.close()
+
+    def reset_stats(self) -> None:
+        self.stats = OffloadStats()
+        self._base = (self.pack.bytes_read, self.pack.read_s)
+
+    def snapshot(self) -> OffloadStats:
+        """The counters so far, with bytes read and read seconds from the pack."""
+        s = self.stats
+        s.bytes_read = self.pack.bytes_read - self._base[0]
+        s.read_s = self.pack.read_s - self._base[1]
+        s.decode_s = self.scheduler.stats.decode_s
+        s.merge_s = self.scheduler.stats.merge_s
+        return s
+
+    # ------------------------------------------------------------------------ loading
+    def _verify(self, key: tuple[int, int, str]) -> bool:
+        v = self.config.verify
+        if v == "always":
+            return True
+        if v == "off" or key in self._verified:
+            return False
+        self._verified.add(key)
+        return True
+
+    def _tasks(self, li: int, e: int, sm: dict[str, np.ndarray] | None) -> list[TensorTask]:
+        return [
+            TensorTask(
+                li, e, name, spec, None if sm is None else sm[name], self._verify((li, e, name))
+            )
+            for name, spec in self.pack.tensors(li, e).items()
+        ]
+
+    def _start(self, tasks: list[TensorTask]) -> dict[tuple[int, str], Future]:
+        if self.config.threads == 0:
+            out = {}
+            for t in tasks:
+                f: Future = Future()
+                tensor, sm = self.scheduler.load_serial(t)
+                f.set_result(tensor)
+                f.sm = sm  # type: ignore[attr-defined]
+                out[(t.expert, t.name)] = f
+            return out
+        return {(t.expert, t.name): f for t, f in self.scheduler.submit(tasks)}
+
+    def _install(
+        self, st: LayerState, e: int, loading: _Loading, weights: dict[str, Tensor]
+    ) -> None:
+        if loading.after == "full":
+            st.full[e] = weights
+            st.sm.pop(e, None)
+        elif loading.after == "sm":
+            sm = {}
+            for name, f in loading.futures.items():
+                job = getattr(f, "job", None)
+                sm[name] = job.sm if job is not None else getattr(f, "sm", None)
+            if all(v is not None for v in sm.values()):
+                st.sm[e] = sm
+
+    def fetch(self, li: int, counts: list[int]) -> Iterator[tuple[int, dict[str, Tensor]]]:
+        """Yield ``(expert, {tensor name: weight})`` for every expert with ``counts[e] > 0`` at
+        layer ``li``: hits first, then loads in completion order.
+
+        Raises:
+            StoreError: a segment or tensor fails its checksum (names the expert and file).
+        """
+        st = self.layers[li]
+        ready: list[tuple[int, dict[str, Tensor]]] = []
+        loads: dict[int, _Loading] = {}
+        tasks: list[TensorTask] = []
+        for e, c in enumerate(counts):
+            if not c:
+                continue
+            self.stats.requests += 1
+            if st.tiers is not None:
+                acc = st.tiers.access(e, c)
+                before, after, evicted = acc.before, acc.after, acc.evicted
+            else:
+                a = st.slots.access(e, c)
+                before = "full" if a.hit else "miss"
+                after = "full" if a.cached else None
+                evicted = [(a.evicted, "full")] if a.evicted is not None else []
+            held_full = st.full.get(e)
+            held_sm = st.sm.get(e)
+            for v, tier in evicted:
+                (st.full if tier == "full" else st.sm).pop(v, None)
+            if before == "full" and held_full is not None:
+                self.stats.hits_full += 1
+                ready.append((e, held_full))
+                continue
+            pre = self.prefetching.pop((li, e), None)
+            if pre is not None:
+                self.stats.prefetch_hits += 1
+                self.stats.misses += 1
+                pre.after = after
+                loads[e] = pre
+                continue
+            if before == "sm" and held_sm is not None:
+                self.stats.hits_sm += 1
+            else:
+                self.stats.misses += 1
+                held_sm = None
+            new = self._tasks(li, e, held_sm)
+            tasks.extend(new)
+            loads[e] = _Loading({}, after)
+        started = self._start(tasks)
+        for (e, name), f in started.items():
+            loads[e].futures[name] = f
+        self._discard_prefetches(li)
+        self.predictor.update(li, counts)
+        yield from ready
+        pending = dict(loads)
+        while pending:
+            t0 = time.perf_counter()
+            done_e = [e for e, ld in pending.items() if all(f.done() for f in ld.futures.values())]
+            if not done_e:
+                wait(
+                    [f for ld in pending.values() for f in ld.futures.values()],
+                    return_when=FIRST_COMPLETED,
+                )
+                self.stats.wait_s += time.perf_counter() - t0
+                continue
+            for e in done_e:
+                ld = pending.pop(e)
+                weights = {n: f.result() for n, f in ld.futures.items()}
+                self._install(st, e, ld, weights)
+                yield e, weights
+        if self.config.prefetch and li + 1 < self.L:
+            self._prefetch(li + 1)
+
+    def _discard_prefetches(self, li: int) -> None:
+        for key in [k for k in self.prefetching if k[0] == li]:
+            self.prefetching.pop(key)
+
+    def _prefetch(self, li: int) -> None:
+        st = self.layers[li]
+        for e in self.predictor.predict(li, self.config.prefetch):
+            if e in st.full or (li, e) in self.prefetching:
+                continue
+            tasks = self._tasks(li, e, st.sm.get(e))
+            if self.config.threads == 0:
+                continue  # serial loading cannot overlap; prefetch needs threads
+            started = self.scheduler.submit(tasks)
+            self.prefetching[(li, e)] = _Loading({t.name: f for t, f in started}, None, True)
+            self.stats.prefetch_issued += 1

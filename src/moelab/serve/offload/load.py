@@ -1,0 +1,78 @@
+"""``load_offloaded``: a model whose experts stay in a lossless store on disk.
+
+The returned :class:`MoETransformer` holds only the dense weights (embeddings, attention,
+norms, routers, shared experts) in memory; every MoE layer's expert bank is an
+:class:`OffloadedExpertBank` served by one :class:`OffloadEngine` (caches, scheduler,
+statistics), reachable as ``model.offload_engine``. Outputs are bit-identical to the model
+in memory. It works with :func:`moelab.serve.generate.generate_ids`, ``moelab eval`` and the
+server like any model (inference only).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from moelab.compress.lossless.model_store import open_store, skeleton_model
+from moelab.models.transformer import MoETransformer
+from moelab.serve.offload.bank import OffloadedExpertBank
+from moelab.serve.offload.engine import OffloadConfig, OffloadEngine
+
+
+def load_offloaded(
+    folder: str | os.PathLike[str],
+    *,
+    cache_mb: float,
+    policy: str = "zipmoe",
+    storage_mbps: float | None = None,
+    threads: int = 2,
+    prefetch: int = 0,
+    verify: str = "first",
+    trace: np.ndarray | None = None,
+    future: list[list[int]] | None = None,
+) -> MoETransformer:
+    """Load a store written by ``moelab compress RUN --lossless --out DIR`` for offloaded
+    inference.
+
+    Args:
+        folder: the store folder.
+        cache_mb: expert cache budget in MiB, all layers together (>= one layer's top-k
+            experts).
+        policy: ``zipmoe`` (planned full/SM tiers, token-weighted LFU with admission),
+            ``lru``, ``lfu``, ``fifo``, or ``belady`` (needs ``future``).
+        storage_mbps: emulate storage of this bandwidth (MB/s, 10^6 B/s).
+        threads: decode threads (0 = serial loads).
+        prefetch: next-layer experts to prefetch (0 = off).
+        verify: sha256 check of decoded tensors: ``first``, ``always`` or ``off``.
+        trace: routing counts ``[P, L, E]`` for the planner (default: the store's profile).
+        future: per layer, recorded expert requests (``belady``).
+    Returns:
+        An eval-mode model; ``model.offload_engine`` is its :class:`OffloadEngine`.
+    Raises:
+        StoreError: missing, truncated, corrupt or foreign store (names the file/expert).
+        ValueError: bad settings or a budget below one layer's top-k experts.
+    """
+    store = open_store(folder, storage_mbps)
+    engine = OffloadEngine(
+        store,
+        OffloadConfig(
+            cache_mb=cache_mb, policy=policy, threads=threads, prefetch=prefetch,
+            storage_mbps=storage_mbps, verify=verify, future=future,
+        ),
+        trace=trace,
+    )  # fmt: skip
+
+    def bank(li, layer):
+        return OffloadedExpertBank(
+            engine, li, layer.config.experts, layer.config.router.num_experts
+        )
+
+    model = skeleton_model(store, bank)
+    model.offload_engine = engine
+    return model
+
+
+def offload_engine(model: MoETransformer) -> OffloadEngine | None:
+    """The :class:`OffloadEngine` of a model from :func:`load_offloaded` (None otherwise)."""
+    return getattr(model, "offload_engine", None)

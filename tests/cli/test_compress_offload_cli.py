@@ -1,0 +1,112 @@
+"""``moelab compress --lossless`` and ``generate``/``eval --offload``: outputs equal the in-memory
+run; bad input gives one line, exit 2 and no output folder."""
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from moelab.cli import app
+from moelab.data import ByteTokenizer
+from moelab.models import ModelConfig, MoETransformer, save_model
+
+runner = CliRunner()
+
+
+def err_line(result):
+    assert result.exit_code == 2, result.output
+    text = result.output.strip()
+    assert "Traceback" not in text and text.startswith("error:"), text
+    return text
+
+
+@pytest.fixture(scope="module")
+def run_and_store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    torch.manual_seed(0)
+    save_model(MoETransformer(ModelConfig.tiny(vocab_size=256, max_seq_len=64)), root / "run")
+    ByteTokenizer().save(root / "run")
+    corpus = root / "text.txt"
+    corpus.write_text("to be or not to be, that is the question. " * 40)
+    r = runner.invoke(
+        app,
+        ["compress", str(root / "run"), "--lossless", "--out", str(root / "store"), "--dtype",
+         "bf16", "--profile-data", str(corpus), "--profile-tokens", "256", "--json"],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    return root, json.loads(r.output)
+
+
+def test_compress_reports_sizes(run_and_store):
+    root, report = run_and_store
+    k = report["kinds"]["w_gate_up"]
+    assert k["sign_mantissa"] == k["elements"] and 0 < k["exponent"] < k["elements"]
+    assert (root / "store" / "profile.json").is_file()
+    assert (root / "store" / "tokenizer_meta.json").is_file()
+
+
+def test_offloaded_generate_equals_in_memory(run_and_store, tmp_path):
+    root, _ = run_and_store
+    # the in-memory reference: the same model cast to bf16 (what the store holds)
+    from moelab.models import load_model
+
+    ref = tmp_path / "ref"
+    save_model(load_model(root / "run").to(torch.bfloat16), ref)
+    ByteTokenizer().save(ref)
+    args = ["--prompt", "to be", "--max-new-tokens", "20", "--temperature", "0"]
+    want = runner.invoke(app, ["generate", str(ref), *args])
+    assert want.exit_code == 0, want.output
+    for policy in ("zipmoe", "lru"):
+        got = runner.invoke(
+            app,
+            ["generate", str(root / "store"), *args, "--offload", "--cache-mb", "1",
+             "--policy", policy, "--storage-mbps", "1000"],
+        )  # fmt: skip
+        assert got.exit_code == 0, got.output
+        assert got.stdout.splitlines()[0] == want.stdout.splitlines()[0]
+        assert "hit rate" in got.output
+
+
+def test_offloaded_eval(run_and_store):
+    root, _ = run_and_store
+    r = runner.invoke(
+        app,
+        ["eval", str(root / "store"), "--offload", "--cache-mb", "1", "--data",
+         str(root / "text.txt"), "--tokens", "256", "--json"],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "bits_per_byte" in r.output
+
+
+def test_bad_inputs(run_and_store, tmp_path):
+    root, _ = run_and_store
+    store = str(root / "store")
+    assert "smaller than one layer" in err_line(
+        runner.invoke(app, ["generate", store, "--offload", "--cache-mb", "0.01"])
+    )
+    assert "cache_mb" in err_line(runner.invoke(app, ["generate", store, "--offload"]))
+    assert "need --offload" in err_line(runner.invoke(app, ["generate", store, "--cache-mb", "3"]))
+    assert "store.json" in err_line(
+        runner.invoke(app, ["generate", str(root / "run"), "--offload", "--cache-mb", "3"])
+    )
+    out = tmp_path / "o"
+    assert "--lossless" in err_line(
+        runner.invoke(app, ["compress", str(root / "run"), "--out", str(out)])
+    )
+    assert "codec" in err_line(
+        runner.invoke(
+            app, ["compress", str(root / "run"), "--lossless", "--out", str(out), "--codec", "lz4"]
+        )
+    )
+    assert not out.exists()
+    torch.manual_seed(0)
+    half = tmp_path / "half"
+    save_model(MoETransformer(ModelConfig.tiny(vocab_size=256)).to(torch.float16), half)
+    ByteTokenizer().save(half)
+    assert "bfloat16 and float32" in err_line(
+        runner.invoke(
+            app, ["compress", str(half), "--lossless", "--out", str(out), "--profile-tokens", "0"]
+        )
+    )
+    assert not out.exists()

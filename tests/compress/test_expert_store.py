@@ -1,0 +1,115 @@
+"""The expert store: bit-exact model round trip, corrupt/truncated/foreign stores refused."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from moelab.compress.lossless import StoreError, compress_model, decompress_model, open_store
+from moelab.compress.lossless.store import INDEX_FILE, PACK_FILE
+from moelab.models import ModelConfig, MoETransformer
+
+
+def tiny(seed=0, dtype=torch.bfloat16, **kw):
+    torch.manual_seed(seed)
+    cfg = ModelConfig.tiny(vocab_size=40, max_seq_len=32, **kw)
+    return MoETransformer(cfg).eval().to(dtype)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("s") / "store"
+    model = tiny()
+    trace = np.ones((2, model.cfg.num_moe_layers, model.cfg.moe.router.num_experts), dtype=int)
+    report = compress_model(model, folder, codec="zstd", trace=trace)
+    return folder, model, report
+
+
+def test_store_round_trips_the_model_bit_exactly(store):
+    folder, model, report = store
+    back = decompress_model(folder)
+    ref, got = model.state_dict(), back.state_dict()
+    assert ref.keys() == got.keys()
+    for k in ref:
+        assert ref[k].dtype == got[k].dtype and torch.equal(ref[k], got[k]), k
+    x = torch.randint(0, 40, (2, 9))
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, back(x).logits)
+    k = report.kinds["w_gate_up"]
+    assert k.elements == sum(b.ffn.experts.w_gate_up.numel() for b in model.blocks)
+    assert k.sign_mantissa == k.elements  # one raw byte per bf16 element
+    assert 0 < k.exponent < k.elements  # coded exponent below one byte per element
+    s = open_store(folder)
+    assert s.trace.shape == (2, model.cfg.num_moe_layers, 4)
+    assert json.loads((folder / INDEX_FILE).read_text())["format_version"] == 1
+
+
+def test_fp32_store_and_unsupported_dtype(tmp_path):
+    model = tiny(dtype=torch.float32)
+    compress_model(model, tmp_path / "f32", codec="ans")
+    back = decompress_model(tmp_path / "f32")
+    assert back.blocks[0].ffn.experts.w_down.dtype == torch.float32
+    assert torch.equal(back.blocks[1].ffn.experts.w_down, model.blocks[1].ffn.experts.w_down)
+    with pytest.raises(ValueError, match="bfloat16 and float32"):
+        compress_model(tiny(dtype=torch.float16), tmp_path / "f16")
+    assert not (tmp_path / "f16").exists()
+    with pytest.raises(ValueError, match="codec"):
+        compress_model(model, tmp_path / "bad", codec="lz4")
+    assert not (tmp_path / "bad").exists()
+
+
+def copy_store(store, tmp_path):
+    dst = tmp_path / "copy"
+    shutil.copytree(store[0], dst)
+    return dst
+
+
+def corrupt_spec(folder):
+    index = json.loads((folder / INDEX_FILE).read_text())
+    entry = index["experts"][5]  # layer 1, expert 1 (tiny: 4 experts per layer)
+    return entry["layer"], entry["expert"], entry["tensors"]["w_down"]
+
+
+def test_tampered_pack_names_expert_and_file(store, tmp_path):
+    folder = copy_store(store, tmp_path)
+    layer, expert, spec = corrupt_spec(folder)
+    with open(folder / PACK_FILE, "r+b") as f:
+        f.seek(spec["sm"]["offset"] + 3)
+        b = f.read(1)
+        f.seek(spec["sm"]["offset"] + 3)
+        f.write(bytes([b[0] ^ 0x10]))
+    s = open_store(folder)  # the size is right, so opening works; the read fails
+    with pytest.raises(
+        StoreError, match=rf"experts.pack: layer {layer} expert {expert} tensor 'w_down'.*checksum"
+    ):
+        s.pack.load_tensor(layer, expert, "w_down")
+    with pytest.raises(StoreError, match="checksum"):
+        s.pack.verify()
+
+
+def test_truncated_and_foreign_stores(store, tmp_path):
+    folder = copy_store(store, tmp_path)
+    with open(folder / PACK_FILE, "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(StoreError, match=r"experts.pack: truncated or altered"):
+        open_store(folder)
+    # a store whose pack and index come from another model
+    other = tmp_path / "other"
+    compress_model(tiny(seed=1, n_layers=3), other, codec="zstd")
+    shutil.copy(other / PACK_FILE, folder / PACK_FILE)
+    shutil.copy(other / INDEX_FILE, folder / INDEX_FILE)
+    with pytest.raises(StoreError, match="belongs to another model"):
+        open_store(folder)
+    with pytest.raises(StoreError, match=r"store\.json: missing"):
+        open_store(tmp_path)
+
+
+def test_existing_output_is_kept(store, tmp_path):
+    out = tmp_path / "keep"
+    out.mkdir()
+    (out / "x").write_text("mine")
+    with pytest.raises(FileExistsError):
+        compress_model(store[1], out)
+    assert (out / "x").read_text() == "mine"
