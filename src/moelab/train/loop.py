@@ -36,7 +36,9 @@ from moelab.train.checkpoint import load_checkpoint, save_checkpoint
 from moelab.train.config import ConfigError, TrainConfig
 from moelab.train.distributed import DistInfo, barrier, init_distributed, shutdown
 from moelab.train.evaluate import EvalResult, evaluate
+from moelab.train.expand import ExpandSpec, check_expansion, expand_live
 from moelab.train.metrics import MetricsLog
+from moelab.train.optim import build_optimizer
 from moelab.train.progress import TrainProgress
 from moelab.train.schedule import lr_at
 from moelab.utils.atomic import atomic_write_json
@@ -72,15 +74,6 @@ class _LossModule(nn.Module):
 def moe_layers(model: nn.Module) -> list[MoELayer]:
     """The model's MoE layers in depth order."""
     return [m for m in model.modules() if isinstance(m, MoELayer)]
-
-
-def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
 
 
 def read_run_info(run_dir: Path) -> dict[str, Any]:
@@ -158,6 +151,27 @@ def _eval_record(step: int, result: EvalResult) -> dict[str, Any]:
     for name, score in result.per_domain.items():
         rec[f"bpb/{name}"] = score.bits_per_byte
     return rec
+
+
+def _width(model: MoETransformer) -> dict[str, int]:
+    c = model.cfg
+    inner = c.moe.experts.ffn_hidden_size if c.moe is not None else c.dense_ffn_size
+    return {"d_model": c.d_model, "n_heads": c.n_heads, "inner": inner}
+
+
+def _expand(model, optimizer, cfg: TrainConfig, stream: TokenStream, step: int):
+    """SPARKLING width expansion before optimizer step ``step`` (moelab.train.expand).
+
+    The calibration batch (8 sequences) and the new entries' random draws come from their own
+    generators seeded by ``(seed, step)``, so the training batches and RNG are untouched and a
+    resumed run expands identically."""
+    spec = ExpandSpec.from_train_config(cfg)
+    gen = torch.Generator().manual_seed(cfg.seed * 7919 + step)
+    calib = sample_batch(stream, 8, cfg.seq_len, gen).input_ids
+    out = expand_live(
+        model, optimizer, spec, cfg, step=step, calib_ids=calib, seed=cfg.seed * 7919 + step
+    )
+    return out.model, out.optimizer
 
 
 class _StopFlag:
@@ -249,6 +263,8 @@ def _train(
         raise ConfigError(
             f"seq_len: {cfg.seq_len} exceeds the model's max_seq_len={model.cfg.max_seq_len}"
         )
+    if cfg.expand_at is not None and (ckpt is None or ckpt.step <= cfg.expand_at):
+        check_expansion(model.cfg, ExpandSpec.from_train_config(cfg))
     if dist_info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         if not resume:
@@ -261,14 +277,11 @@ def _train(
     layers = moe_layers(model)
     module = _LossModule(model)
     step_fn = DDP(module) if dist_info.enabled else module
-    optimizer = torch.optim.AdamW(
-        _param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps
-    )
+    optimizer = build_optimizer(model, cfg, ckpt.state["optimizer"] if ckpt is not None else None)
     generator = torch.Generator().manual_seed(cfg.seed * 1000 + dist_info.rank)
     start_step, tokens_seen, elapsed_before = 0, 0, 0.0
     metrics = MetricsLog(run_dir / "metrics.jsonl")
     if ckpt is not None:
-        optimizer.load_state_dict(ckpt.state["optimizer"])
         torch.set_rng_state(ckpt.state["torch_rng"])
         generator.set_state(ckpt.state["generator"][dist_info.rank])
         start_step = ckpt.step
@@ -325,6 +338,13 @@ def _train(
         if start_step == 0:  # the starting point of the validation curve
             validate(0)
         while step < cfg.steps:
+            if cfg.expand_at is not None and step == cfg.expand_at:
+                model, optimizer = _expand(model, optimizer, cfg, train_stream, step)
+                layers = moe_layers(model)
+                module = _LossModule(model)
+                step_fn = DDP(module) if dist_info.enabled else module
+                if dist_info.is_main:
+                    metrics.write({"step": step, "split": "expand", **_width(model)})
             lr = lr_at(
                 step,
                 lr=cfg.lr,
@@ -332,8 +352,7 @@ def _train(
                 total_steps=cfg.steps,
                 min_lr_ratio=cfg.min_lr_ratio,
             )
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+            optimizer.set_lr(step, lr)
             t_step = time.perf_counter()
             counts = [
                 torch.zeros(layer.config.router.num_experts, dtype=torch.int64) for layer in layers
