@@ -183,6 +183,12 @@ def train(
     max_bytes_per_domain: Annotated[int | None, Opt(help="Cap per corpus domain, bytes.")] = None,
     time_budget: Annotated[float | None, Opt(help="Stop after this many seconds.")] = None,
     seed: Annotated[int | None, Opt(help="Random seed.")] = None,
+    optimizer: Annotated[str | None, Opt(help="adamw, or muon (Muon on 2-D matrices).")] = None,
+    expand_at: Annotated[int | None, Opt(help="Grow the width before this step (SPARKLING).")] = None,
+    expand: Annotated[str | None, Opt(help="Width factors, e.g. hidden=2x,expert=2x.")] = None,
+    expand_init: Annotated[str | None, Opt(help="sparkling, naive or copy.")] = None,
+    expand_state: Annotated[str | None, Opt(help="asymmetric or symmetric.")] = None,
+    rewarm_steps: Annotated[int | None, Opt(help="LR re-warmup steps of new entries.")] = None,
     progress: Annotated[bool, Opt(help="Show the progress bar.")] = True,
 ) -> None:
     """Train an MoE language model on real text.
@@ -195,8 +201,12 @@ def train(
       moelab train --router usmoe --usmoe-budget 0.86
       moelab train --spec-loss --cross-loss --spec-coeff 0.01 --cross-coeff 0.01
       torchrun --nproc-per-node 2 -m moelab.cli train --steps 100
+      moelab train --steps 1000 --expand-at 450 --expand hidden=2x,expert=2x
     """
+    from moelab.train.expand import parse_expand
     from moelab.train.loop import train as train_run
+
+    grow = guarded(parse_expand, expand) if expand is not None else {}
 
     run_dir = out or Path("runs") / name
     model_flags = dict(
@@ -215,6 +225,9 @@ def train(
         bpe_vocab_size=bpe_vocab_size, max_bytes_per_domain=max_bytes_per_domain,
         time_budget_s=time_budget, seed=seed, init_from=init_from, val_fraction=val_fraction,
         min_lr_ratio=min_lr_ratio, beta1=beta1, beta2=beta2, eps=adam_eps,
+        optimizer=optimizer, expand_at=expand_at, expand_hidden=grow.get("hidden"),
+        expand_expert=grow.get("expert"), expand_init=expand_init, expand_state=expand_state,
+        rewarm_steps=rewarm_steps,
     )  # fmt: skip
     given = [k for k, v in {**model_flags, **train_flags}.items() if v is not None]
     if resume and (given or config or dense):

@@ -67,6 +67,7 @@ from torch import Tensor, nn
 from moelab.core.experts.bank import SharedExpert
 from moelab.core.layer import MoELayer
 from moelab.core.routers.base import Router
+from moelab.data import TokenStream, sample_batch
 from moelab.models import ModelConfig, MoETransformer
 from moelab.train.config import TrainConfig
 from moelab.train.expand_axes import Axis, ParamPlan, Region, full_region
@@ -633,6 +634,7 @@ class Expansion:
     optimizer: ShardedOptimizer
     scales: dict[str, Tensor]
     plans: dict[str, ParamPlan]
+    spec: ExpandSpec
 
 
 def expand_live(
@@ -652,7 +654,45 @@ def expand_live(
     """
     grown = expand_model(model, spec, calib_ids, seed)
     new_opt = expand_optimizer(optimizer, model, grown, spec, cfg, step)
-    return Expansion(grown.model, new_opt, grown.scales, grown.plans)
+    return Expansion(grown.model, new_opt, grown.scales, grown.plans, spec)
+
+
+def expansion_record(step: int, cfg: ModelConfig, spec: ExpandSpec) -> dict[str, Any]:
+    """The ``metrics.jsonl`` line of an expansion (``split: "expand"``): new widths and how."""
+    inner = cfg.moe.experts.ffn_hidden_size if cfg.moe is not None else cfg.dense_ffn_size
+    return {
+        "step": step,
+        "split": "expand",
+        "d_model": cfg.d_model,
+        "n_heads": cfg.n_heads,
+        "inner": inner,
+        "hidden_factor": spec.hidden,
+        "inner_factor": spec.inner,
+        "init": spec.init,
+        "state": spec.state,
+        "rewarm_steps": spec.rewarm_steps,
+    }
+
+
+CALIBRATION_SEQUENCES = 8
+
+
+def expand_in_training(
+    model: MoETransformer,
+    optimizer: ShardedOptimizer,
+    spec: ExpandSpec,
+    cfg: TrainConfig,
+    stream: TokenStream,
+    step: int,
+) -> Expansion:
+    """:func:`expand_live` as the training loop and ``moelab expand`` do it: the calibration
+    batch (8 training sequences) and the new entries' random draws come from their own
+    generators seeded by ``(cfg.seed, step)``, so the training batches and RNG are untouched and
+    an in-loop expansion, a resumed one and an offline one give the same model."""
+    seed = cfg.seed * 7919 + step
+    gen = torch.Generator().manual_seed(seed)
+    calib = sample_batch(stream, CALIBRATION_SEQUENCES, cfg.seq_len, gen).input_ids
+    return expand_live(model, optimizer, spec, cfg, step=step, calib_ids=calib, seed=seed)
 
 
 # ---------------------------------------------------------------------------- metrics
@@ -708,6 +748,7 @@ __all__ = [
     "ExpandedModel",
     "Expansion",
     "counterpart_cosine",
+    "expand_in_training",
     "expand_live",
     "expand_model",
     "expand_optimizer",

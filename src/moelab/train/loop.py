@@ -36,7 +36,12 @@ from moelab.train.checkpoint import load_checkpoint, save_checkpoint
 from moelab.train.config import ConfigError, TrainConfig
 from moelab.train.distributed import DistInfo, barrier, init_distributed, shutdown
 from moelab.train.evaluate import EvalResult, evaluate
-from moelab.train.expand import ExpandSpec, check_expansion, expand_live
+from moelab.train.expand import (
+    ExpandSpec,
+    check_expansion,
+    expand_in_training,
+    expansion_record,
+)
 from moelab.train.metrics import MetricsLog
 from moelab.train.optim import build_optimizer
 from moelab.train.progress import TrainProgress
@@ -151,27 +156,6 @@ def _eval_record(step: int, result: EvalResult) -> dict[str, Any]:
     for name, score in result.per_domain.items():
         rec[f"bpb/{name}"] = score.bits_per_byte
     return rec
-
-
-def _width(model: MoETransformer) -> dict[str, int]:
-    c = model.cfg
-    inner = c.moe.experts.ffn_hidden_size if c.moe is not None else c.dense_ffn_size
-    return {"d_model": c.d_model, "n_heads": c.n_heads, "inner": inner}
-
-
-def _expand(model, optimizer, cfg: TrainConfig, stream: TokenStream, step: int):
-    """SPARKLING width expansion before optimizer step ``step`` (moelab.train.expand).
-
-    The calibration batch (8 sequences) and the new entries' random draws come from their own
-    generators seeded by ``(seed, step)``, so the training batches and RNG are untouched and a
-    resumed run expands identically."""
-    spec = ExpandSpec.from_train_config(cfg)
-    gen = torch.Generator().manual_seed(cfg.seed * 7919 + step)
-    calib = sample_batch(stream, 8, cfg.seq_len, gen).input_ids
-    out = expand_live(
-        model, optimizer, spec, cfg, step=step, calib_ids=calib, seed=cfg.seed * 7919 + step
-    )
-    return out.model, out.optimizer
 
 
 class _StopFlag:
@@ -339,12 +323,15 @@ def _train(
             validate(0)
         while step < cfg.steps:
             if cfg.expand_at is not None and step == cfg.expand_at:
-                model, optimizer = _expand(model, optimizer, cfg, train_stream, step)
+                grown = expand_in_training(
+                    model, optimizer, ExpandSpec.from_train_config(cfg), cfg, train_stream, step
+                )
+                model, optimizer = grown.model, grown.optimizer
                 layers = moe_layers(model)
                 module = _LossModule(model)
                 step_fn = DDP(module) if dist_info.enabled else module
                 if dist_info.is_main:
-                    metrics.write({"step": step, "split": "expand", **_width(model)})
+                    metrics.write(expansion_record(step, model.cfg, grown.spec))
             lr = lr_at(
                 step,
                 lr=cfg.lr,

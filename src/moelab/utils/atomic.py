@@ -90,9 +90,12 @@ def write_folder_atomically(
     os.chmod(tmp, 0o777 & ~_current_umask())
     try:
         result = fill(tmp)
-        for p in tmp.iterdir():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
+        for p in sorted(tmp.rglob("*"), reverse=True):  # files, then their folders
+            if p.is_file():
+                with open(p, "rb") as f:
+                    os.fsync(f.fileno())
+            elif p.is_dir():
+                fsync_dir(p)
         fsync_dir(tmp)
         old = None
         if out_dir.exists():

@@ -1,0 +1,245 @@
+"""SPARKLING mid-training width expansion (arXiv 2602.02472) on the real ``mix`` corpus.
+
+Settings: {dense, MoE} × {2× hidden size, 2× expert inner size} with AdamW, plus dense 2×
+hidden with Muon. Each setting, 3 seeds, compares four runs of ``moelab.train.loop.train``
+with the same total steps, schedule and data order:
+
+- ``sparkling``: ``--expand-at T_E --expand-init sparkling`` (RMS-scale-consistent random new
+  entries, asymmetric optimizer-state reset, re-warmup of the new entries);
+- ``naive``: default-initialised new entries, symmetric optimizer state (new entries join the
+  old step counter with zero moments, no re-warmup);
+- ``copy``: function-preserving copies (HyperCloning for hidden, Net2Net for the inner width),
+  symmetric optimizer state (copied moments);
+- ``scratch``: the final width from step 0.
+
+Measured per run (mean ± sd over the seeds):
+
+- spike: max training loss over the 50 steps after the expansion / mean training loss over
+  the 20 steps before, minus 1, in %. The ``scratch`` row applies the same windows to the
+  from-scratch run (no expansion): that is the noise floor of this statistic on batches of
+  this size;
+- pair cos: mean cosine similarity between each new unit and the old unit it copies
+  (``copy``) or its counterpart ``j mod n_old`` (other rows) 200 steps after the expansion —
+  residual channels for hidden expansion, expert/FFN hidden units for inner expansion
+  (``moelab.train.expand.counterpart_cosine``); the scratch row is unrelated units, the
+  independence reference;
+- final validation bits per byte;
+- compute to reach scratch's final loss: training FLOPs (analytic ``6·N_active + 6·L·S·d_attn``
+  per token) and wall time until the 20-step rolling training loss first reaches the scratch
+  run's final 20-step rolling loss, as a fraction of what scratch needed; ``reached`` counts
+  the seeds that got there.
+
+Usage::
+
+    python benchmarks/sparkling.py                 # 5 settings x 4 runs x 3 seeds
+    python benchmarks/sparkling.py --steps 200 --expand-at 80 --seeds 1   # quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from moelab.core.config import ExpertsConfig, LossConfig, MoEConfig, RouterConfig
+from moelab.models import ModelConfig, count_params, load_model
+from moelab.train.config import TrainConfig
+from moelab.train.expand import counterpart_cosine, expanded_config
+from moelab.train.loop import train
+
+METHODS = {
+    "sparkling": {"expand_init": "sparkling", "expand_state": "asymmetric"},
+    "naive": {"expand_init": "naive", "expand_state": "symmetric"},
+    "copy": {"expand_init": "copy", "expand_state": "symmetric"},
+    "scratch": None,
+}
+SETTINGS = (
+    ("dense", "hidden", "adamw"),
+    ("dense", "expert", "adamw"),
+    ("moe", "hidden", "adamw"),
+    ("moe", "expert", "adamw"),
+    ("dense", "hidden", "muon"),
+)
+
+
+def small_config(kind: str, seq_len: int) -> ModelConfig:
+    """2 layers, D=32, 2 heads of 16 (1 KV head), byte vocabulary; MoE: 4 experts of F=32,
+    top-2; dense: one SwiGLU FFN of width 64."""
+    cfg = ModelConfig(
+        vocab_size=256,
+        d_model=32,
+        n_layers=2,
+        n_heads=2,
+        n_kv_heads=1,
+        max_seq_len=seq_len,
+        dense_ffn_size=64,
+        moe=MoEConfig(
+            router=RouterConfig(num_experts=4, top_k=2),
+            experts=ExpertsConfig(hidden_size=32, ffn_hidden_size=32),
+            losses=LossConfig(load_balance="switch", aux_loss_coeff=1e-2),
+        ),
+    )
+    return dataclasses.replace(cfg, moe=None) if kind == "dense" else cfg
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs per token: 6 × active matmul parameters (the embedding lookup is not a
+    matmul) + 6·L·S·d_attn for the attention scores and values (Kaplan et al. 2020)."""
+    from moelab.models import MoETransformer
+
+    with torch.device("meta"):
+        model = MoETransformer(cfg)
+    c = count_params(model)
+    matmul = c["active_per_token"] - cfg.vocab_size * cfg.d_model
+    return 6.0 * matmul + 6.0 * cfg.n_layers * seq_len * cfg.n_heads * cfg.head_dim
+
+
+def rolling(xs: list[float], w: int) -> list[float]:
+    out, s = [], 0.0
+    for i, x in enumerate(xs):
+        s += x
+        if i >= w:
+            s -= xs[i - w]
+        out.append(s / min(i + 1, w))
+    return out
+
+
+def read_train(run: Path) -> tuple[list[float], list[float]]:
+    """Per-step training loss and seconds per step from metrics.jsonl (log_every=1)."""
+    loss, dt = [], []
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["split"] == "train":
+            loss.append(r["loss"])
+            dt.append(r["tokens"] / r["step"] / r["tokens_per_s"] if r["step"] else 0.0)
+    return loss, dt
+
+
+def run_one(root, name, small, wide, tdict, method, t_e, role, seq_len):
+    """Train one run (``tdict``: TrainConfig fields) and measure it."""
+    overrides = METHODS[method]
+    run = root / name
+    t0 = time.time()
+    if overrides is None:
+        res = train(wide, TrainConfig.from_dict(tdict), run, progress=False)
+    else:
+        cfg = TrainConfig.from_dict({**tdict, "expand_at": t_e, **overrides})
+        res = train(small, cfg, run, progress=False)
+    loss, step_s = read_train(run)
+    f_small, f_wide = flops_per_token(small, seq_len), flops_per_token(wide, seq_len)
+    tokens = tdict["batch_size"] * tdict["seq_len"]
+    per_step = [tokens * (f_wide if overrides is None or i >= t_e else f_small) for i in range(len(loss))]
+    spike = 100 * (max(loss[t_e : t_e + 50]) / statistics.fmean(loss[t_e - 20 : t_e]) - 1)
+    ck = run / "checkpoints" / f"step-{t_e + 200:06d}"
+    model = load_model(ck if ck.exists() else run)
+    cos = counterpart_cosine(model, small, "hidden" if role == "hidden" else "inner")
+    return {
+        "loss": loss,
+        "step_s": step_s,
+        "flops": per_step,
+        "spike": spike,
+        "cos": cos,
+        "bpb": res.final_eval.overall.bits_per_byte,
+        "seconds": time.time() - t0,
+    }
+
+
+def to_target(r: dict, target: float) -> tuple[float, float] | None:
+    """(FLOPs, seconds) until the 20-step rolling loss first reaches ``target``."""
+    for i, v in enumerate(rolling(r["loss"], 20)):
+        if i >= 19 and v <= target:
+            return sum(r["flops"][: i + 1]), sum(r["step_s"][: i + 1])
+    return None
+
+
+def fmt(xs: list[float], spec: str = ".2f") -> str:
+    if not xs:
+        return "—"
+    if len(xs) == 1:
+        return format(xs[0], spec)
+    return f"{format(statistics.fmean(xs), spec)} ± {format(statistics.stdev(xs), spec)}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=380)
+    ap.add_argument("--expand-at", type=int, default=150)
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--eval-tokens", type=int, default=4096, help="validation tokens/domain")
+    ap.add_argument("--settings", default="all", help="comma list of indices into SETTINGS")
+    args = ap.parse_args()
+    if args.expand_at < 20 or args.steps < args.expand_at + 200:
+        ap.error("--expand-at must be >= 20 and --steps >= expand-at + 200 (cosine at +200)")
+    torch.set_num_threads(2)
+    t_start = time.time()
+    root = Path(tempfile.mkdtemp(prefix="sparkling-bench-"))
+    chosen = (
+        SETTINGS
+        if args.settings == "all"
+        else [SETTINGS[int(i)] for i in args.settings.split(",")]
+    )
+    results: dict[tuple, dict[str, list[dict]]] = {}
+    for seed in range(args.seeds):
+        for kind, axis, opt in chosen:
+            small = small_config(kind, args.seq_len)
+            factors = {"hidden": (2.0, None), "expert": (None, 2.0)}[axis]
+            wide = expanded_config(small, *factors)
+            tcfg = TrainConfig(
+                data="mix", max_bytes_per_domain=200_000, seq_len=args.seq_len,
+                batch_size=args.batch_size, steps=args.steps, lr=args.lr, warmup_steps=20,
+                eval_every=10**6, eval_tokens=args.eval_tokens, checkpoint_every=50,
+                log_every=1, seed=seed, optimizer=opt,
+            )  # fmt: skip
+            grow = {"expand_hidden": factors[0], "expand_expert": factors[1]}
+            for method in METHODS:
+                cfg_m = tcfg.to_dict() if METHODS[method] is None else {**tcfg.to_dict(), **grow}
+                name = f"{kind}-{axis}-{opt}-{method}-s{seed}"
+                r = run_one(
+                    root, name, small, wide, cfg_m, method, args.expand_at, axis, args.seq_len
+                )
+                results.setdefault((kind, axis, opt), {}).setdefault(method, []).append(r)
+                print(
+                    f"{name}: spike {r['spike']:+.1f}%  cos {r['cos']:.3f}  bpb {r['bpb']:.4f}  "
+                    f"{r['seconds']:.0f} s",
+                    flush=True,
+                )
+    print(
+        f"\nSPARKLING width expansion, mix corpus, 2 layers D=32→64 (hidden) or F→2F (expert), "
+        f"expand at step {args.expand_at} of {args.steps}, batch {args.batch_size}×{args.seq_len} "
+        f"bytes, lr {args.lr:g}, {args.seeds} seeds (mean ± sd)"
+    )
+    cols = ("spike %", "pair cos @+200", "val bpb", "FLOPs to target", "wall to target", "reached")
+    head = f"| setting | run | {' | '.join(cols)} |"
+    print(head)
+    print("|" + "---|" * (len(cols) + 2))
+    for (kind, axis, opt), by_method in results.items():
+        scratch = by_method["scratch"]
+        targets = [min(rolling(r["loss"], 20)[-1:]) for r in scratch]
+        base_cost = [to_target(r, t) for r, t in zip(scratch, targets, strict=True)]
+        for method, runs in by_method.items():
+            fl, wall, reached = [], [], 0
+            for r, t, b in zip(runs, targets, base_cost, strict=True):
+                c = to_target(r, t)
+                if c is not None and b is not None:
+                    reached += 1
+                    fl.append(c[0] / b[0])
+                    wall.append(c[1] / b[1])
+            print(
+                f"| {kind} {axis} 2× {opt} | {method} | {fmt([r['spike'] for r in runs], '+.1f')} | "
+                f"{fmt([r['cos'] for r in runs], '.3f')} | {fmt([r['bpb'] for r in runs], '.4f')} | "
+                f"{fmt(fl)} | {fmt(wall)} | {reached}/{len(runs)} |"
+            )
+    print(f"\ntotal time {time.time() - t_start:.0f} s; runs in {root}")
+
+
+if __name__ == "__main__":
+    main()
