@@ -60,7 +60,7 @@ def _model(cfg, seed=0):
     torch.manual_seed(seed)
     m = MoETransformer(cfg).double()
     with torch.no_grad():  # non-trivial norm gains, so "mean of the old gains" is tested
-        for name, p in m.named_parameters():
+        for p in m.parameters():
             if p.dim() == 1:
                 p.mul_(1 + 0.3 * torch.rand_like(p))
     return m
@@ -110,6 +110,7 @@ def test_sparkling_init_keeps_every_matrix_and_layer_rms(variant, hidden, inner)
     # c is about 1/sqrt(2) for 2x input growth (independent new half)
     cs = torch.cat([c.reshape(-1) for c in e.scales.values()])
     assert 0.4 < float(cs.median()) < 0.85
+
     # residual-stream RMS after each block, per layer, within 25 %
     def block_rms(model):
         out = []
@@ -151,7 +152,9 @@ def test_sparkling_new_entries_have_the_old_rms_and_naive_the_default_init():
     n = expand_model(m, ExpandSpec(inner=4, init="naive"), seed=1)
     new_part = n.model.blocks[0].ffn.experts.w_gate_up[:, :, F_old:F_new]
     assert float(new_part.std()) == pytest.approx(m.cfg.init_std, rel=0.1)
-    torch.testing.assert_close(n.model.blocks[0].ffn.experts.w_down[:, :F_old], m.blocks[0].ffn.experts.w_down)
+    torch.testing.assert_close(
+        n.model.blocks[0].ffn.experts.w_down[:, :F_old], m.blocks[0].ffn.experts.w_down
+    )
 
 
 def _step(model, opt, lr=1e-2, step=0):
@@ -185,7 +188,9 @@ def test_optimizer_state_is_carried_scaled_and_reset(optimizer):
                 assert g["rewarm_from"] is None
                 if optimizer == "adamw":
                     torch.testing.assert_close(st["exp_avg"], old_state["exp_avg"] * float(c))
-                    torch.testing.assert_close(st["exp_avg_sq"], old_state["exp_avg_sq"] * float(c) ** 2)
+                    torch.testing.assert_close(
+                        st["exp_avg_sq"], old_state["exp_avg_sq"] * float(c) ** 2
+                    )
                     assert float(st["step"]) == 3
                 else:
                     torch.testing.assert_close(
@@ -214,11 +219,19 @@ def test_symmetric_copy_state_copies_moments_and_stays_symmetric():
     opt = build_optimizer(m, tc)
     for s in range(2):
         _step(m, opt, step=s)
-    e = expand_live(m, opt, ExpandSpec(inner=2, init="copy", state="symmetric"), tc, step=2, calib_ids=None, seed=0)
+    e = expand_live(
+        m,
+        opt,
+        ExpandSpec(inner=2, init="copy", state="symmetric"),
+        tc,
+        step=2,
+        calib_ids=None,
+        seed=0,
+    )
     name = "blocks.0.ffn.w_down.weight"  # [D, F]: input grows, copies divided by 2
     st_old = opt.state_of(dict(m.named_parameters())[name])
     for g, ts in zip(e.optimizer.layout, e.optimizer.shards, strict=True):
-        for (n, r), t in zip(g["shards"], ts, strict=True):
+        for (n, _), t in zip(g["shards"], ts, strict=True):
             if n == name:
                 st = e.optimizer.state_of(t)
                 torch.testing.assert_close(st["exp_avg"], st_old["exp_avg"] / 2)
@@ -283,7 +296,9 @@ def test_bad_inputs_fail_clearly(corpus, tmp_path):
         TrainConfig(steps=10, expand_at=5, expand_expert=0.5)
     run = tmp_path / "run"  # a factor the model cannot take fails before anything is written
     with pytest.raises(ValueError, match="n_kv_heads"):  # 2 kv heads * 1.25
-        train(tiny_model(), tiny_train(corpus, expand_at=2, expand_hidden=1.25), run, progress=False)
+        train(
+            tiny_model(), tiny_train(corpus, expand_at=2, expand_hidden=1.25), run, progress=False
+        )
     assert not run.exists()
 
 

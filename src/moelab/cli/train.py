@@ -184,7 +184,9 @@ def train(
     time_budget: Annotated[float | None, Opt(help="Stop after this many seconds.")] = None,
     seed: Annotated[int | None, Opt(help="Random seed.")] = None,
     optimizer: Annotated[str | None, Opt(help="adamw, or muon (Muon on 2-D matrices).")] = None,
-    expand_at: Annotated[int | None, Opt(help="Grow the width before this step (SPARKLING).")] = None,
+    expand_at: Annotated[
+        int | None, Opt(help="Grow the width before this step (SPARKLING).")
+    ] = None,
     expand: Annotated[str | None, Opt(help="Width factors, e.g. hidden=2x,expert=2x.")] = None,
     expand_init: Annotated[str | None, Opt(help="sparkling, naive or copy.")] = None,
     expand_state: Annotated[str | None, Opt(help="asymmetric or symmetric.")] = None,

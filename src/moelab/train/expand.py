@@ -178,9 +178,7 @@ def expanded_config(cfg: ModelConfig, hidden: float | None, inner: float | None)
             ex,
             hidden_size=d,
             ffn_hidden_size=_scaled(ex.ffn_hidden_size, inner, "expert: ffn_hidden_size"),
-            shared_expert_size=_scaled(
-                ex.shared_expert_size, inner, "expert: shared_expert_size"
-            ),
+            shared_expert_size=_scaled(ex.shared_expert_size, inner, "expert: shared_expert_size"),
         )
         moe = dataclasses.replace(moe, experts=ex)
     return dataclasses.replace(
@@ -225,7 +223,12 @@ def param_plans(old: ModelConfig, new: ModelConfig) -> dict[str, ParamPlan]:
         add(f"{b}.ffn_norm.weight", (D,), kind="norm")
         for proj, out_axis in (("q_proj", Q), ("k_proj", K), ("v_proj", K)):
             add(f"{b}.attn.{proj}.weight", (out_axis, D), (1,))
-            add(f"{b}.attn.{proj}.bias", (out_axis,), kind="bias", scale_with=f"{b}.attn.{proj}.weight")
+            add(
+                f"{b}.attn.{proj}.bias",
+                (out_axis,),
+                kind="bias",
+                scale_with=f"{b}.attn.{proj}.weight",
+            )
         add(f"{b}.attn.o_proj.weight", (D, Q), (1,))
         if old.qk_norm == "full":
             add(f"{b}.attn.q_norm.weight", (Q,), kind="norm")
@@ -318,7 +321,11 @@ def matrix_output_rms(
         out[key] = c
         for p in params:
             if p is not None:
-                p.mul_(c.reshape(-1, *([1] * (p.dim() - 1))).to(p.dtype) if per_expert else c.to(p.dtype))
+                p.mul_(
+                    c.reshape(-1, *([1] * (p.dim() - 1))).to(p.dtype)
+                    if per_expert
+                    else c.to(p.dtype)
+                )
         return c
 
     def linear_hook(name):
@@ -573,7 +580,10 @@ def expand_optimizer(
                 sub_state = {}
                 if st:
                     local = _local(old_sub, reg)
-                    sub_state = {k: v[local] if isinstance(v, Tensor) and v.dim() else v for k, v in st.items()}
+                    sub_state = {
+                        k: v[local] if isinstance(v, Tensor) and v.dim() else v
+                        for k, v in st.items()
+                    }
                     sub_state = _scale_state(sub_state, scale[region_slices(old_sub)])
                 whole = new_reg == full_region(new_params[name].shape)
                 ng["shards"].append([name, None if whole else [list(r) for r in new_reg]])
@@ -758,4 +768,3 @@ __all__ = [
     "parse_expand",
     "parse_factor",
 ]
-

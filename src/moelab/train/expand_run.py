@@ -86,7 +86,9 @@ def expand_run(
         )
     step = ckpt.step
     if step >= cfg.steps:
-        raise ConfigError(f"{run_dir}: its checkpoint is at the last step {step}; nothing to expand")
+        raise ConfigError(
+            f"{run_dir}: its checkpoint is at the last step {step}; nothing to expand"
+        )
     if cfg.expand_at is not None and step <= cfg.expand_at:
         raise ConfigError(
             f"{run_dir}: an in-loop expansion at step {cfg.expand_at} is still pending"
