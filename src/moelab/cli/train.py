@@ -71,6 +71,7 @@ def build_configs(
     model_dict = merge(model_dict, _model_overrides(**model_flags), skip_none=True)
     if isinstance(model_dict.get("moe"), dict):
         model_dict["moe"].setdefault("experts", {})["hidden_size"] = model_dict.get("d_model")
+        _usmoe_without_balancing(model_dict["moe"], file_cfg, model_flags)
     if (
         isinstance(model_dict.get("max_seq_len"), int)
         and train_cfg.seq_len > model_dict["max_seq_len"]
@@ -83,6 +84,20 @@ def build_configs(
     if dense:
         model_cfg = dense_twin_config(model_cfg)
     return model_cfg, _absolute_paths(train_cfg)
+
+
+def _usmoe_without_balancing(moe: dict, file_cfg: dict, model_flags: dict) -> None:
+    """Training-based USMoE as released uses no load-balancing loss (its configured gate is
+    never built; see :mod:`moelab.core.routers.usmoe`): the default unless one is given."""
+    file_losses = ((file_cfg.get("model") or {}).get("moe") or {}).get("losses") or {}
+    router = moe.get("router")
+    if (
+        isinstance(router, dict)
+        and router.get("kind") == "usmoe"
+        and model_flags.get("aux_loss") is None
+        and "load_balance" not in file_losses
+    ):
+        moe.setdefault("losses", {})["load_balance"] = "none"
 
 
 def _absolute_paths(cfg):
@@ -134,7 +149,8 @@ def train(
     ] = None,
     usmoe_rate: Annotated[float | None, Opt(help="USMoE: r of the unified score.")] = None,
     usmoe_scope: Annotated[
-        str | None, Opt(help="USMoE selection: sequence, batch or causal_prefix.")
+        str | None,
+        Opt(help="USMoE selection: position (default), causal_prefix, sequence or batch."),
     ] = None,
     usmoe_weight_norm: Annotated[
         str | None, Opt(help="USMoE combine weights: none, all_experts or selected.")
@@ -191,6 +207,9 @@ def train(
     expand_init: Annotated[str | None, Opt(help="sparkling, naive or copy.")] = None,
     expand_state: Annotated[str | None, Opt(help="asymmetric or symmetric.")] = None,
     rewarm_steps: Annotated[int | None, Opt(help="LR re-warmup steps of new entries.")] = None,
+    allow_noncausal_routing: Annotated[
+        bool | None, Opt(help="Allow USMoE scopes that look at future tokens (not a causal LM).")
+    ] = None,
     progress: Annotated[bool, Opt(help="Show the progress bar.")] = True,
 ) -> None:
     """Train an MoE language model on real text.
@@ -230,6 +249,7 @@ def train(
         optimizer=optimizer, expand_at=expand_at, expand_hidden=grow.get("hidden"),
         expand_expert=grow.get("expert"), expand_init=expand_init, expand_state=expand_state,
         rewarm_steps=rewarm_steps,
+        allow_noncausal_routing=allow_noncausal_routing,
     )  # fmt: skip
     given = [k for k, v in {**model_flags, **train_flags}.items() if v is not None]
     if resume and (given or config or dense):

@@ -60,6 +60,9 @@ class TrainConfig:
             the old schedule: copied state for ``copy``, zeros otherwise, no re-warmup).
         rewarm_steps: learning-rate re-warmup steps of the new entries (None = 2 % of the
             steps left after the expansion, at least 1; 0 = none).
+        allow_noncausal_routing: train a model whose routing looks at future tokens (USMoE
+            ``sequence``/``batch`` selection scopes); refused otherwise, since such a model is
+            not a causal LM and its losses are not causal LM losses.
     """
 
     data: str = "mix"
@@ -93,6 +96,7 @@ class TrainConfig:
     expand_init: str = "sparkling"
     expand_state: str = "asymmetric"
     rewarm_steps: int | None = None
+    allow_noncausal_routing: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -177,7 +181,7 @@ class TrainConfig:
         return cls(**d)
 
 
-_TYPES = {"int": (int,), "float": (int, float), "str": (str,)}
+_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
 
 
 def _check_type(name: str, value: Any, annotation: str) -> None:
@@ -186,7 +190,7 @@ def _check_type(name: str, value: Any, annotation: str) -> None:
     if value is None and "None" in kinds:
         return
     allowed = tuple(t for k in kinds for t in _TYPES.get(k, ()))
-    if isinstance(value, bool) or not isinstance(value, allowed):
+    if (isinstance(value, bool) and "bool" not in kinds) or not isinstance(value, allowed):
         want = " or ".join(k for k in kinds if k != "None")
         raise ConfigError(f"{name}: expected {want}, got {value!r} ({type(value).__name__})")
 
