@@ -72,6 +72,10 @@ METHODS = {
     "copy": {"expand_init": "copy", "expand_state": "symmetric"},
     "scratch": None,
 }
+ABLATIONS = {  # --ablation: which ingredient does what
+    "copy+asym": {"expand_init": "copy", "expand_state": "asymmetric"},
+    "sparkling+sym": {"expand_init": "sparkling", "expand_state": "symmetric"},
+}
 SETTINGS = (
     ("dense", "hidden", "adamw"),
     ("dense", "inner", "adamw"),
@@ -152,14 +156,16 @@ def measure(run: Path, small, wide, tdict, t_e: int, role: str, expanded: bool) 
             "bpb": val[-1]["bpb"]}  # fmt: skip
 
 
-def run_setting(root: Path, key: str, small, wide, tdict, t_e: int, axis: str) -> dict:
+def run_setting(
+    root: Path, key: str, small, wide, tdict, t_e: int, axis: str, methods: dict
+) -> dict:
     """The small run up to the expansion (shared), its three expansions resumed to the end
     (``moelab expand`` + ``moelab train --resume``), and the from-scratch run."""
     factors = {"hidden": 2.0, "inner": None} if axis == "hidden" else {"hidden": None, "inner": 2.0}
     base = root / f"{key}-small"
     train(small, TrainConfig.from_dict(tdict), base, progress=False, stop_after=t_e)
     out = {}
-    for method, how in METHODS.items():
+    for method, how in methods.items():
         t0 = time.time()
         run = root / f"{key}-{method}"
         if how is None:
@@ -203,6 +209,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--eval-tokens", type=int, default=4096, help="validation tokens/domain")
     ap.add_argument("--settings", default="all", help="comma list of indices into SETTINGS")
+    ap.add_argument("--ablation", action="store_true", help="add copy+asym and sparkling+sym")
     args = ap.parse_args()
     if args.expand_at < 50 or args.steps < args.expand_at + 200 or args.expand_at % 50:
         ap.error("--expand-at: a multiple of 50 (checkpoints), >= 50, and <= steps - 200")
@@ -224,7 +231,8 @@ def main() -> None:
                 log_every=1, seed=seed, optimizer=opt,
             ).to_dict()  # fmt: skip
             key = f"{kind}-{axis}-{opt}-s{seed}"
-            by_method = run_setting(root, key, small, wide, tdict, args.expand_at, axis)
+            methods = {**METHODS, **(ABLATIONS if args.ablation else {})}
+            by_method = run_setting(root, key, small, wide, tdict, args.expand_at, axis, methods)
             for method, r in by_method.items():
                 results.setdefault((kind, axis, opt), {}).setdefault(method, []).append(r)
     print(

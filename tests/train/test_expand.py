@@ -354,3 +354,29 @@ def test_cli_expand_bad_inputs_exit_2_and_write_nothing(corpus, tmp_path):
     assert r.exit_code == 2 and "not a whole number" in r.output and not out.exists()
     r = runner.invoke(app, ["train", "--out", str(out), "--expand", "width=2"])
     assert r.exit_code == 2 and "hidden=F" in r.output
+
+
+def test_a_second_expansion_splits_the_shards_again():
+    m = _model(_cfg()).float()
+    tc = TrainConfig(lr=1e-2)
+    opt = build_optimizer(m, tc)
+    _step(m, opt)
+    e1 = expand_live(m, opt, ExpandSpec(hidden=2, init="copy"), tc, step=1, calib_ids=None, seed=0)
+    _step(e1.model, e1.optimizer, step=1)
+    e2 = expand_live(
+        e1.model, e1.optimizer, ExpandSpec(inner=2, init="copy"), tc, step=2, calib_ids=None, seed=0
+    )
+    torch.testing.assert_close(e2.model(IDS).logits, e1.model(IDS).logits, rtol=0, atol=1e-5)
+    # every entry of every parameter is covered by exactly one shard
+    for name, p in e2.model.named_parameters():
+        cover = torch.zeros(p.shape, dtype=torch.int64)
+        for g in e2.optimizer.layout:
+            for n, region in g["shards"]:
+                if n == name:
+                    sl = tuple(slice(a, b) for a, b in region) if region else ()
+                    cover[sl] += 1
+        assert bool((cover == 1).all()), name
+    before = {n: p.detach().clone() for n, p in e2.model.named_parameters()}
+    _step(e2.model, e2.optimizer, step=2)
+    for n, p in e2.model.named_parameters():
+        assert not torch.equal(before[n], p.detach()), f"{n} was not updated"

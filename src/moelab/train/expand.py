@@ -712,9 +712,10 @@ def counterpart_cosine(model: MoETransformer, old_cfg: ModelConfig, role: str) -
     random inits, its counterpart ``j mod old``) after a ``role`` expansion of a model with
     config ``old_cfg`` into ``model``.
 
-    A unit's vector is everything that touches it: for ``role="hidden"`` a residual channel
-    (its column/row in every matrix, its norm gains), for ``role="inner"`` one expert's (or
-    dense FFN's) hidden unit (gate and up columns, down row). 1.0 means the copies never
+    A unit's vector is its weights in every matrix that touches it (norm gains and biases
+    left out): for ``role="hidden"`` a residual channel (its embedding column and its
+    column/row in every matrix), for ``role="inner"`` one expert's (or dense FFN's) hidden
+    unit (gate and up columns, down row). 1.0 means the copies never
     diverged (gradient symmetry); near 0 means independent features.
     """
     plans = param_plans(old_cfg, model.cfg)
@@ -722,6 +723,8 @@ def counterpart_cosine(model: MoETransformer, old_cfg: ModelConfig, role: str) -
     axes: dict[str, Axis] = {}
     for name, p in model.named_parameters():
         plan = plans[name]
+        if plan.kind in ("norm", "bias"):  # gains ~1 would dominate every unit's vector
+            continue
         dims = [d for d, a in enumerate(plan.axes) if a is not None and a.role == role and a.grows]
         if not dims:
             continue
