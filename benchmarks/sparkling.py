@@ -40,6 +40,8 @@ Usage::
 
     python benchmarks/sparkling.py                 # 5 settings x 4 runs x 3 seeds
     python benchmarks/sparkling.py --steps 260 --expand-at 50 --seeds 1 --settings 3  # quick
+    python benchmarks/sparkling.py --settings 0,2 --ablation   # which ingredient does what:
+        # copy init + SPARKLING's asymmetric state/re-warmup, SPARKLING's init + symmetric state
 """
 
 from __future__ import annotations
@@ -209,7 +211,9 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--eval-tokens", type=int, default=4096, help="validation tokens/domain")
     ap.add_argument("--settings", default="all", help="comma list of indices into SETTINGS")
-    ap.add_argument("--ablation", action="store_true", help="add copy+asym and sparkling+sym")
+    ap.add_argument(
+        "--ablation", action="store_true", help="copy+asym and sparkling+sym (with copy, scratch)"
+    )
     args = ap.parse_args()
     if args.expand_at < 50 or args.steps < args.expand_at + 200 or args.expand_at % 50:
         ap.error("--expand-at: a multiple of 50 (checkpoints), >= 50, and <= steps - 200")
@@ -231,7 +235,9 @@ def main() -> None:
                 log_every=1, seed=seed, optimizer=opt,
             ).to_dict()  # fmt: skip
             key = f"{kind}-{axis}-{opt}-s{seed}"
-            methods = {**METHODS, **(ABLATIONS if args.ablation else {})}
+            methods = METHODS
+            if args.ablation:  # copy (the 1st-step reference) and scratch (the target) stay
+                methods = {"copy": METHODS["copy"], **ABLATIONS, "scratch": None}
             by_method = run_setting(root, key, small, wide, tdict, args.expand_at, axis, methods)
             for method, r in by_method.items():
                 results.setdefault((kind, axis, opt), {}).setdefault(method, []).append(r)
