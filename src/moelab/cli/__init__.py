@@ -2,7 +2,17 @@
 options and calls library functions. Importing this package registers every command on
 :data:`app`."""
 
-from moelab.cli import analyze, convert, evaluate, expand, generate, train, upcycle  # noqa: F401
+from moelab.cli import (  # noqa: F401
+    analyze,
+    convert,
+    evaluate,
+    expand,
+    generate,
+    lora,
+    prune,
+    train,
+    upcycle,
+)
 from moelab.cli._app import app
 from moelab.cli.train import build_configs
 

@@ -68,6 +68,7 @@ from moelab.core.experts.bank import SharedExpert
 from moelab.core.layer import MoELayer
 from moelab.core.routers.base import Router
 from moelab.data import TokenStream, sample_batch
+from moelab.errors import InvalidTypeError, InvalidValueError
 from moelab.models import ModelConfig, MoETransformer
 from moelab.train.config import TrainConfig
 from moelab.train.expand_axes import Axis, ParamPlan, Region, full_region
@@ -99,15 +100,19 @@ class ExpandSpec:
         for name in ("hidden", "inner"):
             f = getattr(self, name)
             if f is not None and not (isinstance(f, (int, float)) and math.isfinite(f) and f > 1):
-                raise ValueError(f"{name}: a width factor must be > 1 (no shrinking), got {f!r}")
+                raise InvalidValueError(
+                    f"{name}: a width factor must be > 1 (no shrinking), got {f!r}"
+                )
         if self.hidden is None and self.inner is None:
-            raise ValueError("expand: give a hidden and/or an expert (inner) factor")
+            raise InvalidValueError("expand: give a hidden and/or an expert (inner) factor")
         if self.init not in INITS:
-            raise ValueError(f"init: must be one of {', '.join(INITS)}, got {self.init!r}")
+            raise InvalidValueError(f"init: must be one of {', '.join(INITS)}, got {self.init!r}")
         if self.state not in STATES:
-            raise ValueError(f"state: must be one of {', '.join(STATES)}, got {self.state!r}")
+            raise InvalidValueError(
+                f"state: must be one of {', '.join(STATES)}, got {self.state!r}"
+            )
         if not isinstance(self.rewarm_steps, int) or self.rewarm_steps < 0:
-            raise ValueError(f"rewarm_steps: must be an int >= 0, got {self.rewarm_steps!r}")
+            raise InvalidValueError(f"rewarm_steps: must be an int >= 0, got {self.rewarm_steps!r}")
 
     @classmethod
     def from_train_config(cls, cfg: TrainConfig) -> ExpandSpec:
@@ -130,9 +135,11 @@ def parse_factor(text: str, name: str = "factor") -> float:
     try:
         f = float(s)
     except ValueError:
-        raise ValueError(f"{name}: expected a factor like 2x or 1.5x, got {text!r}") from None
+        raise InvalidValueError(
+            f"{name}: expected a factor like 2x or 1.5x, got {text!r}"
+        ) from None
     if not (math.isfinite(f) and f > 1):
-        raise ValueError(f"{name}: a width factor must be > 1 (no shrinking), got {text!r}")
+        raise InvalidValueError(f"{name}: a width factor must be > 1 (no shrinking), got {text!r}")
     return f
 
 
@@ -144,11 +151,11 @@ def parse_expand(text: str) -> dict[str, float]:
         key, sep, value = part.partition("=")
         key = key.strip()
         if not sep or key not in ("hidden", "expert"):
-            raise ValueError(
+            raise InvalidValueError(
                 f"--expand: expected hidden=F and/or expert=F (e.g. hidden=2x,expert=2x), got {text!r}"
             )
         if key in out:
-            raise ValueError(f"--expand: {key} given twice")
+            raise InvalidValueError(f"--expand: {key} given twice")
         out[key] = parse_factor(value, f"--expand {key}")
     return out
 
@@ -158,7 +165,7 @@ def _scaled(n: int, f: float | None, what: str) -> int:
         return n
     v = n * f
     if abs(v - round(v)) > 1e-9:
-        raise ValueError(f"{what}: factor {f:g} turns {n} into {v:g}, not a whole number")
+        raise InvalidValueError(f"{what}: factor {f:g} turns {n} into {v:g}, not a whole number")
     return round(v)
 
 
@@ -166,7 +173,7 @@ def expanded_config(cfg: ModelConfig, hidden: float | None, inner: float | None)
     """The config after the expansion (see the module docstring for what grows).
 
     Raises:
-        ValueError: a factor that leaves a fractional head count or width.
+        InvalidValueError: a factor that leaves a fractional head count or width.
     """
     d = _scaled(cfg.d_model, hidden, "hidden: d_model")
     heads = _scaled(cfg.n_heads, hidden, "hidden: n_heads")
@@ -201,7 +208,7 @@ def param_plans(old: ModelConfig, new: ModelConfig) -> dict[str, ParamPlan]:
     """One :class:`ParamPlan` per parameter name of a model with config ``old``.
 
     Raises:
-        ValueError: the model has a parameter this module does not know how to grow.
+        InvalidValueError: the model has a parameter this module does not know how to grow.
     """
     hd = old.head_dim
     D = Axis(old.d_model, new.d_model)
@@ -265,14 +272,14 @@ def model_plans(model: MoETransformer, new: ModelConfig) -> dict[str, ParamPlan]
     """:func:`param_plans` for exactly the parameters ``model`` has.
 
     Raises:
-        ValueError: a parameter this module does not know how to grow.
+        InvalidValueError: a parameter this module does not know how to grow.
     """
     plans = param_plans(model.cfg, new)
     out = {}
     for name, p in model.named_parameters():
         plan = plans.get(name)
         if plan is None or len(plan.axes) != p.dim():
-            raise ValueError(f"expand: cannot grow parameter {name} {tuple(p.shape)}")
+            raise InvalidValueError(f"expand: cannot grow parameter {name} {tuple(p.shape)}")
         out[name] = plan
     return out
 
@@ -438,19 +445,25 @@ class ExpandedModel:
     scales: dict[str, Tensor]
 
 
-def check_expansion(cfg: ModelConfig, spec: ExpandSpec) -> ModelConfig:
+def check_expansion(
+    cfg: ModelConfig, spec: ExpandSpec, model: MoETransformer | None = None
+) -> ModelConfig:
     """The grown config, after checking that ``spec`` can grow a model of config ``cfg``
-    (called before training starts, so a bad factor fails before anything is written).
+    (and, given ``model``, every parameter it has); called before training starts, so a bad
+    factor fails before anything is written.
 
     Raises:
-        ValueError: a factor leaving fractional head counts or widths; copy with a
-            non-integer hidden factor.
+        InvalidValueError: a factor leaving fractional head counts or widths; copy with a
+            non-integer hidden factor; a parameter this module cannot grow (e.g. LoRA
+            adapters).
     """
     new_cfg = expanded_config(cfg, spec.hidden, spec.inner)
     if spec.init == "copy" and spec.hidden is not None and spec.hidden != int(spec.hidden):
-        raise ValueError(
+        raise InvalidValueError(
             f"hidden: copy init duplicates the residual stream and needs a whole factor, got {spec.hidden:g}"
         )
+    if model is not None:
+        model_plans(model, new_cfg)
     return new_cfg
 
 
@@ -467,16 +480,16 @@ def expand_model(
             ``sparkling``; the spec uses about 8 sequences).
         seed: seeds the new entries' random draws (the global RNG is left untouched).
     Raises:
-        ValueError: factors that leave fractional head counts or widths, a copy with a
+        InvalidValueError: factors that leave fractional head counts or widths, a copy with a
             non-integer hidden factor, a sparkling expansion without a calibration batch,
             or a parameter this module cannot grow.
     """
     if not isinstance(model, MoETransformer):
-        raise TypeError(f"model: expected MoETransformer, got {type(model).__name__}")
+        raise InvalidTypeError(f"model: expected MoETransformer, got {type(model).__name__}")
     cfg = model.cfg
     new_cfg = check_expansion(cfg, spec)
     if spec.init == "sparkling" and calib_ids is None:
-        raise ValueError("calib_ids: the sparkling init needs a calibration batch")
+        raise InvalidValueError("calib_ids: the sparkling init needs a calibration batch")
     plans = model_plans(model, new_cfg)
     p0 = next(model.parameters())
     with torch.random.fork_rng(devices=[]):
@@ -660,7 +673,7 @@ def expand_live(
     """Grow a model in training and its optimizer before optimizer step ``step``.
 
     Raises:
-        ValueError: see :func:`expand_model`.
+        InvalidValueError: see :func:`expand_model`.
     """
     grown = expand_model(model, spec, calib_ids, seed)
     new_opt = expand_optimizer(optimizer, model, grown, spec, cfg, step)
@@ -752,7 +765,7 @@ def counterpart_cosine(model: MoETransformer, old_cfg: ModelConfig, role: str) -
         new = torch.arange(a.old, a.new)
         sims.append(F.cosine_similarity(v[:, new], v[:, src], dim=-1).mean())
     if not sims:
-        raise ValueError(f"role: the model has no grown {role} axis relative to old_cfg")
+        raise InvalidValueError(f"role: the model has no grown {role} axis relative to old_cfg")
     return float(torch.stack(sims).mean())
 
 

@@ -101,7 +101,7 @@ def expand_run(
         state=state,
         rewarm_steps=max(1, round(0.02 * left)) if rewarm_steps is None else rewarm_steps,
     )
-    check_expansion(ckpt.model.cfg, spec)
+    check_expansion(ckpt.model.cfg, spec, ckpt.model)
     tokenizer = load_tokenizer(run_dir)
     _, train_stream, _ = prepare_data(cfg, tokenizer)
     optimizer = build_optimizer(ckpt.model, cfg, ckpt.state["optimizer"])
