@@ -339,8 +339,14 @@ def test_cli_expand_bad_inputs_exit_2_and_write_nothing(corpus, tmp_path):
     train(tiny_model(), tiny_train(corpus, checkpoint_every=0, steps=2), finished, progress=False)
     runner = CliRunner()
     out = tmp_path / "out"
+    bare = tmp_path / "bare"  # a run folder whose checkpoints (optimizer state) are gone
+    bare.mkdir()
+    for f in finished.iterdir():
+        if f.is_file():
+            (bare / f.name).write_bytes(f.read_bytes())
     cases = [
-        ([str(finished), "--hidden", "2x", "--out", str(out)], "optimizer state"),
+        ([str(bare), "--hidden", "2x", "--out", str(out)], "optimizer state"),
+        ([str(finished), "--hidden", "2x", "--out", str(out)], "last step"),
         ([str(finished), "--hidden", "0.5x", "--out", str(out)], "> 1"),
         ([str(tmp_path / "nope"), "--hidden", "2x", "--out", str(out)], "run.json"),
     ]

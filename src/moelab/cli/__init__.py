@@ -10,6 +10,7 @@ from moelab.cli import (  # noqa: F401
     generate,
     lora,
     prune,
+    quantize,
     train,
     upcycle,
 )

@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from moelab.cli._app import Opt, app, console, guarded
+from moelab.errors import InvalidValueError
 
 METHODS = ("ragep", "reap", "frequency", "soft-frequency", "naee")
 
@@ -27,7 +28,7 @@ def parse_keep(text: str) -> float | int:
     try:
         return float(text)
     except ValueError:
-        raise ValueError(
+        raise InvalidValueError(
             f"keep: expected a fraction in (0, 1) or a total number of experts, got {text!r}"
         ) from None
 
@@ -105,18 +106,20 @@ def _prune(
     from moelab.train.loop import RUN_FILE, read_run_info, run_train_config
 
     if method not in METHODS:
-        raise ValueError(f"method: must be one of {', '.join(METHODS)}, got {method!r}")
+        raise InvalidValueError(f"method: must be one of {', '.join(METHODS)}, got {method!r}")
     keep = parse_keep(keep_text)
     per_layer = per_layer or ("rank" if method == "ragep" else "uniform")
     if out.exists():
         raise FileExistsError(f"out: {out} already exists; choose a new folder")
     if calib_data is not None and not calib_data.strip():
-        raise ValueError("calib_data: empty; name a corpus or omit it for the run's held-out text")
+        raise InvalidValueError(
+            "calib_data: empty; name a corpus or omit it for the run's held-out text"
+        )
     if rank_source not in ("input", "output"):
-        raise ValueError(f"rank_source: must be 'input' or 'output', got {rank_source!r}")
+        raise InvalidValueError(f"rank_source: must be 'input' or 'output', got {rank_source!r}")
     for name, v in (("calib_tokens", calib_tokens), ("batch_size", batch_size)):
         if v < 1:
-            raise ValueError(f"{name}: must be >= 1, got {v}")
+            raise InvalidValueError(f"{name}: must be >= 1, got {v}")
     criterion = build_criterion(method, **({"pca_rank": pca_rank, "beta": beta}
                                            if method == "ragep" else {}))  # fmt: skip
     model, tokenizer = load_run(run)
@@ -131,7 +134,7 @@ def _prune(
     )  # fmt: skip
     S = seq_len or (train_cfg.seq_len if train_cfg is not None else 256)
     if S < 1:
-        raise ValueError(f"seq_len: must be >= 1, got {S}")
+        raise InvalidValueError(f"seq_len: must be >= 1, got {S}")
     S = min(S, model.cfg.max_seq_len)
     streams = domain_streams(calibration_documents(calib_data, run_data), tokenizer)
     calib = calibration_set(

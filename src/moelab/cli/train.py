@@ -185,6 +185,9 @@ def train(
     ] = False,
     progress: Annotated[bool, Opt(help="Show the progress bar.")] = True,
     expand: Annotated[str | None, Opt(help="Width factors, e.g. hidden=2x,expert=2x.")] = None,
+    allow_data_change: Annotated[
+        bool, Opt(help="--resume even though the corpus changed since the run started.")
+    ] = False,
     **flags: Any,
 ) -> None:
     """Train an MoE language model on real text.
@@ -209,6 +212,8 @@ def train(
     if expand is not None:
         grow = guarded(parse_expand, expand)
         train_flags.update(expand_hidden=grow.get("hidden"), expand_expert=grow.get("expert"))
+    if allow_data_change and not resume:
+        fail(InvalidValueError("--allow-data-change: only applies with --resume"))
     given = [k for k, v in {**model_flags, **train_flags}.items() if v is not None]
     if resume and (given or config or dense):
         fail(
@@ -227,7 +232,10 @@ def train(
     model_cfg, train_cfg = (
         (None, None) if resume else guarded(build_configs, config, model_flags, train_flags, dense)
     )
-    result = guarded(train_run, model_cfg, train_cfg, run_dir, resume=resume, progress=progress)
+    result = guarded(
+        train_run, model_cfg, train_cfg, run_dir, resume=resume, progress=progress,
+        allow_data_change=allow_data_change,
+    )  # fmt: skip
     if result is None:
         return
     if result.interrupted:

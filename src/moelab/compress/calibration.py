@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from moelab.core.layer import MoELayer, MoEOutput
 from moelab.core.plan import RoutingPlan
 from moelab.data import CorpusError, Document, Tokenizer, TokenStream, load_corpus, split_documents
+from moelab.errors import InvalidValueError
 from moelab.models.hooks import LayerObserver, observe_moe_layers
 
 HELD_OUT_SPLIT_SEED = 1234
@@ -84,7 +85,7 @@ def calibration_documents(calib_data: str | None, run: RunData | None) -> list[D
     if calib_data is not None:
         return load_corpus(calib_data)
     if run is None:
-        raise ValueError(
+        raise InvalidValueError(
             "calib_data: the model folder records no training data; pass a corpus "
             "(e.g. --calib-data mix)"
         )
@@ -167,9 +168,9 @@ def calibration_set(
     """
     for name, v in (("tokens", tokens), ("seq_len", seq_len), ("batch_size", batch_size)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{name}: must be an int >= 1, got {v!r}")
+            raise InvalidValueError(f"{name}: must be an int >= 1, got {v!r}")
     if not streams:
-        raise ValueError("streams: no calibration stream given")
+        raise InvalidValueError("streams: no calibration stream given")
     gen = torch.Generator().manual_seed(seed)
     per_domain = math.ceil(tokens / (len(streams) * seq_len))
     rows: list[Tensor] = []
@@ -247,7 +248,7 @@ def route(
     try:
         with observe_moe_layers(model, observe) as layers:
             if upto_layer is not None and not 0 <= upto_layer < len(layers):
-                raise ValueError(
+                raise InvalidValueError(
                     f"upto_layer: must be in [0, {len(layers) - 1}] (MoE layers), got {upto_layer}"
                 )
             for ids in batches:

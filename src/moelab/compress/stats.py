@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from moelab.compress.calibration import expert_outputs, route, routed_pairs
 from moelab.core.layer import MoELayer, MoEOutput
+from moelab.errors import InvalidValueError
 from moelab.models.hooks import moe_layers
 
 _F64 = torch.float64
@@ -91,9 +92,11 @@ class LayerStats:
             ValueError: unknown ``which`` or no token seen.
         """
         if which not in ("input", "output"):
-            raise ValueError(f"which: must be 'input' or 'output', got {which!r}")
+            raise InvalidValueError(f"which: must be 'input' or 'output', got {which!r}")
         if self.n_tokens == 0:
-            raise ValueError("covariance: no calibration token was routed through this layer")
+            raise InvalidValueError(
+                "covariance: no calibration token was routed through this layer"
+            )
         s, ss = (
             (self.sum_in, self.sum_in_outer)
             if which == "input"
@@ -110,7 +113,7 @@ class LayerStats:
             ValueError: the stats were collected without ``directions``.
         """
         if not self.directions:
-            raise ValueError("direction_covariance: collected without directions=True")
+            raise InvalidValueError("direction_covariance: collected without directions=True")
         n = int(self.counts[expert])
         if n == 0:
             return torch.zeros(self.d_model, self.d_model, dtype=_F64)
@@ -141,11 +144,13 @@ def collect_stats(
     """
     all_layers = moe_layers(model)
     if not all_layers:
-        raise ValueError("model: has no MoE layer (a dense model cannot be calibrated)")
+        raise InvalidValueError("model: has no MoE layer (a dense model cannot be calibrated)")
     wanted = sorted(set(range(len(all_layers)) if layers is None else layers))
     for i in wanted:
         if not 0 <= i < len(all_layers):
-            raise ValueError(f"layers: MoE layer {i} out of range [0, {len(all_layers) - 1}]")
+            raise InvalidValueError(
+                f"layers: MoE layer {i} out of range [0, {len(all_layers) - 1}]"
+            )
     stats: list[LayerStats | None] = [None] * len(all_layers)
     for i in wanted:
         layer = all_layers[i]

@@ -13,6 +13,7 @@ from typing import Any
 
 from moelab.core.config import ExpertsConfig, MoEConfig, RouterConfig
 from moelab.errors import InvalidValueError
+from moelab.utils.fields import check_fields
 
 
 def _check(cond: bool, name: str, msg: str) -> None:
@@ -99,6 +100,7 @@ class ModelConfig:
     experts_per_layer: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        check_fields(self)
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len"):
             v = getattr(self, name)
             _check(_is_int(v) and v >= 1, name, f"must be an int >= 1, got {v!r}")

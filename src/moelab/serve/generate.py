@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import torch
 
 from moelab.data import Tokenizer
-from moelab.errors import InvalidValueError
+from moelab.errors import InvalidValueError, NonFiniteOutputError
 from moelab.models import MoETransformer
 from moelab.serve.sampling import sample_next
 
@@ -36,6 +36,8 @@ def generate_ids(
     Raises:
         ValueError: empty prompt, max_new_tokens < 0, bad sampling settings, a USMoE
             router that looks at future tokens, or expert-choice routing.
+        NonFiniteOutputError: the model's logits are not finite (NaN/inf weights); raised
+            before any token is sampled from them.
     """
     if not prompt_ids:
         raise InvalidValueError("prompt: must encode to at least one token")
@@ -57,6 +59,11 @@ def generate_ids(
                 break
             logits = model(x, kv_cache=cache, start_pos=pos).logits[:, -1]
             pos += x.shape[1]
+            if not bool(torch.isfinite(logits).all()):
+                raise NonFiniteOutputError(
+                    f"position {pos}: the model's logits are not finite; its weights or "
+                    "activations hold NaN or inf"
+                )
             nxt = sample_next(
                 logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
             )

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from moelab.core.layer import MoELayer
+from moelab.errors import InvalidValueError
 from moelab.models import ModelConfig, MoETransformer
 
 # state-dict entries of an MoE layer whose leading dimension is the routed expert
@@ -36,9 +37,11 @@ def check_prunable(layer: MoELayer, where: str = "layer") -> None:
     needs equal groups, so removing experts would change their rules)."""
     r = layer.config.router
     if r.kind != "token_choice":
-        raise ValueError(f"{where}: expert pruning needs token-choice routing, got kind={r.kind!r}")
+        raise InvalidValueError(
+            f"{where}: expert pruning needs token-choice routing, got kind={r.kind!r}"
+        )
     if r.n_group is not None:
-        raise ValueError(
+        raise InvalidValueError(
             f"{where}: group-limited routing (n_group={r.n_group}) cannot lose experts: "
             "its groups must stay equal"
         )
@@ -61,7 +64,9 @@ def prune_layer(layer: MoELayer, keep: Sequence[int]) -> MoELayer:
     E = layer.experts.num_experts
     idx = sorted(int(i) for i in keep)
     if not idx or len(set(idx)) != len(idx) or idx[0] < 0 or idx[-1] >= E:
-        raise ValueError(f"keep: must be distinct expert indices in [0, {E}), got {list(keep)}")
+        raise InvalidValueError(
+            f"keep: must be distinct expert indices in [0, {E}), got {list(keep)}"
+        )
     r = layer.config.router
     router = dataclasses.replace(r, num_experts=len(idx), top_k=min(r.top_k, len(idx)))
     new = MoELayer(dataclasses.replace(layer.config, router=router), layer.dispatcher)
@@ -85,7 +90,7 @@ def pruned_config(cfg: ModelConfig, counts: Sequence[int]) -> ModelConfig:
     config (``moe.router.num_experts = n``, top-k clamped), different counts set
     ``experts_per_layer`` (``moe.router.num_experts`` = the largest count)."""
     if cfg.moe is None or len(counts) != cfg.num_moe_layers:
-        raise ValueError(f"counts: need {cfg.num_moe_layers} entries (one per MoE layer)")
+        raise InvalidValueError(f"counts: need {cfg.num_moe_layers} entries (one per MoE layer)")
     r = cfg.moe.router
     top = max(counts)
     router = dataclasses.replace(r, num_experts=top, top_k=min(r.top_k, top))
@@ -109,7 +114,9 @@ def apply_pruning(
     """
     blocks = [b for b in model.blocks if b.is_moe]
     if len(keeps) != len(blocks):
-        raise ValueError(f"keeps: need {len(blocks)} entries (one per MoE layer), got {len(keeps)}")
+        raise InvalidValueError(
+            f"keeps: need {len(blocks)} entries (one per MoE layer), got {len(keeps)}"
+        )
     out = model if inplace else copy.deepcopy(model)
     blocks = [b for b in out.blocks if b.is_moe]
     for block, keep in zip(blocks, keeps, strict=True):

@@ -32,6 +32,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from moelab.errors import InvalidValueError
+
 
 def effective_rank(cov: Tensor) -> float:
     """Participation ratio ``(tr C)² / ‖C‖_F²`` of a symmetric PSD ``[D, D]`` covariance: D for
@@ -41,7 +43,7 @@ def effective_rank(cov: Tensor) -> float:
         ValueError: ``cov`` is not square 2-D.
     """
     if cov.dim() != 2 or cov.shape[0] != cov.shape[1]:
-        raise ValueError(f"cov: expected a square [D, D] matrix, got {tuple(cov.shape)}")
+        raise InvalidValueError(f"cov: expected a square [D, D] matrix, got {tuple(cov.shape)}")
     c = cov.to(torch.float64)
     fro2 = float((c * c).sum())
     if fro2 == 0.0:
@@ -61,38 +63,38 @@ def total_budget(keep: float | int, num_experts: Sequence[int]) -> int:
     """
     total = sum(num_experts)
     if isinstance(keep, bool) or not isinstance(keep, (int, float)):
-        raise ValueError(f"keep: must be a fraction in (0, 1) or an int total, got {keep!r}")
+        raise InvalidValueError(f"keep: must be a fraction in (0, 1) or an int total, got {keep!r}")
     if isinstance(keep, int):
         n = keep
         if not 1 <= n < total:
-            raise ValueError(
+            raise InvalidValueError(
                 f"keep: an absolute total must be in [1, {total - 1}] (the model has {total} "
                 f"routed experts), got {n}"
             )
         return n
     if not 0.0 < keep < 1.0 or math.isnan(keep):
-        raise ValueError(f"keep: a fraction must be in (0, 1) (exclusive), got {keep}")
+        raise InvalidValueError(f"keep: a fraction must be in (0, 1) (exclusive), got {keep}")
     n = int(keep * total)
     if n < 1:
-        raise ValueError(f"keep: {keep} of {total} experts rounds down to none")
+        raise InvalidValueError(f"keep: {keep} of {total} experts rounds down to none")
     return n
 
 
 def floors(top_k: Sequence[int], min_experts: int = 1) -> list[int]:
     """Per-layer minimum ``max(min_experts, top_k_l)`` [C]."""
     if min_experts < 1:
-        raise ValueError(f"min_experts: must be >= 1, got {min_experts}")
+        raise InvalidValueError(f"min_experts: must be >= 1, got {min_experts}")
     return [max(min_experts, k) for k in top_k]
 
 
 def _check_total(budget: int, num_experts: Sequence[int], low: Sequence[int]) -> None:
     if budget < sum(low):
-        raise ValueError(
+        raise InvalidValueError(
             f"keep: a budget of {budget} experts is below the {sum(low)} needed to keep "
             f"max(min_experts, top_k) = {list(low)} per layer"
         )
     if budget > sum(num_experts):
-        raise ValueError(f"keep: budget {budget} exceeds the {sum(num_experts)} experts")
+        raise InvalidValueError(f"keep: budget {budget} exceeds the {sum(num_experts)} experts")
 
 
 def uniform_budget(budget: int, num_experts: Sequence[int], low: Sequence[int]) -> list[int]:
@@ -112,7 +114,7 @@ def uniform_budget(budget: int, num_experts: Sequence[int], low: Sequence[int]) 
         short -= add
     for i, (ni, m) in enumerate(zip(n, low, strict=True)):
         if ni < m:
-            raise ValueError(
+            raise InvalidValueError(
                 f"keep: the uniform budget gives MoE layer {i} {ni} experts, below its "
                 f"max(min_experts, top_k) = {m}"
             )
@@ -141,9 +143,9 @@ def rank_budget(
     """
     L = len(num_experts)
     if not (len(low) == len(ranks) == L):
-        raise ValueError("ranks, low, num_experts: need one entry per MoE layer")
+        raise InvalidValueError("ranks, low, num_experts: need one entry per MoE layer")
     if any(r < 0 or math.isnan(r) for r in ranks):
-        raise ValueError(f"ranks: must be >= 0, got {list(ranks)}")
+        raise InvalidValueError(f"ranks: must be >= 0, got {list(ranks)}")
     _check_total(budget, num_experts, low)
     scores = [float(r) ** alpha for r in ranks]
     total = sum(scores)

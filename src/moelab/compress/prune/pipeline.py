@@ -35,6 +35,7 @@ from moelab.compress.prune.budget import (
 )
 from moelab.compress.prune.criteria import Criterion, ScoreCriterion, Selection
 from moelab.compress.stats import LayerStats, collect_stats
+from moelab.errors import InvalidTypeError, InvalidValueError
 from moelab.models import MoETransformer
 from moelab.models.hooks import moe_layers
 
@@ -88,10 +89,10 @@ class PruneResult:
 def check_model(model: MoETransformer) -> None:
     """Raise ValueError unless every MoE layer can lose experts (and there is one)."""
     if not isinstance(model, MoETransformer):
-        raise TypeError(f"model: expected MoETransformer, got {type(model).__name__}")
+        raise InvalidTypeError(f"model: expected MoETransformer, got {type(model).__name__}")
     blocks = [b for b in model.blocks if b.is_moe]
     if not blocks:
-        raise ValueError("model: a dense model has no experts to prune")
+        raise InvalidValueError("model: a dense model has no experts to prune")
     for b in blocks:
         check_prunable(b.ffn, f"layer {b.layer_idx}")
 
@@ -116,7 +117,7 @@ def check_budget(
             ``max(min_experts, top_k)`` in some layer (uniform: naming the layer).
     """
     if per_layer not in PER_LAYER:
-        raise ValueError(f"per_layer: must be one of {PER_LAYER}, got {per_layer!r}")
+        raise InvalidValueError(f"per_layer: must be one of {PER_LAYER}, got {per_layer!r}")
     layers = moe_layers(model)
     E = [m.experts.num_experts for m in layers]
     low = floors([m.config.router.top_k for m in layers], min_experts)
@@ -207,10 +208,10 @@ def prune_experts(
     check_model(model)
     batches = list(batches)
     if not batches:
-        raise ValueError("batches: no calibration batch")
+        raise InvalidValueError("batches: no calibration batch")
     layers = moe_layers(model)
     if rank_source not in ("input", "output"):
-        raise ValueError(f"rank_source: must be 'input' or 'output', got {rank_source!r}")
+        raise InvalidValueError(f"rank_source: must be 'input' or 'output', got {rank_source!r}")
     check_budget(model, keep, per_layer, min_experts)
     if stats is None:
         stats = calibrate(model, batches, progress)

@@ -11,6 +11,7 @@ from moelab.compress.prune.criteria.ragep import (
 )
 from moelab.compress.prune.criteria.reap import REAP
 from moelab.compress.prune.criteria.soft_frequency import SoftFrequency
+from moelab.errors import InvalidValueError
 
 CRITERIA: dict[str, type[Criterion]] = {
     c.name: c for c in (SpectralSalience, REAP, Frequency, SoftFrequency, NAEE)
@@ -25,11 +26,11 @@ def build_criterion(name: str, **options) -> Criterion:
         ValueError: unknown name or options.
     """
     if name not in CRITERIA:
-        raise ValueError(f"method: must be one of {sorted(CRITERIA)}, got {name!r}")
+        raise InvalidValueError(f"method: must be one of {sorted(CRITERIA)}, got {name!r}")
     try:
         return CRITERIA[name](**options)
     except TypeError as e:
-        raise ValueError(f"method {name!r}: {e}") from None
+        raise InvalidValueError(f"method {name!r}: {e}") from None
 
 
 __all__ = [

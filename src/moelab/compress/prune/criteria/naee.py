@@ -36,6 +36,7 @@ from torch import Tensor
 
 from moelab.compress.prune.criteria.base import Criterion, Selection
 from moelab.core.layer import MoELayer, MoEOutput
+from moelab.errors import InvalidValueError
 
 MAX_EXPERTS = 16
 _ROWS_PER_CHUNK = 1 << 17
@@ -52,13 +53,13 @@ class SubsetErrors:
     def __init__(self, layer: MoELayer, n_keep: int) -> None:
         E = layer.experts.num_experts
         if E > MAX_EXPERTS:
-            raise ValueError(
+            raise InvalidValueError(
                 f"naee: enumeration needs E <= {MAX_EXPERTS} experts per layer, the layer has {E}"
             )
         if layer.config.router.capacity_factor is not None:
-            raise ValueError("naee: needs a dropless router (capacity_factor=None)")
+            raise InvalidValueError("naee: needs a dropless router (capacity_factor=None)")
         if not 1 <= n_keep <= E:
-            raise ValueError(f"n_keep: must be in [1, {E}], got {n_keep}")
+            raise InvalidValueError(f"n_keep: must be in [1, {E}], got {n_keep}")
         self.num_experts, self.n_keep = E, n_keep
         self.dropped = list(itertools.combinations(range(E), E - n_keep))
         mask = torch.zeros(len(self.dropped), E, dtype=torch.bool)

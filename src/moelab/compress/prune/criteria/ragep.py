@@ -46,6 +46,7 @@ from torch import Tensor
 from moelab.compress.prune.criteria.base import ScoreCriterion, Selection, top_n
 from moelab.compress.stats import LayerStats
 from moelab.core.layer import MoELayer
+from moelab.errors import InvalidValueError
 
 
 def subspace_bases(stats: LayerStats, rank: int) -> dict[int, Tensor]:
@@ -108,9 +109,9 @@ class SpectralSalience(ScoreCriterion):
 
     def __init__(self, pca_rank: int = 8, beta: float = 0.5) -> None:
         if not isinstance(pca_rank, int) or pca_rank < 1:
-            raise ValueError(f"pca_rank: must be an int >= 1, got {pca_rank!r}")
+            raise InvalidValueError(f"pca_rank: must be an int >= 1, got {pca_rank!r}")
         if not 0.0 <= beta <= 1.0:
-            raise ValueError(f"beta: must be in [0, 1], got {beta}")
+            raise InvalidValueError(f"beta: must be in [0, 1], got {beta}")
         self.pca_rank, self.beta = pca_rank, beta
 
     def options(self) -> dict[str, Any]:
@@ -119,7 +120,7 @@ class SpectralSalience(ScoreCriterion):
     def accumulator(self, layer: MoELayer, n_keep: int) -> LayerStats:
         D = layer.config.experts.hidden_size
         if self.pca_rank > D:
-            raise ValueError(f"pca_rank: must be <= d_model={D}, got {self.pca_rank}")
+            raise InvalidValueError(f"pca_rank: must be <= d_model={D}, got {self.pca_rank}")
         return super().accumulator(layer, n_keep)
 
     def scores(self, stats: LayerStats) -> tuple[Tensor, dict[str, Tensor]]:
