@@ -7,6 +7,7 @@ from moelab.cli import (  # noqa: F401
     compress,
     convert,
     evaluate,
+    expand,
     generate,
     lora,
     prune,

@@ -90,6 +90,13 @@ TRAIN_OPTIONS = [
     ConfigOption("lora_rank", "lora_rank", "Train only LoRA adapters of this rank on the experts."),
     ConfigOption("lora_alpha", "lora_alpha", "LoRA scale α (the adapters add α/r·A·B)."),
     ConfigOption("doc_masks", "doc_masks", "Attention and sequence losses per document in each window."),
+    ConfigOption("optimizer", "optimizer", "adamw, or muon (Muon on 2-D matrices, AdamW on the rest)."),
+    ConfigOption("expand_at", "expand_at", "Grow the width before this step (SPARKLING)."),
+    ConfigOption("expand_hidden", "expand_hidden", "Hidden-size factor of the expansion (or --expand)."),
+    ConfigOption("expand_expert", "expand_expert", "Expert/FFN inner-size factor (or --expand)."),
+    ConfigOption("expand_init", "expand_init", "Expansion init: sparkling, naive or copy."),
+    ConfigOption("expand_state", "expand_state", "Expansion optimizer state: asymmetric or symmetric."),
+    ConfigOption("rewarm_steps", "rewarm_steps", "LR re-warmup steps of the new entries."),
 ]  # fmt: skip
 
 
@@ -177,6 +184,7 @@ def train(
         bool, Opt(help="Train the dense twin (same active parameters per token).")
     ] = False,
     progress: Annotated[bool, Opt(help="Show the progress bar.")] = True,
+    expand: Annotated[str | None, Opt(help="Width factors, e.g. hidden=2x,expert=2x.")] = None,
     allow_data_change: Annotated[
         bool, Opt(help="--resume even though the corpus changed since the run started.")
     ] = False,
@@ -193,12 +201,17 @@ def train(
       moelab train --top-k 1 --score-func sigmoid --norm-topk-prob
       moelab train --spec-loss --cross-loss --spec-coeff 0.01 --cross-coeff 0.01
       torchrun --nproc-per-node 2 -m moelab.cli train --steps 100
+      moelab train --steps 1000 --expand-at 450 --expand hidden=2x,expert=2x
     """
+    from moelab.train.expand import parse_expand
     from moelab.train.loop import train as train_run
 
     run_dir = out or Path("runs") / name
     model_flags = {o.flag: flags.get(o.flag) for o in MODEL_OPTIONS}
     train_flags = {o.flag: flags.get(o.flag) for o in TRAIN_OPTIONS}
+    if expand is not None:
+        grow = guarded(parse_expand, expand)
+        train_flags.update(expand_hidden=grow.get("hidden"), expand_expert=grow.get("expert"))
     if allow_data_change and not resume:
         fail(InvalidValueError("--allow-data-change: only applies with --resume"))
     given = [k for k, v in {**model_flags, **train_flags}.items() if v is not None]

@@ -50,6 +50,19 @@ class TrainConfig:
         seed: seeds the model init, the data split and the batch order.
         init_from: a model folder (e.g. from ``moelab upcycle``) whose weights and tokenizer
             start the run instead of a random init.
+        optimizer: ``adamw``, or ``muon`` (``torch.optim.Muon`` on the 2-D hidden matrices,
+            AdamW on the rest; :mod:`moelab.train.optim`).
+        expand_at: grow the model's width before this optimizer step (0-based; SPARKLING,
+            :mod:`moelab.train.expand`); in ``[1, steps-1]``; None = never.
+        expand_hidden, expand_expert: width factors (> 1) of the hidden size D (with the
+            attention heads) and of the expert / dense-FFN inner size F; None = unchanged.
+        expand_init: ``sparkling`` (RMS-scale consistent random), ``naive`` (default init) or
+            ``copy`` (function preserving, Net2Net / HyperCloning).
+        expand_state: ``asymmetric`` (old entries keep their optimizer state, new ones start
+            fresh with their own step counter and re-warm) or ``symmetric`` (new entries join
+            the old schedule: copied state for ``copy``, zeros otherwise, no re-warmup).
+        rewarm_steps: learning-rate re-warmup steps of the new entries (None = 2 % of the
+            steps left after the expansion, at least 1; 0 = none).
         lora_rank: > 0 adds LoRA adapters of this rank to every expert bank (unless the
             model has them) and trains only the adapters (:mod:`moelab.models.lora`).
         lora_alpha: α of the adapters' scale α/r.
@@ -85,6 +98,13 @@ class TrainConfig:
     time_budget_s: float | None = None
     seed: int = 0
     init_from: str | None = None
+    optimizer: str = "adamw"
+    expand_at: int | None = None
+    expand_hidden: float | None = None
+    expand_expert: float | None = None
+    expand_init: str = "sparkling"
+    expand_state: str = "asymmetric"
+    rewarm_steps: int | None = None
     lora_rank: int = 0
     lora_alpha: float = 16.0
     doc_masks: bool = False
@@ -133,6 +153,38 @@ class TrainConfig:
             raise ConfigError(f"lora_alpha: must be a finite number > 0, got {self.lora_alpha}")
         if not self.data.strip():
             raise ConfigError("data: empty corpus name or path")
+        if self.optimizer not in ("adamw", "muon"):
+            raise ConfigError(f"optimizer: must be adamw or muon, got {self.optimizer!r}")
+        self._check_expansion()
+
+    def _check_expansion(self) -> None:
+        factors = {"expand_hidden": self.expand_hidden, "expand_expert": self.expand_expert}
+        for name, f in factors.items():
+            if f is not None and not (math.isfinite(f) and f > 1):
+                raise ConfigError(
+                    f"{name}: a width factor must be > 1 (expansion cannot shrink), got {f}"
+                )
+        if self.expand_init not in ("sparkling", "naive", "copy"):
+            raise ConfigError(
+                f"expand_init: must be sparkling, naive or copy, got {self.expand_init!r}"
+            )
+        if self.expand_state not in ("asymmetric", "symmetric"):
+            raise ConfigError(
+                f"expand_state: must be asymmetric or symmetric, got {self.expand_state!r}"
+            )
+        if self.rewarm_steps is not None and self.rewarm_steps < 0:
+            raise ConfigError(f"rewarm_steps: must be >= 0, got {self.rewarm_steps}")
+        if self.expand_at is None:
+            if any(f is not None for f in factors.values()):
+                raise ConfigError("expand_at: a width factor is set but no expansion step")
+            return
+        if not 1 <= self.expand_at < self.steps:
+            raise ConfigError(
+                f"expand_at: must be in [1, steps-1={self.steps - 1}] (before the last step), "
+                f"got {self.expand_at}"
+            )
+        if all(f is None for f in factors.values()):
+            raise ConfigError("expand_at: needs expand_hidden and/or expand_expert")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

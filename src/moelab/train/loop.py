@@ -63,7 +63,14 @@ from moelab.train.checkpoint import checkpoint_dirs, load_checkpoint, save_check
 from moelab.train.config import ConfigError, TrainConfig
 from moelab.train.distributed import DistInfo, barrier, init_distributed, shutdown
 from moelab.train.evaluate import EvalResult, evaluate
+from moelab.train.expand import (
+    ExpandSpec,
+    check_expansion,
+    expand_in_training,
+    expansion_record,
+)
 from moelab.train.metrics import MetricsLog
+from moelab.train.optim import build_optimizer
 from moelab.train.progress import TrainProgress
 from moelab.train.schedule import lr_at
 from moelab.utils.atomic import atomic_write_json
@@ -95,15 +102,6 @@ class _LossModule(nn.Module):
     def forward(self, input_ids, targets, doc_ids=None):
         out = self.model.loss(input_ids, targets, doc_ids=doc_ids)
         return out.loss, out.ce, out.aux_loss, out.output.records
-
-
-def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
 
 
 def read_run_info(run_dir: Path) -> dict[str, Any]:
@@ -360,6 +358,8 @@ def _train(
         raise ConfigError(
             f"seq_len: {cfg.seq_len} exceeds the model's max_seq_len={model.cfg.max_seq_len}"
         )
+    if cfg.expand_at is not None and (ckpt is None or ckpt.step <= cfg.expand_at):
+        check_expansion(model.cfg, ExpandSpec.from_train_config(cfg), model)
     if dist_info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         if not resume:
@@ -380,14 +380,11 @@ def _train(
     layers = moe_layers(model)
     module = _LossModule(model)
     step_fn = DDP(module) if dist_info.enabled else module
-    optimizer = torch.optim.AdamW(
-        _param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps
-    )
+    optimizer = build_optimizer(model, cfg, ckpt.state["optimizer"] if ckpt is not None else None)
     generator = torch.Generator().manual_seed(cfg.seed * 1000 + dist_info.rank)
     start_step, tokens_seen, elapsed_before = 0, 0, 0.0
     metrics = MetricsLog(run_dir / "metrics.jsonl")
     if ckpt is not None:
-        optimizer.load_state_dict(ckpt.state["optimizer"])
         torch.set_rng_state(ckpt.state["torch_rng"])
         generator.set_state(ckpt.state["generator"][dist_info.rank])
         start_step = ckpt.step
@@ -459,6 +456,16 @@ def _train(
         if start_step == 0:  # the starting point of the validation curve
             validate(0)
         while step < cfg.steps:
+            if cfg.expand_at is not None and step == cfg.expand_at:
+                grown = expand_in_training(
+                    model, optimizer, ExpandSpec.from_train_config(cfg), cfg, train_stream, step
+                )
+                model, optimizer = grown.model, grown.optimizer
+                layers = moe_layers(model)
+                module = _LossModule(model)
+                step_fn = DDP(module) if dist_info.enabled else module
+                if dist_info.is_main:
+                    metrics.write(expansion_record(step, model.cfg, grown.spec))
             lr = lr_at(
                 step,
                 lr=cfg.lr,
@@ -466,8 +473,7 @@ def _train(
                 total_steps=cfg.steps,
                 min_lr_ratio=cfg.min_lr_ratio,
             )
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+            optimizer.set_lr(step, lr)
             t_step = time.perf_counter()
             counts = [
                 torch.zeros(layer.config.router.num_experts, dtype=torch.int64) for layer in layers

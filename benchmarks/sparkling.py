@@ -1,0 +1,288 @@
+"""SPARKLING mid-training width expansion (arXiv 2602.02472) on the real ``mix`` corpus.
+
+Settings: {dense, MoE} × {2× hidden size, 2× expert inner size} with AdamW, plus dense 2×
+hidden with Muon. Each setting, 3 seeds, compares four runs of ``moelab.train.loop.train``
+with the same total steps, schedule and data order. The three expansions share the small
+model's run up to step T_E (stopped there with its checkpoint), are grown by
+``moelab.train.expand_run.expand_run`` (what ``moelab expand`` does; bit-for-bit the same as an
+in-loop ``--expand-at T_E``, see tests/train/test_expand.py) and resumed to the end:
+
+- ``sparkling``: RMS-scale-consistent random new entries, asymmetric optimizer-state reset,
+  re-warmup of the new entries over 2 % of the remaining steps;
+- ``naive``: default-initialised new entries, symmetric optimizer state (new entries join the
+  old step counter with zero moments, no re-warmup);
+- ``copy``: function-preserving copies (HyperCloning for hidden, Net2Net for the inner width),
+  symmetric optimizer state (copied moments);
+- ``scratch``: the final width from step 0.
+
+Measured per run (mean ± sd over the seeds):
+
+- spike: max training loss over the 50 steps after the expansion / mean training loss over
+  the 20 steps before, minus 1, in %. The ``scratch`` row applies the same windows to the
+  from-scratch run (no expansion): that is the noise floor of this statistic on batches of
+  this size;
+- 1st-step Δ vs copy: training loss of the first step after the expansion (computed before
+  any update at the new width, so it is the initialisation's effect alone) relative to the
+  copy run's, which equals the unexpanded model's loss on that batch (same batches in every
+  run);
+- pair cos: mean cosine similarity between each new unit and the old unit it copies
+  (``copy``) or its counterpart ``j mod n_old`` (other rows) 200 steps after the expansion —
+  residual channels for hidden expansion, expert/FFN hidden units for inner expansion
+  (``moelab.train.expand.counterpart_cosine``); the scratch row is unrelated units, the
+  independence reference;
+- final validation bits per byte;
+- compute to reach scratch's final loss: training FLOPs (analytic ``6·N_active + 6·L·S·d_attn``
+  per token) and wall time until the 20-step rolling training loss first reaches the scratch
+  run's final 20-step rolling loss, as a fraction of what scratch needed; ``reached`` counts
+  the seeds that got there.
+
+Usage::
+
+    python benchmarks/sparkling.py                 # 5 settings x 4 runs x 3 seeds
+    python benchmarks/sparkling.py --steps 260 --expand-at 50 --seeds 1 --settings 3  # quick
+    python benchmarks/sparkling.py --settings 0,2 --ablation   # which ingredient does what:
+        # copy init + SPARKLING's asymmetric state/re-warmup, SPARKLING's init + symmetric state
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from moelab.core.config import ExpertsConfig, LossConfig, MoEConfig, RouterConfig
+from moelab.models import ModelConfig, count_params, load_model
+from moelab.train import loop
+from moelab.train.config import TrainConfig
+from moelab.train.expand import counterpart_cosine, expanded_config
+from moelab.train.expand_run import expand_run
+from moelab.train.loop import train
+
+# every run reads the same capped corpus: load it once (identical documents, far less CPU)
+loop.load_corpus = functools.lru_cache(maxsize=None)(loop.load_corpus)
+
+METHODS = {
+    "sparkling": {"expand_init": "sparkling", "expand_state": "asymmetric"},
+    "naive": {"expand_init": "naive", "expand_state": "symmetric"},
+    "copy": {"expand_init": "copy", "expand_state": "symmetric"},
+    "scratch": None,
+}
+ABLATIONS = {  # --ablation: which ingredient does what
+    "copy+asym": {"expand_init": "copy", "expand_state": "asymmetric"},
+    "sparkling+sym": {"expand_init": "sparkling", "expand_state": "symmetric"},
+}
+SETTINGS = (
+    ("dense", "hidden", "adamw"),
+    ("dense", "inner", "adamw"),
+    ("moe", "hidden", "adamw"),
+    ("moe", "inner", "adamw"),
+    ("dense", "hidden", "muon"),
+)
+
+
+def small_config(kind: str, seq_len: int) -> ModelConfig:
+    """2 layers, D=32, 2 heads of 16 (1 KV head), byte vocabulary; MoE: 4 experts of F=32,
+    top-2; dense: one SwiGLU FFN of width 64."""
+    cfg = ModelConfig(
+        vocab_size=256,
+        d_model=32,
+        n_layers=2,
+        n_heads=2,
+        n_kv_heads=1,
+        max_seq_len=seq_len,
+        dense_ffn_size=64,
+        moe=MoEConfig(
+            router=RouterConfig(num_experts=4, top_k=2),
+            experts=ExpertsConfig(hidden_size=32, ffn_hidden_size=32),
+            losses=LossConfig(load_balance="switch", aux_loss_coeff=1e-2),
+        ),
+    )
+    return dataclasses.replace(cfg, moe=None) if kind == "dense" else cfg
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs per token: 6 × active matmul parameters (the embedding lookup is not a
+    matmul) + 6·L·S·d_attn for the attention scores and values (Kaplan et al. 2020)."""
+    from moelab.models import MoETransformer
+
+    with torch.device("meta"):
+        model = MoETransformer(cfg)
+    c = count_params(model)
+    matmul = c["active_per_token"] - cfg.vocab_size * cfg.d_model
+    return 6.0 * matmul + 6.0 * cfg.n_layers * seq_len * cfg.n_heads * cfg.head_dim
+
+
+def rolling(xs: list[float], w: int) -> list[float]:
+    out, s = [], 0.0
+    for i, x in enumerate(xs):
+        s += x
+        if i >= w:
+            s -= xs[i - w]
+        out.append(s / min(i + 1, w))
+    return out
+
+
+def read_train(run: Path) -> tuple[list[float], list[float]]:
+    """Per-step training loss and seconds per step from metrics.jsonl (log_every=1)."""
+    loss, dt = [], []
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["split"] == "train":
+            loss.append(r["loss"])
+            dt.append(r["tokens"] / r["step"] / r["tokens_per_s"] if r["step"] else 0.0)
+    return loss, dt
+
+
+def measure(run: Path, small, wide, tdict, t_e: int, role: str, expanded: bool) -> dict:
+    """Spike, counterpart cosine at +200, final bpb and per-step FLOPs/seconds of one run."""
+    loss, step_s = read_train(run)
+    f_small, f_wide = (
+        flops_per_token(small, tdict["seq_len"]),
+        flops_per_token(wide, tdict["seq_len"]),
+    )
+    tokens = tdict["batch_size"] * tdict["seq_len"]
+    flops = [tokens * (f_small if expanded and i < t_e else f_wide) for i in range(len(loss))]
+    spike = 100 * (max(loss[t_e : t_e + 50]) / statistics.fmean(loss[t_e - 20 : t_e]) - 1)
+    at = run / "checkpoints" / f"step-{t_e + 200:06d}"
+    model = load_model(run if t_e + 200 == len(loss) else at)  # the run's end is its root
+    cos = counterpart_cosine(model, small, "hidden" if role == "hidden" else "inner")
+    val = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"val"' in x]
+    return {"loss": loss, "step_s": step_s, "flops": flops, "spike": spike, "cos": cos,
+            "bpb": val[-1]["bpb"]}  # fmt: skip
+
+
+def run_setting(
+    root: Path, key: str, small, wide, tdict, t_e: int, axis: str, methods: dict
+) -> dict:
+    """The small run up to the expansion (shared), its three expansions resumed to the end
+    (``moelab expand`` + ``moelab train --resume``), and the from-scratch run."""
+    factors = {"hidden": 2.0, "inner": None} if axis == "hidden" else {"hidden": None, "inner": 2.0}
+    base = root / f"{key}-small"
+    train(small, TrainConfig.from_dict(tdict), base, progress=False, stop_after=t_e)
+    out = {}
+    for method, how in methods.items():
+        t0 = time.time()
+        run = root / f"{key}-{method}"
+        if how is None:
+            train(wide, TrainConfig.from_dict(tdict), run, progress=False)
+        else:
+            expand_run(base, run, init=how["expand_init"], state=how["expand_state"], **factors)
+            train(None, None, run, resume=True, progress=False)
+        out[method] = measure(run, small, wide, tdict, t_e, axis, how is not None)
+        r = out[method]
+        print(
+            f"{key}-{method}: spike {r['spike']:+.1f}%  cos {r['cos']:.3f}  bpb {r['bpb']:.4f}  "
+            f"{time.time() - t0:.0f} s",
+            flush=True,
+        )
+    return out
+
+
+def to_target(r: dict, target: float) -> tuple[float, float] | None:
+    """(FLOPs, seconds) until the 20-step rolling loss first reaches ``target``."""
+    for i, v in enumerate(rolling(r["loss"], 20)):
+        if i >= 19 and v <= target:
+            return sum(r["flops"][: i + 1]), sum(r["step_s"][: i + 1])
+    return None
+
+
+def fmt(xs: list[float], spec: str = ".2f") -> str:
+    if not xs:
+        return "—"
+    if len(xs) == 1:
+        return format(xs[0], spec)
+    return f"{format(statistics.fmean(xs), spec)} ± {format(statistics.stdev(xs), spec)}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--expand-at", type=int, default=200)
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--eval-tokens", type=int, default=4096, help="validation tokens/domain")
+    ap.add_argument("--settings", default="all", help="comma list of indices into SETTINGS")
+    ap.add_argument(
+        "--ablation", action="store_true", help="copy+asym and sparkling+sym (with copy, scratch)"
+    )
+    args = ap.parse_args()
+    if args.expand_at < 50 or args.steps < args.expand_at + 200 or args.expand_at % 50:
+        ap.error("--expand-at: a multiple of 50 (checkpoints), >= 50, and <= steps - 200")
+    torch.set_num_threads(1)
+    t_start = time.time()
+    root = Path(tempfile.mkdtemp(prefix="sparkling-bench-"))
+    chosen = (
+        SETTINGS if args.settings == "all" else [SETTINGS[int(i)] for i in args.settings.split(",")]
+    )
+    results: dict[tuple, dict[str, list[dict]]] = {}
+    for seed in range(args.seeds):
+        for kind, axis, opt in chosen:
+            small = small_config(kind, args.seq_len)
+            wide = expanded_config(small, *((2.0, None) if axis == "hidden" else (None, 2.0)))
+            tdict = TrainConfig(
+                data="mix", max_bytes_per_domain=200_000, seq_len=args.seq_len,
+                batch_size=args.batch_size, steps=args.steps, lr=args.lr, warmup_steps=20,
+                eval_every=10**6, eval_tokens=args.eval_tokens, checkpoint_every=50,
+                log_every=1, seed=seed, optimizer=opt,
+            ).to_dict()  # fmt: skip
+            key = f"{kind}-{axis}-{opt}-s{seed}"
+            methods = METHODS
+            if args.ablation:  # copy (the 1st-step reference) and scratch (the target) stay
+                methods = {"copy": METHODS["copy"], **ABLATIONS, "scratch": None}
+            by_method = run_setting(root, key, small, wide, tdict, args.expand_at, axis, methods)
+            for method, r in by_method.items():
+                results.setdefault((kind, axis, opt), {}).setdefault(method, []).append(r)
+    print(
+        f"\nSPARKLING width expansion, mix corpus, 2 layers D=32→64 (hidden) or F→2F (expert), "
+        f"expand at step {args.expand_at} of {args.steps}, batch {args.batch_size}×{args.seq_len} "
+        f"bytes, lr {args.lr:g}, {args.seeds} seeds (mean ± sd)"
+    )
+    cols = (
+        "spike %",
+        "1st-step Δ vs copy %",
+        "pair cos @+200",
+        "val bpb",
+        "FLOPs to target",
+        "wall to target",
+        "reached",
+    )
+    head = f"| setting | run | {' | '.join(cols)} |"
+    print(head)
+    print("|" + "---|" * (len(cols) + 2))
+    t_e = args.expand_at
+    for (kind, axis, opt), by_method in results.items():
+        scratch = by_method["scratch"]
+        targets = [min(rolling(r["loss"], 20)[-1:]) for r in scratch]
+        base_cost = [to_target(r, t) for r, t in zip(scratch, targets, strict=True)]
+        for method, runs in by_method.items():
+            fl, wall, reached = [], [], 0
+            for r, t, b in zip(runs, targets, base_cost, strict=True):
+                c = to_target(r, t)
+                if c is not None and b is not None:
+                    reached += 1
+                    fl.append(c[0] / b[0])
+                    wall.append(c[1] / b[1])
+            first = [
+                100 * (r["loss"][t_e] / c["loss"][t_e] - 1)
+                for r, c in zip(runs, by_method["copy"], strict=True)
+            ]
+            print(
+                f"| {kind} {'expert' if axis == 'inner' else axis} 2× {opt} | {method} | {fmt([r['spike'] for r in runs], '+.1f')} | "
+                f"{fmt(first, '+.2f') if method != 'scratch' else '—'} | "
+                f"{fmt([r['cos'] for r in runs], '.3f')} | {fmt([r['bpb'] for r in runs], '.4f')} | "
+                f"{fmt(fl)} | {fmt(wall)} | {reached}/{len(runs)} |"
+            )
+    print(f"\ntotal time {time.time() - t_start:.0f} s; runs in {root}")
+
+
+if __name__ == "__main__":
+    main()

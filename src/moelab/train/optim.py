@@ -1,0 +1,234 @@
+"""The training loop's optimizer: AdamW or Muon over parameter *shards* with per-group re-warmup.
+
+A shard is a rectangular region of one model parameter. Before any width expansion every
+shard is a whole parameter and the optimizer is plain ``torch.optim.AdamW`` (decay on
+matrices, none on norms/biases) — or, with ``optimizer="muon"``, ``torch.optim.Muon`` for the
+2-D hidden matrices and AdamW for the rest. After a width expansion
+(:mod:`moelab.train.expand`) a parameter is covered by several shards: the region its old
+entries occupy and the regions of the new entries. Each shard is a separate tensor for
+``torch.optim`` — a *view* sharing the model parameter's storage, so the optimizer writes
+straight into the model — and therefore has its own state (Adam moments and bias-correction
+step counter, Muon momentum) and sits in its own parameter group with its own learning rate.
+That is how SPARKLING's asymmetric state reset and re-warmup (arXiv 2602.02472) are realised
+without changing the model's modules ("separate tensors per slice" is the spec's design
+[I], see ``shared/research/methods-group1.md`` §(d)).
+
+The layout (a list of group dicts) is saved with the optimizer state, so a checkpoint written
+after an expansion rebuilds the same shards and resumes exactly.
+
+Choices [I]:
+
+- Muon (``torch.optim.Muon``, torch >= 2.9) takes every 2-D parameter except the token
+  embedding and the LM head (Keller Jordan's recipe), with ``adjust_lr_fn="match_rms_adamw"``
+  so one ``lr`` serves both optimizers; momentum 0.95, Nesterov. 3-D expert banks and 1-D
+  parameters stay on AdamW (``torch.optim.Muon`` accepts 2-D tensors only). After an
+  expansion each 2-D shard is orthogonalised on its own.
+- Re-warmup of a group created at step ``t_e`` with ``W_r`` re-warmup steps:
+  ``lr_group(t) = lr(t) · min(1, (t − t_e + 1) / W_r)`` for ``t >= t_e`` (linear from 0 to the
+  scheduled rate, the same ``(t+1)/W`` form as the main warmup); ``W_r = 0`` is no re-warmup.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from moelab.train.config import ConfigError, TrainConfig
+
+OPTIMIZERS = ("adamw", "muon")
+LAYOUT_VERSION = 1
+Region = tuple[tuple[int, int], ...]
+
+
+def rewarm_factor(step: int, group: dict[str, Any]) -> float:
+    """The learning-rate multiplier of a layout group at optimizer step ``step`` (0-based).
+
+    ``min(1, (step − rewarm_from + 1) / rewarm_steps)`` for a group created by an expansion at
+    step ``rewarm_from``; 1 for groups without re-warmup (``rewarm_from`` None or
+    ``rewarm_steps`` 0) and for steps before ``rewarm_from``.
+    """
+    start, n = group.get("rewarm_from"), int(group.get("rewarm_steps") or 0)
+    if start is None or n <= 0 or step < start:
+        return 1.0
+    return min(1.0, (step - start + 1) / n)
+
+
+def region_slices(region: Region | None) -> tuple[slice, ...]:
+    """``((a0, b0), (a1, b1), ...)`` → ``(slice(a0, b0), slice(a1, b1), ...)``; None → ``()``."""
+    return () if region is None else tuple(slice(a, b) for a, b in region)
+
+
+def muon_eligible(name: str, p: Tensor) -> bool:
+    """2-D parameters other than the token embedding and the LM head."""
+    return p.dim() == 2 and name not in ("embed.weight", "lm_head.weight")
+
+
+def default_layout(model: nn.Module, cfg: TrainConfig) -> list[dict[str, Any]]:
+    """One shard per parameter: AdamW decay (>= 2-D) / no-decay groups, plus a Muon group."""
+    groups = {
+        "muon": {"optimizer": "muon", "weight_decay": cfg.weight_decay, "shards": []},
+        "decay": {"optimizer": "adamw", "weight_decay": cfg.weight_decay, "shards": []},
+        "no_decay": {"optimizer": "adamw", "weight_decay": 0.0, "shards": []},
+    }
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if cfg.optimizer == "muon" and muon_eligible(name, p):
+            key = "muon"
+        else:
+            key = "decay" if p.dim() >= 2 else "no_decay"
+        groups[key]["shards"].append([name, None])
+    order = ("decay", "no_decay", "muon")
+    return [
+        {**groups[k], "rewarm_from": None, "rewarm_steps": 0} for k in order if groups[k]["shards"]
+    ]
+
+
+class ShardedOptimizer:
+    """AdamW (+ Muon) over the shards of ``layout``; the loop's one optimizer object.
+
+    Use as a ``torch.optim`` optimizer: ``set_lr(step, lr)``, ``step()`` (copies each
+    parameter's gradient into its shards first), ``zero_grad()``, ``state_dict()`` /
+    ``load_state_dict()``. ``param_groups`` lists the torch groups in layout order.
+
+    Args:
+        model: the model whose parameters the layout names.
+        cfg: betas, eps (AdamW) and the base lr.
+        layout: group dicts ``{"optimizer": "adamw"|"muon", "weight_decay", "rewarm_from",
+            "rewarm_steps", "shards": [[param name, region or None], ...]}``; a region is
+            ``[[start, stop], ...]`` per dimension of the parameter.
+    Raises:
+        ConfigError: a layout naming an unknown parameter, a region outside it, an unknown
+            optimizer, or Muon where ``torch.optim.Muon`` is missing or the shard is not 2-D.
+    """
+
+    def __init__(self, model: nn.Module, cfg: TrainConfig, layout: list[dict[str, Any]]) -> None:
+        params = dict(model.named_parameters())
+        self.layout = [dict(g, shards=[list(s) for s in g["shards"]]) for g in layout]
+        self._views: list[tuple[nn.Parameter, Tensor, tuple[slice, ...]]] = []
+        self.shards: list[list[Tensor]] = []
+        adam_groups, muon_groups = [], []
+        for g in self.layout:
+            kind = g.get("optimizer")
+            if kind not in OPTIMIZERS:
+                raise ConfigError(f"optimizer layout: unknown optimizer {kind!r}")
+            tensors = []
+            for name, region in g["shards"]:
+                if name not in params:
+                    raise ConfigError(f"optimizer layout: the model has no parameter {name!r}")
+                p = params[name]
+                tensors.append(self._shard(name, p, region))
+            self.shards.append(tensors)
+            hyper = {"params": tensors, "weight_decay": float(g["weight_decay"]), "lr": cfg.lr}
+            if kind == "muon":
+                for t in tensors:
+                    if t.dim() != 2:
+                        raise ConfigError(f"optimizer layout: Muon shard of shape {tuple(t.shape)}")
+                muon_groups.append(hyper)
+            else:
+                adam_groups.append(hyper)
+        self._adam = (
+            torch.optim.AdamW(adam_groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+            if adam_groups
+            else None
+        )
+        self._muon = None
+        if muon_groups:
+            if not hasattr(torch.optim, "Muon"):
+                raise ConfigError("optimizer: muon needs torch.optim.Muon (torch >= 2.9)")
+            self._muon = torch.optim.Muon(
+                muon_groups, lr=cfg.lr, momentum=0.95, nesterov=True, adjust_lr_fn="match_rms_adamw"
+            )
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The torch group of each layout group, in layout order (looked up on every call:
+        ``load_state_dict`` replaces the torch optimizers' group dicts)."""
+        it_a = iter(self._adam.param_groups if self._adam else [])
+        it_m = iter(self._muon.param_groups if self._muon else [])
+        return [next(it_m if g["optimizer"] == "muon" else it_a) for g in self.layout]
+
+    def _shard(self, name: str, p: nn.Parameter, region) -> Tensor:
+        if region is None:
+            return p
+        if len(region) != p.dim() or any(
+            not (0 <= a < b <= n) for (a, b), n in zip(region, p.shape, strict=True)
+        ):
+            raise ConfigError(
+                f"optimizer layout: region {region} is outside {name} {tuple(p.shape)}"
+            )
+        sl = region_slices(tuple(tuple(r) for r in region))
+        view = p.detach()[sl]
+        self._views.append((p, view, sl))
+        return view
+
+    @property
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [o for o in (self._adam, self._muon) if o is not None]
+
+    def state_of(self, tensor: Tensor) -> dict[str, Tensor]:
+        """The torch state of one shard tensor (empty before its first step)."""
+        for opt in self.optimizers:
+            if tensor in opt.state:
+                return opt.state[tensor]
+        return {}
+
+    def opt_of(self, group_idx: int) -> torch.optim.Optimizer:
+        """The torch optimizer that owns layout group ``group_idx``."""
+        return self._muon if self.layout[group_idx]["optimizer"] == "muon" else self._adam
+
+    def set_lr(self, step: int, lr: float) -> None:
+        """Set every group's learning rate: the scheduled ``lr`` times its re-warmup factor."""
+        for g, tg in zip(self.layout, self.param_groups, strict=True):
+            tg["lr"] = lr * rewarm_factor(step, g)
+
+    def step(self) -> None:
+        for p, view, sl in self._views:
+            view.grad = None if p.grad is None else p.grad[sl]
+        for opt in self.optimizers:
+            opt.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=set_to_none)
+        for p, view, _ in self._views:
+            p.grad = None
+            view.grad = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "layout_version": LAYOUT_VERSION,
+            "layout": self.layout,
+            "optimizers": [o.state_dict() for o in self.optimizers],
+        }
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Load :meth:`state_dict` output (or a bare ``torch.optim.AdamW`` state dict of a
+        checkpoint written before shards existed)."""
+        if "optimizers" not in sd:
+            if self._muon is not None or self._adam is None:
+                raise ConfigError("optimizer: the checkpoint holds a plain AdamW state")
+            self._adam.load_state_dict(sd)
+            return
+        if len(sd["optimizers"]) != len(self.optimizers):
+            raise ConfigError("optimizer: the checkpoint's optimizers do not match the layout")
+        for opt, osd in zip(self.optimizers, sd["optimizers"], strict=True):
+            opt.load_state_dict(osd)
+
+
+def build_optimizer(
+    model: nn.Module, cfg: TrainConfig, state: dict[str, Any] | None = None
+) -> ShardedOptimizer:
+    """The loop's optimizer for ``model``: the default layout, or the one saved in ``state``
+    (a :meth:`ShardedOptimizer.state_dict`), whose state is then loaded.
+
+    Raises:
+        ConfigError: see :class:`ShardedOptimizer`.
+    """
+    layout = state.get("layout") if isinstance(state, dict) else None
+    opt = ShardedOptimizer(model, cfg, layout or default_layout(model, cfg))
+    if state is not None:
+        opt.load_state_dict(state)
+    return opt

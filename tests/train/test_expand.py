@@ -1,0 +1,388 @@
+"""SPARKLING width expansion: copy init preserves the function, the RMS rule holds per matrix and
+per layer, optimizer state is carried/scaled/reset as specified, the re-warmup follows its
+formula, and expand → checkpoint → resume equals an uninterrupted run."""
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from moelab.core.config import ExpertsConfig, MoEConfig, RouterConfig
+from moelab.models import ModelConfig, MoETransformer
+from moelab.train.config import ConfigError, TrainConfig
+from moelab.train.expand import (
+    ExpandSpec,
+    counterpart_cosine,
+    expand_live,
+    expand_model,
+    expanded_config,
+    matrix_output_rms,
+    parse_expand,
+    parse_factor,
+)
+from moelab.train.expand_axes import Axis
+from moelab.train.loop import train
+from moelab.train.optim import build_optimizer, rewarm_factor
+
+from .conftest import tiny_model, tiny_train
+
+
+def _cfg(dense=False, tied=False, shared=0, qk_norm="none", bias=False, first_dense=0):
+    cfg = ModelConfig(
+        vocab_size=64,
+        d_model=16,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        max_seq_len=16,
+        tie_embeddings=tied,
+        qk_norm=qk_norm,
+        attention_bias=bias,
+        first_dense_layers=first_dense,
+        dense_ffn_size=24,
+        moe=MoEConfig(
+            router=RouterConfig(num_experts=4, top_k=2),
+            experts=ExpertsConfig(
+                hidden_size=16,
+                ffn_hidden_size=8,
+                shared_expert_size=shared,
+                shared_expert_gate=shared > 0,
+            ),
+        ),
+    )
+    return dataclasses.replace(cfg, moe=None) if dense else cfg
+
+
+def _model(cfg, seed=0):
+    torch.manual_seed(seed)
+    m = MoETransformer(cfg).double()
+    with torch.no_grad():  # non-trivial norm gains, so "mean of the old gains" is tested
+        for p in m.parameters():
+            if p.dim() == 1:
+                p.mul_(1 + 0.3 * torch.rand_like(p))
+    return m
+
+
+IDS = torch.randint(0, 64, (3, 12), generator=torch.Generator().manual_seed(0))
+VARIANTS = [
+    dict(),
+    dict(dense=True),
+    dict(tied=True),
+    dict(shared=8, qk_norm="full", bias=True, first_dense=1),
+    dict(dense=True, tied=True, qk_norm="head"),
+]
+AXES = [(2, None), (None, 2), (2, 3)]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("hidden,inner", AXES)
+def test_copy_init_preserves_the_function(variant, hidden, inner):
+    m = _model(_cfg(**variant))
+    e = expand_model(m, ExpandSpec(hidden=hidden, inner=inner, init="copy"))
+    assert e.model.cfg.d_model == 16 * (hidden or 1)
+    if hidden:
+        assert (e.model.cfg.n_heads, e.model.cfg.n_kv_heads) == (8, 4)
+    a, b = m(IDS), e.model(IDS)
+    # RMSNorm normalises in fp32 (the model's rule), so hidden copies agree to fp32 rounding;
+    # inner-only copies touch no norm and agree to float64 rounding
+    tol = 1e-6 if hidden else 1e-12
+    torch.testing.assert_close(b.logits, a.logits, rtol=0, atol=tol)
+    assert e.model(IDS).hidden_states.shape[-1] == 16 * (hidden or 1)
+    # the copy really copies: every new unit equals its source
+    role = "hidden" if hidden else "inner"
+    assert counterpart_cosine(e.model, m.cfg, role) == pytest.approx(1.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("hidden,inner", AXES)
+def test_sparkling_init_keeps_every_matrix_and_layer_rms(variant, hidden, inner):
+    m = _model(_cfg(**variant))
+    e = expand_model(m, ExpandSpec(hidden=hidden, inner=inner), IDS, seed=3)
+    ref, new = matrix_output_rms(m, IDS), matrix_output_rms(e.model, IDS)
+    assert e.scales, "some matrix input grew, so some c was fitted"
+    for key in e.scales:  # exactly, by construction, on the calibration batch
+        torch.testing.assert_close(new[key], ref[key], rtol=1e-9, atol=0)
+    for key in ref:  # and every other matrix keeps its RMS closely (no input growth)
+        assert torch.allclose(new[key], ref[key], rtol=0.35), key
+    # c is about 1/sqrt(2) for 2x input growth (independent new half)
+    cs = torch.cat([c.reshape(-1) for c in e.scales.values()])
+    assert 0.4 < float(cs.median()) < 0.85
+
+    # residual-stream RMS after each block, per layer, within 25 %
+    def block_rms(model):
+        out = []
+        hooks = [
+            b.register_forward_hook(lambda mod, a, o: out.append(float(o[0].pow(2).mean().sqrt())))
+            for b in model.blocks
+        ]
+        with torch.no_grad():
+            model(IDS)
+        for h in hooks:
+            h.remove()
+        return out
+
+    for x, y in zip(block_rms(m), block_rms(e.model), strict=True):
+        assert y == pytest.approx(x, rel=0.25)
+    # old entries unchanged up to their scale; new norm gains = mean of the old ones
+    old_norm = m.blocks[0].attn_norm.weight
+    new_norm = e.model.blocks[0].attn_norm.weight
+    if hidden:
+        torch.testing.assert_close(new_norm[:16], old_norm)
+        torch.testing.assert_close(new_norm[16:], old_norm.mean().expand(16))
+    q_old, q_new = m.blocks[1].attn.q_proj.weight, e.model.blocks[1].attn.q_proj.weight
+    c = e.scales.get("blocks.1.attn.q_proj.weight", torch.tensor(1.0, dtype=torch.float64))
+    torch.testing.assert_close(q_new[: q_old.shape[0], :16], c * q_old)
+
+
+def test_sparkling_new_entries_have_the_old_rms_and_naive_the_default_init():
+    m = _model(_cfg())
+    e = expand_model(m, ExpandSpec(inner=4), IDS, seed=1)
+    w_old = m.blocks[0].ffn.experts.w_gate_up  # [E, D, 2F]: gate block then up block
+    w_new = e.model.blocks[0].ffn.experts.w_gate_up
+    F_old, F_new = 8, 32
+    torch.testing.assert_close(w_new[:, :, :F_old], w_old[:, :, :F_old])  # no input growth: c=1
+    torch.testing.assert_close(w_new[:, :, F_new : F_new + F_old], w_old[:, :, F_old:])
+    fresh = torch.cat([w_new[:, :, F_old:F_new], w_new[:, :, F_new + F_old :]], dim=-1)
+    rms_old = w_old.pow(2).flatten(1).mean(1).sqrt()
+    rms_new = fresh.pow(2).flatten(1).mean(1).sqrt()
+    torch.testing.assert_close(rms_new, rms_old, rtol=0.1, atol=0)
+    n = expand_model(m, ExpandSpec(inner=4, init="naive"), seed=1)
+    new_part = n.model.blocks[0].ffn.experts.w_gate_up[:, :, F_old:F_new]
+    assert float(new_part.std()) == pytest.approx(m.cfg.init_std, rel=0.1)
+    torch.testing.assert_close(
+        n.model.blocks[0].ffn.experts.w_down[:, :F_old], m.blocks[0].ffn.experts.w_down
+    )
+
+
+def _step(model, opt, lr=1e-2, step=0):
+    opt.set_lr(step, lr)
+    model.loss(IDS, IDS).loss.backward()
+    opt.step()
+    opt.zero_grad()
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_optimizer_state_is_carried_scaled_and_reset(optimizer):
+    m = _model(_cfg()).float()
+    tc = TrainConfig(optimizer=optimizer, lr=1e-2)
+    opt = build_optimizer(m, tc)
+    for s in range(3):
+        _step(m, opt, step=s)
+    name = "blocks.1.attn.o_proj.weight"
+    p_old = dict(m.named_parameters())[name]
+    old_state = {k: v.clone() for k, v in opt.state_of(p_old).items()}
+    e = expand_live(m, opt, ExpandSpec(hidden=2, rewarm_steps=4), tc, step=3, calib_ids=IDS, seed=0)
+    c = e.scales[name]
+    layout, shards = e.optimizer.layout, e.optimizer.shards
+    found_old = found_new = 0
+    for g, tensors in zip(layout, shards, strict=True):
+        for (n, region), t in zip(g["shards"], tensors, strict=True):
+            if n != name:
+                continue
+            st = e.optimizer.state_of(t)
+            if region == [[0, 16], [0, 16]]:  # the old entries
+                found_old += 1
+                assert g["rewarm_from"] is None
+                if optimizer == "adamw":
+                    torch.testing.assert_close(st["exp_avg"], old_state["exp_avg"] * float(c))
+                    torch.testing.assert_close(
+                        st["exp_avg_sq"], old_state["exp_avg_sq"] * float(c) ** 2
+                    )
+                    assert float(st["step"]) == 3
+                else:
+                    torch.testing.assert_close(
+                        st["momentum_buffer"], old_state["momentum_buffer"] * float(c)
+                    )
+            else:  # new entries: own group, re-warmed, no state (moments 0, step 0)
+                found_new += 1
+                assert st == {}
+                assert g["rewarm_from"] == 3 and g["rewarm_steps"] == 4
+    assert found_old == 1 and found_new == 2  # [old rows, new cols] and [new rows, all cols]
+    # one step later the new shards have step 1 and the old ones step 4
+    _step(e.model, e.optimizer, step=3)
+    if optimizer == "adamw":
+        steps = {
+            (n, str(r)): float(e.optimizer.state_of(t)["step"])
+            for g, ts in zip(layout, shards, strict=True)
+            for (n, r), t in zip(g["shards"], ts, strict=True)
+            if n == name
+        }
+        assert sorted(steps.values()) == [1.0, 1.0, 4.0]
+
+
+def test_symmetric_copy_state_copies_moments_and_stays_symmetric():
+    m = _model(_cfg(dense=True)).float()
+    tc = TrainConfig(lr=1e-2, weight_decay=0.0)
+    opt = build_optimizer(m, tc)
+    for s in range(2):
+        _step(m, opt, step=s)
+    e = expand_live(
+        m,
+        opt,
+        ExpandSpec(inner=2, init="copy", state="symmetric"),
+        tc,
+        step=2,
+        calib_ids=None,
+        seed=0,
+    )
+    name = "blocks.0.ffn.w_down.weight"  # [D, F]: input grows, copies divided by 2
+    st_old = opt.state_of(dict(m.named_parameters())[name])
+    for g, ts in zip(e.optimizer.layout, e.optimizer.shards, strict=True):
+        for (n, _), t in zip(g["shards"], ts, strict=True):
+            if n == name:
+                st = e.optimizer.state_of(t)
+                torch.testing.assert_close(st["exp_avg"], st_old["exp_avg"] / 2)
+                torch.testing.assert_close(st["exp_avg_sq"], st_old["exp_avg_sq"] / 4)
+                assert float(st["step"]) == 2 and g["rewarm_steps"] == 0
+    for s in range(3):
+        _step(e.model, e.optimizer, step=2 + s)
+    assert counterpart_cosine(e.model, m.cfg, "inner") > 0.9999
+
+
+def test_rewarm_factor_formula():
+    g = {"rewarm_from": 10, "rewarm_steps": 4}
+    assert [rewarm_factor(s, g) for s in (9, 10, 11, 12, 13, 14, 100)] == [
+        1.0, 0.25, 0.5, 0.75, 1.0, 1.0, 1.0,
+    ]  # fmt: skip
+    assert rewarm_factor(10, {"rewarm_from": 10, "rewarm_steps": 0}) == 1.0
+    assert rewarm_factor(10, {"rewarm_from": None, "rewarm_steps": 5}) == 1.0
+    cfg = TrainConfig(steps=1000, expand_at=500, expand_hidden=2.0)
+    assert ExpandSpec.from_train_config(cfg).rewarm_steps == 10  # 2 % of the 500 left
+
+
+def _losses(run):
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in rows if r["split"] == "train"]
+
+
+@pytest.mark.parametrize("stop", [2, 4])  # resume from before and after the expansion
+def test_expand_checkpoint_resume_equals_uninterrupted(corpus, tmp_path, stop):
+    kw = dict(steps=7, expand_at=3, expand_hidden=2.0, expand_expert=2.0, rewarm_steps=3)
+    full, part = tmp_path / "full", tmp_path / "part"
+    train(tiny_model(), tiny_train(corpus, **kw), full, progress=False)
+    train(tiny_model(), tiny_train(corpus, **kw), part, progress=False, stop_after=stop)
+    train(None, None, part, resume=True, progress=False)
+    a, b = _losses(full), _losses(part)
+    assert [s for s, _ in b] == list(range(1, 8))
+    for (_, x), (_, y) in zip(a, b, strict=True):
+        assert x == pytest.approx(y, rel=1e-6, abs=1e-6)
+    wa, wb = load_file(full / "model.safetensors"), load_file(part / "model.safetensors")
+    assert wa["embed.weight"].shape == (256, 64)
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], rtol=1e-5, atol=1e-6)
+
+
+def test_bad_inputs_fail_clearly(corpus, tmp_path):
+    assert expanded_config(_cfg(), 1.5, None).n_kv_heads == 3  # 4 -> 6 heads, 2 -> 3 kv heads
+    with pytest.raises(ValueError, match="n_kv_heads"):
+        expanded_config(dataclasses.replace(_cfg(), n_kv_heads=1), 1.5, None)
+    with pytest.raises(ValueError, match="> 1"):
+        ExpandSpec(hidden=0.5)
+    with pytest.raises(ValueError, match="> 1"):
+        parse_factor("1x")
+    with pytest.raises(ValueError, match="whole factor"):
+        expand_model(_model(_cfg()), ExpandSpec(hidden=1.5, init="copy"))
+    with pytest.raises(ValueError, match="hidden=F"):
+        parse_expand("width=2x")
+    assert parse_expand("hidden=2x, expert=1.5") == {"hidden": 2.0, "expert": 1.5}
+    with pytest.raises(ConfigError, match="expand_at"):
+        TrainConfig(steps=10, expand_at=10, expand_hidden=2.0)
+    with pytest.raises(ConfigError, match="expand_at"):
+        TrainConfig(steps=10, expand_hidden=2.0)
+    with pytest.raises(ConfigError, match="shrink"):
+        TrainConfig(steps=10, expand_at=5, expand_expert=0.5)
+    run = tmp_path / "run"  # a factor the model cannot take fails before anything is written
+    with pytest.raises(ValueError, match="n_kv_heads"):  # 2 kv heads * 1.25
+        train(
+            tiny_model(), tiny_train(corpus, expand_at=2, expand_hidden=1.25), run, progress=False
+        )
+    assert not run.exists()
+
+
+def test_axis_bookkeeping():
+    a = Axis(4, 12, blocks=2)  # [g0 g1 | u0 u1] -> [g0 g1 . . . . | u0 u1 . . . .]
+    assert a.old_to_new().tolist() == [0, 1, 6, 7]
+    assert a.source().tolist() == [0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3]
+    assert a.counts().tolist() == [3.0] * 12
+    assert a.new_intervals() == [(2, 6), (8, 12)]
+    assert not math.isnan(float(a.counts().sum()))
+
+
+def test_offline_expand_then_resume_equals_in_loop_expansion(corpus, tmp_path):
+    from moelab.train.expand_run import expand_run
+
+    kw = dict(steps=7, expand_at=3, expand_expert=2.0, expand_init="copy", expand_state="symmetric")
+    inloop, small, grown = tmp_path / "inloop", tmp_path / "small", tmp_path / "grown"
+    train(tiny_model(), tiny_train(corpus, **kw), inloop, progress=False)
+    train(tiny_model(), tiny_train(corpus, steps=7), small, progress=False, stop_after=3)
+    res = expand_run(small, grown, inner=2.0, init="copy", state="symmetric")
+    assert res.step == 3 and res.new.moe.experts.ffn_hidden_size == 64
+    assert not (small / "model.safetensors").exists()  # the source run is untouched
+    train(None, None, grown, resume=True, progress=False)
+    a, b = _losses(inloop), _losses(grown)
+    for (_, x), (_, y) in zip(a, b, strict=True):
+        assert x == pytest.approx(y, rel=1e-6, abs=1e-6)
+    wa, wb = load_file(inloop / "model.safetensors"), load_file(grown / "model.safetensors")
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], rtol=1e-5, atol=1e-6)
+
+
+def test_cli_expand_bad_inputs_exit_2_and_write_nothing(corpus, tmp_path):
+    from typer.testing import CliRunner
+
+    from moelab.cli import app
+
+    finished = tmp_path / "finished"
+    train(tiny_model(), tiny_train(corpus, checkpoint_every=0, steps=2), finished, progress=False)
+    runner = CliRunner()
+    out = tmp_path / "out"
+    bare = tmp_path / "bare"  # a run folder whose checkpoints (optimizer state) are gone
+    bare.mkdir()
+    for f in finished.iterdir():
+        if f.is_file():
+            (bare / f.name).write_bytes(f.read_bytes())
+    cases = [
+        ([str(bare), "--hidden", "2x", "--out", str(out)], "optimizer state"),
+        ([str(finished), "--hidden", "2x", "--out", str(out)], "last step"),
+        ([str(finished), "--hidden", "0.5x", "--out", str(out)], "> 1"),
+        ([str(tmp_path / "nope"), "--hidden", "2x", "--out", str(out)], "run.json"),
+    ]
+    for args, msg in cases:
+        r = runner.invoke(app, ["expand", *args])
+        assert r.exit_code == 2, r.output
+        assert msg in r.output
+        assert not out.exists()
+    r = runner.invoke(app, ["train", "--data", str(corpus), "--out", str(out), "--steps", "5",
+                            "--expand-at", "2", "--expand", "hidden=1.25x"])  # fmt: skip
+    assert r.exit_code == 2 and "not a whole number" in r.output and not out.exists()
+    r = runner.invoke(app, ["train", "--out", str(out), "--expand", "width=2"])
+    assert r.exit_code == 2 and "hidden=F" in r.output
+
+
+def test_a_second_expansion_splits_the_shards_again():
+    m = _model(_cfg()).float()
+    tc = TrainConfig(lr=1e-2)
+    opt = build_optimizer(m, tc)
+    _step(m, opt)
+    e1 = expand_live(m, opt, ExpandSpec(hidden=2, init="copy"), tc, step=1, calib_ids=None, seed=0)
+    _step(e1.model, e1.optimizer, step=1)
+    e2 = expand_live(
+        e1.model, e1.optimizer, ExpandSpec(inner=2, init="copy"), tc, step=2, calib_ids=None, seed=0
+    )
+    torch.testing.assert_close(e2.model(IDS).logits, e1.model(IDS).logits, rtol=0, atol=1e-5)
+    # every entry of every parameter is covered by exactly one shard
+    for name, p in e2.model.named_parameters():
+        cover = torch.zeros(p.shape, dtype=torch.int64)
+        for g in e2.optimizer.layout:
+            for n, region in g["shards"]:
+                if n == name:
+                    sl = tuple(slice(a, b) for a, b in region) if region else ()
+                    cover[sl] += 1
+        assert bool((cover == 1).all()), name
+    before = {n: p.detach().clone() for n, p in e2.model.named_parameters()}
+    _step(e2.model, e2.optimizer, step=2)
+    for n, p in e2.model.named_parameters():
+        assert not torch.equal(before[n], p.detach()), f"{n} was not updated"
