@@ -53,7 +53,7 @@ class DecoderBlock(nn.Module):
         mask: Tensor | None = None,
         attn_mask: Tensor | None = None,
         kv_cache: KVCache | None = None,
-        start_pos: int = 0,
+        start_pos: int | Tensor = 0,
         return_plan: bool = False,
     ) -> (
         tuple[Tensor, dict[str, Tensor], RoutingRecord | None]
