@@ -9,9 +9,9 @@ import torch
 import typer
 from typer.testing import CliRunner
 
+from moelab.cli.convert import convert_command
 from moelab.interop import HF_SOURCE_FILE, InteropError, convert, export_hf, import_hf
 from moelab.interop import hf as hf_module
-from moelab.interop.cli import convert_command
 from moelab.models import ModelConfig, MoETransformer, load_model
 
 app = typer.Typer()

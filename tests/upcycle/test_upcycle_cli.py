@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
+from moelab.cli.upcycle import UPCYCLE_FILE, upcycle_command
 from moelab.data.tokenizer import BPETokenizer, load_tokenizer
 from moelab.models import load_model, save_model
 from moelab.train.upcycle import max_logit_diff
-from moelab.train.upcycle_cli import UPCYCLE_FILE, upcycle_command
 
 from .conftest import make_dense
 

@@ -16,14 +16,20 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 
+from moelab.cli._app import Opt, app, console, fail, guarded
 from moelab.models.config import ModelConfig
 from moelab.models.dense_twin import count_params
 from moelab.models.io import CheckpointError, load_model, save_model
-from moelab.models.pretrained import PRETRAINED, available_pretrained, load_pretrained
+from moelab.models.pretrained import (
+    PRETRAINED,
+    PretrainedNotInstalledError,
+    available_pretrained,
+    load_pretrained,
+)
 from moelab.models.transformer import MoETransformer
 from moelab.train.upcycle import (
     ROUTER_INITS,
@@ -246,3 +252,34 @@ def upcycle_command(
     write_folder_atomically(out, fill, overwrite=force)
     result.seconds = time.perf_counter() - t0
     return result
+
+
+@app.command("upcycle")
+def upcycle_cmd(
+    source: Annotated[str, Opt("--from", help="Dense model: 'smollm2' or a dense model folder.")],
+    out: Annotated[Path, Opt(help="Run folder to write.")],
+    experts: Annotated[int, Opt(help="E: copies of each dense FFN.")] = 8,
+    top_k: Annotated[int, Opt(help="k: copies active per token.")] = 2,
+    granularity: Annotated[int, Opt(help="G: split each copy into G finer experts.")] = 1,
+    seed: Annotated[int, Opt(help="Router initialisation seed.")] = 0,
+    force: Annotated[bool, Opt(help="Replace a non-empty --out.")] = False,
+) -> None:
+    """Sparse upcycling: turn a dense model into an MoE whose output is identical at step 0.
+
+    Examples:
+      moelab upcycle --from smollm2 --experts 8 --top-k 2 --out runs/smollm2-moe
+      moelab generate runs/smollm2-moe --prompt "The capital of France is" --temperature 0
+      moelab train --init-from runs/smollm2-moe --data mix --steps 50 --lr 1e-4 --out runs/smollm2-ft
+    """
+    try:
+        result = guarded(
+            upcycle_command, source, out, experts, top_k, granularity, seed, force=force
+        )
+    except PretrainedNotInstalledError as exc:
+        fail(exc)
+    p = result.params
+    console.print(
+        f"upcycled {source} -> {out}: {result.num_experts} experts, {result.top_k} active, "
+        f"{p['total'] / 1e6:.1f}M params ({p['active_per_token'] / 1e6:.1f}M active); "
+        f"max |logit difference| vs dense {result.max_abs_logit_diff:.2e}"
+    )

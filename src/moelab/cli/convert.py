@@ -1,7 +1,6 @@
 """``moelab convert``: Hugging Face checkpoint folder ↔ moelab model folder.
 
-Defines :func:`convert_command` for the main CLI to register (``app.command("convert")``);
-the work is done by :func:`moelab.interop.convert`.
+The work is done by :func:`moelab.interop.convert`.
 """
 
 from __future__ import annotations
@@ -13,11 +12,13 @@ from typing import Annotated
 
 import typer
 
+from moelab.cli._app import app
 from moelab.interop.errors import InteropError
 from moelab.interop.hf import convert
 from moelab.models import CheckpointError
 
 
+@app.command("convert")
 def convert_command(
     src: Annotated[Path, typer.Argument(help="Folder to read (HF checkpoint or moelab model).")],
     dst: Annotated[Path, typer.Argument(help="Folder to write (must not exist or be empty).")],

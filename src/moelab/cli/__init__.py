@@ -1,0 +1,14 @@
+"""``moelab`` command line: one module per command group, each a thin wrapper that parses
+options and calls library functions. Importing this package registers every command on
+:data:`app`."""
+
+from moelab.cli import analyze, convert, evaluate, generate, train, upcycle  # noqa: F401
+from moelab.cli._app import app
+from moelab.cli.train import build_configs
+
+
+def main() -> None:
+    app()
+
+
+__all__ = ["app", "build_configs", "main"]

@@ -1,0 +1,5 @@
+"""``python -m moelab.cli`` (what ``torchrun -m moelab.cli`` runs)."""
+
+from moelab.cli import main
+
+main()

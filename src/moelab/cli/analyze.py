@@ -1,0 +1,109 @@
+"""``moelab analyze``: routing analysis of a run, with plots and an HTML report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from moelab.cli._app import Opt, app, console, fail, guarded
+from moelab.cli._common import load_run
+
+
+@app.command()
+def analyze(
+    run: Annotated[
+        Path, typer.Argument(help="Run folder or model folder (e.g. an imported HF MoE).")
+    ],
+    data: Annotated[
+        str | None, Opt(help="Corpus to route (default: the run's validation split).")
+    ] = None,
+    tokens: Annotated[int, Opt(help="Tokens per domain to route.")] = 32_768,
+    batch_size: Annotated[int, Opt(help="Sequences per batch.")] = 8,
+    seq_len: Annotated[int | None, Opt(help="Context length (default: the run's).")] = None,
+    out: Annotated[Path | None, Opt(help="Output folder (default RUN/analysis).")] = None,
+) -> None:
+    """Routing analysis: load, confidence, co-activation, pathways, specialisation, rank.
+
+    Writes analysis.json, PNG plots and a self-contained report.html.
+
+    Examples:
+      moelab analyze runs/main
+      moelab analyze runs/main --data shakespeare --tokens 8192 --out /tmp/an
+    """
+    from rich.progress import Progress
+
+    model, tokenizer = guarded(load_run, run)
+    streams, cfg_seq_len = guarded(_analysis_streams, run, data, tokenizer)
+    if seq_len is not None and seq_len < 1:
+        fail(ValueError(f"seq_len: must be >= 1, got {seq_len}"))
+    seq_len = min(seq_len or cfg_seq_len, model.cfg.max_seq_len)
+    out = out or run / "analysis"
+    if out.exists() and not out.is_dir():
+        fail(NotADirectoryError(f"{out}: exists and is not a folder"))
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("routing validation text", total=None)
+        result, pngs = guarded(_analyze_to, out, model, streams, seq_len, batch_size, tokens, run,
+                            lambda: bar.advance(task))  # fmt: skip
+    table = Table(title=f"{run}: routing per MoE layer")
+    cols = {
+        "layer": "layer", "cv": "CV", "max_over_mean": "max/mean", "num_dead": "dead",
+        "entropy": "H nats", "normalized_entropy": "H/lnE", "margin": "margin",
+        "adjacent_consistency": "adj", "pathway_nmi_next": "path NMI", "domain_nmi": "dom NMI",
+        "effective_rank": "eff rank", "redundancy": "cos",
+    }  # fmt: skip
+    present = [c for c in cols if any(c in row for row in result["headline"])]
+    for c in present:
+        table.add_column(cols[c], justify="right")
+    for row in result["headline"]:
+        table.add_row(*(_fmt(row.get(c)) for c in present))
+    console.print(table)
+    console.print(f"wrote {out / 'analysis.json'}, {len(pngs)} plots and {out / 'report.html'}")
+
+
+def _analyze_to(
+    out: Path, model, streams, seq_len: int, batch_size: int, tokens: int, run: Path, tick
+):
+    """Collect routing, compute every metric, write analysis.json, plots and report.html."""
+    from moelab.analysis import analyze as analyze_records
+    from moelab.analysis import plot_all, write_json, write_report
+    from moelab.analysis.collect import collect
+
+    got = collect(
+        model, streams, seq_len=seq_len, batch_size=batch_size, max_tokens=tokens, on_batch=tick
+    )
+    result = analyze_records(
+        got.records_by_layer, domains=got.domains, domain_names=got.domain_names,
+        hidden_by_layer=got.hidden_by_layer, expert_outputs_by_layer=got.expert_outputs_by_layer,
+    )  # fmt: skip
+    write_json(result, out / "analysis.json")
+    pngs = plot_all(result, out / "plots")
+    write_report(result, pngs, out / "report.html", title=f"moelab routing report: {run}")
+    return result, pngs
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
+def _analysis_streams(run: Path, data: str | None, tokenizer):
+    """The run's validation streams per domain (or ``data`` split by domain) and its seq_len."""
+    from moelab.data import TokenStream, load_corpus
+    from moelab.train.loop import prepare_data, run_train_config
+
+    cfg = run_train_config(run)
+    if data is None:
+        return prepare_data(cfg, tokenizer)[2], cfg.seq_len
+    docs = load_corpus(data)
+    names = sorted({d.domain for d in docs})
+    streams = {
+        n: TokenStream.from_documents(
+            [d for d in docs if d.domain == n], tokenizer, domain_names=names, name=n
+        )
+        for n in names
+    }
+    return streams, cfg.seq_len

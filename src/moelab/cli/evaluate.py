@@ -1,0 +1,52 @@
+"""``moelab eval``: loss, perplexity and bits per byte of a run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from moelab.cli._app import Opt, app, console, guarded
+from moelab.cli._common import load_run, summary_table
+
+
+@app.command("eval")
+def eval_cmd(
+    run: Annotated[Path, typer.Argument(help="Run folder.")],
+    data: Annotated[
+        str | None, Opt(help="Corpus to score (default: the run's validation split).")
+    ] = None,
+    tokens: Annotated[int, Opt(help="Maximum tokens to score.")] = 262_144,
+    batch_size: Annotated[int, Opt(help="Sequences per batch.")] = 16,
+    as_json: Annotated[bool, Opt("--json", help="Print JSON.")] = False,
+) -> None:
+    """Loss, perplexity and bits per byte of a run (per domain for the mix corpus).
+
+    Examples:
+      moelab eval runs/main
+      moelab eval runs/main --data kjv --json
+    """
+    result = guarded(_evaluate_run, run, data, tokens, batch_size)
+    if as_json:
+        console.print_json(json.dumps(result.to_dict()))
+    else:
+        console.print(
+            summary_table(f"{run}: {'validation split' if data is None else data}", result)
+        )
+
+
+def _evaluate_run(run: Path, data: str | None, tokens: int, batch_size: int):
+    from moelab.data import TokenStream, load_corpus
+    from moelab.train.evaluate import evaluate
+    from moelab.train.loop import prepare_data, run_train_config
+
+    model, tokenizer = load_run(run)
+    cfg = run_train_config(run)
+    seq_len = min(cfg.seq_len, model.cfg.max_seq_len)
+    if data is None:
+        _, _, streams = prepare_data(cfg, tokenizer)
+    else:
+        streams = {data: TokenStream.from_documents(load_corpus(data), tokenizer, name=data)}
+    return evaluate(model, streams, seq_len=seq_len, batch_size=batch_size, max_tokens=tokens)

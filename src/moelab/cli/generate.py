@@ -1,0 +1,66 @@
+"""``moelab generate``: continue a prompt, streaming tokens as they are sampled."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from moelab.cli._app import Opt, app, err_console, guarded
+from moelab.cli._common import load_run
+
+
+@app.command()
+def generate(
+    run: Annotated[
+        Path, typer.Argument(help="Run folder, model folder, or a pretrained name (smollm2).")
+    ],
+    prompt: Annotated[str, Opt(help="Text to continue.")] = "\n",
+    max_new_tokens: Annotated[int, Opt(help="Tokens to generate.")] = 200,
+    temperature: Annotated[float, Opt(help="Sampling temperature (0 = greedy).")] = 0.8,
+    top_k: Annotated[int, Opt(help="Keep the k most likely tokens (0 = off).")] = 50,
+    top_p: Annotated[float, Opt(help="Nucleus probability mass (1 = off).")] = 0.95,
+    seed: Annotated[int, Opt(help="Sampling seed.")] = 0,
+) -> None:
+    """Continue a prompt, streaming tokens as they are sampled.
+
+    Examples:
+      moelab generate runs/main --prompt "ROMEO:" --max-new-tokens 300
+      moelab generate runs/main --prompt "def main(" --temperature 0
+    """
+    from moelab.serve.generate import generate_ids, stream_text
+
+    model, tokenizer = guarded(load_run, run)
+
+    def go() -> None:
+        prompt_ids = tokenizer.encode(prompt)
+        ids = generate_ids(
+            model, prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature,
+            top_k=top_k or None, top_p=top_p, seed=seed, stop_id=tokenizer.eot_id,
+        )  # fmt: skip
+        counted = _Counted(ids)
+        sys.stdout.write(prompt)
+        for piece in stream_text(tokenizer, counted):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        if counted.n < max_new_tokens and len(prompt_ids) + counted.n >= model.cfg.max_seq_len:
+            err_console.print(
+                f"[yellow]stopped after {counted.n} tokens: the context holds {model.cfg.max_seq_len}[/]"
+            )
+
+    guarded(go)
+
+
+class _Counted:
+    """An iterator wrapper that counts what it yields."""
+
+    def __init__(self, it) -> None:
+        self.it, self.n = it, 0
+
+    def __iter__(self):
+        for x in self.it:
+            self.n += 1
+            yield x
