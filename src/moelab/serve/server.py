@@ -190,9 +190,13 @@ def build_app(
         try:
             req = schema.model_validate(obj)
         except ValidationError as e:
-            first = e.errors()[0]
-            loc = ".".join(str(p) for p in first["loc"]) or "body"
-            raise APIError(422, f"{loc}: {first['msg']}", param=loc) from None
+            errors = e.errors()
+            first = errors[0]
+            param = str(first["loc"][0]) if first["loc"] else "body"
+            loc = ".".join(str(p) for p in first["loc"] if not isinstance(p, str) or p == param)
+            union = sum(1 for x in errors if x["loc"][:1] == first["loc"][:1]) > 1
+            detail = "wrong type for every accepted form" if union else first["msg"]
+            raise APIError(422, f"{loc or param}: {detail}", param=param) from None
         if req.model != config.model_name:
             raise APIError(
                 404,
@@ -227,6 +231,13 @@ def build_app(
 
     def make_params(req, prompt_len: int, extra_stop_ids=(), extra_stop=()) -> SamplingParams:
         context = engine.max_seq_len
+        if prompt_len >= context:
+            raise APIError(
+                400,
+                f"prompt: {prompt_len} tokens leave no room in the context length of {context}",
+                param="prompt" if isinstance(req, CompletionRequest) else "messages",
+                code="context_length_exceeded",
+            )
         max_tokens = req.max_tokens
         if max_tokens is None:
             max_tokens = 16 if isinstance(req, CompletionRequest) else context - prompt_len
@@ -241,17 +252,20 @@ def build_app(
         stop_ids = tuple(extra_stop_ids)
         if tokenizer.eot_id is not None:
             stop_ids += (tokenizer.eot_id,)
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=req.temperature,
-            top_k=req.top_k,
-            top_p=req.top_p,
-            seed=req.seed,
-            stop_ids=stop_ids,
-            stop=tuple(req.stop_list()) + tuple(extra_stop),
-            routing=req.routing,
-            timeout_s=config.request_timeout_s,
-        )
+        try:
+            return SamplingParams(
+                max_tokens=max_tokens,
+                temperature=req.temperature,
+                top_k=req.top_k,
+                top_p=req.top_p,
+                seed=req.seed,
+                stop_ids=stop_ids,
+                stop=tuple(req.stop_list()) + tuple(extra_stop),
+                routing=req.routing,
+                timeout_s=config.request_timeout_s,
+            )
+        except ValueError as e:
+            raise APIError(400, str(e), param=str(e).split(":")[0]) from None
 
     def submit_all(jobs: list[tuple[list[int], SamplingParams]]):
         loop = asyncio.get_running_loop()
