@@ -29,7 +29,9 @@ def client(url: str, key: str = "none") -> openai.OpenAI:
 
 
 def greedy(model, prompt: str, n: int) -> str:
-    return TOK.decode(list(generate_ids(model, TOK.encode(prompt), max_new_tokens=n, temperature=0)))
+    return TOK.decode(
+        list(generate_ids(model, TOK.encode(prompt), max_new_tokens=n, temperature=0))
+    )
 
 
 def test_completions_and_chat_streamed_and_not(server):
@@ -113,12 +115,20 @@ BAD = [
     (b"[1, 2]", 400, None),
     (json.dumps({"prompt": "x"}).encode(), 422, "model"),
     (json.dumps({"model": "tiny"}).encode(), 422, "prompt"),
-    (json.dumps({"model": "tiny", "prompt": "x", "max_tokens": "many"}).encode(), 422, "max_tokens"),
+    (
+        json.dumps({"model": "tiny", "prompt": "x", "max_tokens": "many"}).encode(),
+        422,
+        "max_tokens",
+    ),
     (json.dumps({"model": "tiny", "prompt": 5}).encode(), 422, "prompt"),
     (json.dumps({"model": "gpt-4", "prompt": "x"}).encode(), 404, "model"),
     (json.dumps({"model": "tiny", "prompt": "x", "max_tokens": 1000}).encode(), 400, "max_tokens"),
     (json.dumps({"model": "tiny", "prompt": "x", "max_tokens": 0}).encode(), 400, "max_tokens"),
-    (json.dumps({"model": "tiny", "prompt": "x", "temperature": -0.5}).encode(), 400, "temperature"),
+    (
+        json.dumps({"model": "tiny", "prompt": "x", "temperature": -0.5}).encode(),
+        400,
+        "temperature",
+    ),
     (json.dumps({"model": "tiny", "prompt": "x", "top_p": 0}).encode(), 400, "top_p"),
     (json.dumps({"model": "tiny", "prompt": "x", "top_p": 1.5}).encode(), 400, "top_p"),
     (json.dumps({"model": "tiny", "prompt": ""}).encode(), 400, "prompt"),

@@ -29,7 +29,9 @@ def serve(
     run: Annotated[
         Path, typer.Argument(help="Run folder, model folder, or a pretrained name (smollm2).")
     ],
-    host: Annotated[str, Opt(help="Address to bind (127.0.0.1 = this machine only).")] = "127.0.0.1",
+    host: Annotated[
+        str, Opt(help="Address to bind (127.0.0.1 = this machine only).")
+    ] = "127.0.0.1",
     port: Annotated[int, Opt(help="TCP port.")] = 8000,
     max_batch: Annotated[int, Opt(help="Most sequences decoding at once.")] = 16,
     max_queue: Annotated[int, Opt(help="Most requests waiting for a slot (then 429).")] = 256,
@@ -39,7 +41,9 @@ def serve(
     model_name: Annotated[
         str | None, Opt(help="The model id clients send (default: the run folder's name).")
     ] = None,
-    timeout: Annotated[float, Opt(help="Seconds before a request is cancelled (0 = none).")] = 600.0,
+    timeout: Annotated[
+        float, Opt(help="Seconds before a request is cancelled (0 = none).")
+    ] = 600.0,
     max_body_kb: Annotated[int, Opt(help="Largest request body in KiB (then 413).")] = 1024,
     grace: Annotated[float, Opt(help="Seconds in-flight requests get on SIGTERM/Ctrl-C.")] = 30.0,
 ) -> None:
@@ -59,8 +63,8 @@ def serve(
 
     from moelab.serve import Engine
     from moelab.serve.card import model_card
-    from moelab.serve.server import ServerConfig, build_app, uvicorn_server
     from moelab.serve.chat import load_chat_template
+    from moelab.serve.server import ServerConfig, build_app, uvicorn_server
 
     guarded(_check, port, max_batch, max_queue, timeout, max_body_kb)
     model, tokenizer = guarded(load_run, run)

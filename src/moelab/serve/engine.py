@@ -44,7 +44,6 @@ from moelab.serve.kv_slots import SlotKVCache
 from moelab.serve.params import SamplingParams
 from moelab.serve.sampling import sample_next
 
-
 logger = logging.getLogger(__name__)
 
 

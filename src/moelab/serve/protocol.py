@@ -73,9 +73,13 @@ class _Common(BaseModel):
     def check_values(self, max_n: int) -> None:
         """Raise :class:`APIError` 400 naming the parameter for out-of-range values."""
         if self.max_tokens is not None and self.max_tokens < 1:
-            raise APIError(400, f"max_tokens: must be >= 1, got {self.max_tokens}", param="max_tokens")
+            raise APIError(
+                400, f"max_tokens: must be >= 1, got {self.max_tokens}", param="max_tokens"
+            )
         if not self.temperature >= 0 or self.temperature != self.temperature:
-            raise APIError(400, f"temperature: must be >= 0, got {self.temperature}", param="temperature")
+            raise APIError(
+                400, f"temperature: must be >= 0, got {self.temperature}", param="temperature"
+            )
         if not 0 < self.top_p <= 1:
             raise APIError(400, f"top_p: must be in (0, 1], got {self.top_p}", param="top_p")
         if self.top_k is not None and self.top_k < 1:

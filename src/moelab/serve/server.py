@@ -40,7 +40,6 @@ from moelab.serve.engine import (
     Engine,
     EngineClosedError,
     Event,
-    FinishEvent,
     QueueFullError,
     Sequence,
     TokenEvent,
@@ -163,7 +162,9 @@ def build_app(
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        err = APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", type=kind)
+        err = APIError(
+            exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", type=kind
+        )
         return JSONResponse(err.body(), status_code=exc.status_code)
 
     @app.exception_handler(Exception)
@@ -337,7 +338,9 @@ def build_app(
             extra_stop, extra_ids = [], ()
         if len(prompts) * req.n > config.max_n:
             raise APIError(
-                400, f"n: {len(prompts)} prompts x n={req.n} exceed {config.max_n} choices", param="n"
+                400,
+                f"n: {len(prompts)} prompts x n={req.n} exceed {config.max_n} choices",
+                param="n",
             )
         jobs, prompt_lens = [], []
         for ids in prompts:
@@ -388,7 +391,11 @@ def build_app(
         choices = []
         for i, s in enumerate(seqs):
             text = "".join(texts[i])
-            choice: dict[str, Any] = {"index": i, "logprobs": None, "finish_reason": s.finish_reason}
+            choice: dict[str, Any] = {
+                "index": i,
+                "logprobs": None,
+                "finish_reason": s.finish_reason,
+            }
             if chat:
                 choice["message"] = {"role": "assistant", "content": text}
             else:
@@ -434,8 +441,10 @@ def build_app(
                 left -= 1
                 metrics.observe(seqs[i])
                 if ev.reason in ("timeout", "error"):
-                    err = timeout_error() if ev.reason == "timeout" else APIError(
-                        500, "engine: generation failed", type="server_error"
+                    err = (
+                        timeout_error()
+                        if ev.reason == "timeout"
+                        else APIError(500, "engine: generation failed", type="server_error")
                     )
                     yield "data: " + json.dumps(err.body()) + "\n\n"
                     for s in seqs:
