@@ -403,7 +403,10 @@ class Engine:
             tokens = self._sample(torch.cat(logits), seqs)
         else:
             x = torch.tensor([[s.output_ids[-1]] for s in seqs], device=self.device)
-            starts = torch.tensor(self.cache.lengths[:n], device=self.device)
+            lengths = self.cache.lengths[:n]
+            # rows at one position take the cheaper shared-position path (same maths)
+            same = all(x == lengths[0] for x in lengths)
+            starts = lengths[0] if same else torch.tensor(lengths, device=self.device)
             self.cache.select(0, n)
             out = self.model(x, kv_cache=self.cache, start_pos=starts)
             experts = self._routing(out.records, list(range(n)), seqs)
