@@ -172,3 +172,18 @@ def test_cache_is_not_preallocated_for_the_whole_context():
     assert engine.cache.capacity == 64 and engine.cache.k[0].shape[2] == 64
     engine.generate([1] * 70, SamplingParams(max_tokens=3, temperature=0))
     assert engine.cache.capacity == 128  # grown on demand
+
+
+def test_padded_batched_prefill_counts_only_real_tokens(model):
+    engine = Engine(model, max_batch=4)
+    prompts = [[1] * 9, [2, 3], [4, 5, 6, 7]]
+    seqs = [engine.submit(p, SamplingParams(max_tokens=3, temperature=0)) for p in prompts]
+    engine.step()  # one padded prefill of all three (9 positions each), then one decode step
+    assert engine.cache.lengths[:3] == [10, 3, 5] and engine.stats.prompt_tokens == 15
+    while engine.has_work():
+        engine.step()
+    k, layers = model.cfg.moe.router.top_k, model.cfg.n_layers
+    fed = 15 + 3 * 2  # prompt tokens plus two fed-back tokens per sequence
+    assert [sum(c) for c in engine.stats.expert_counts] == [fed * k] * layers
+    for s, p in zip(seqs, prompts, strict=True):
+        assert s.output_ids == _greedy_reference(model, p, 3)

@@ -7,15 +7,16 @@ and runs an iteration loop (Orca, Yu et al. OSDI 2022: "iteration-level scheduli
 1. drop sequences that were cancelled (client gone) or ran past their deadline, freeing
    their cache rows;
 2. admit waiting requests while rows are free (first come, first served, at most
-   ``prefill_tokens`` prompt tokens per iteration but always at least one request): each is
-   prefilled on its own into the next free row and samples its first token;
+   ``prefill_tokens`` padded prompt tokens per iteration but always at least one request):
+   they are prefilled together in one forward pass, right-padded, each into a fresh row,
+   and sample their first tokens;
 3. one decode step for every running sequence together: ``[n, 1]`` tokens, each row at its
    own position (per-row RoPE offset and cache write), then per-row sampling with each
    sequence's own generator and settings; finished rows leave and the last row moves into
    the hole.
 
-Our choices, labelled: prefill is per request (not chunked or batched with decode), so a
-long prompt delays the running batch by one forward pass; the queue is FIFO without
+Our choices, labelled: prefill runs as its own forward pass before the decode step (not
+chunked, not fused with decode), so a long prompt delays the running batch by one pass; the queue is FIFO without
 preemption; a sequence that reaches the context length ends with ``finish_reason="length"``.
 A model whose routing needs the whole prefix (USMoE ``causal_prefix``) is decoded by
 recomputing each sequence's prefix, one sequence at a time.
@@ -362,34 +363,64 @@ class Engine:
                 self._finish(s, "cancelled" if s._cancelled else "timeout")
 
     def _admit(self) -> None:
-        budget = self.prefill_tokens
-        admitted = 0
-        while len(self.running) < self.max_batch:
-            with self._lock:
-                if not self.waiting:
-                    return
-                seq = self.waiting[0]
-                if admitted and len(seq.prompt_ids) > budget:
-                    return
-                self.waiting.popleft()
-            admitted += 1
-            budget -= len(seq.prompt_ids)
-            self._prefill(seq)
-
-    def _prefill(self, seq: Sequence) -> None:
-        row = len(self.running)
-        ids = torch.tensor([seq.prompt_ids], device=self.device)
+        """Move waiting requests into free rows (FIFO) while their padded prompt tokens fit
+        ``prefill_tokens`` (at least one request always fits), and prefill them."""
+        batch: list[Sequence] = []
+        longest = 0
+        with self._lock:
+            while self.waiting and len(self.running) + len(batch) < self.max_batch:
+                n = len(self.waiting[0].prompt_ids)
+                if batch and (len(batch) + 1) * max(longest, n) > self.prefill_tokens:
+                    break
+                batch.append(self.waiting.popleft())
+                longest = max(longest, n)
+        if not batch:
+            return
         if self.full_prefix:
-            out = self.model(ids)
+            for seq in batch:
+                out = self.model(torch.tensor([seq.prompt_ids], device=self.device))
+                self._start(
+                    [seq],
+                    out.logits[:, -1],
+                    self._routing(out.records, [out.logits.shape[1] - 1], [seq]),
+                )
         else:
+            self._prefill(batch)
+
+    def _prefill(self, batch: list[Sequence]) -> None:
+        """One forward pass over the new prompts, right-padded to the longest, each into its
+        own fresh row (padding is masked out of attention and the MoE statistics; the rows
+        are then trimmed to their real lengths, so decoding overwrites the padding)."""
+        lo, m = len(self.running), len(batch)
+        lens = [len(s.prompt_ids) for s in batch]
+        S = max(lens)
+        ids = torch.tensor([s.prompt_ids + [0] * (S - n) for s, n in zip(batch, lens, strict=True)],
+                           device=self.device)  # fmt: skip
+        mask = None
+        if min(lens) < S:
+            mask = (
+                torch.arange(S, device=self.device)
+                < torch.tensor(lens, device=self.device)[:, None]
+            )
+        for row in range(lo, lo + m):
             self.cache.release(row)
-            self.cache.select(row, row + 1)
-            out = self.model(ids, kv_cache=self.cache, start_pos=0)
-        self.stats.prompt_tokens += len(seq.prompt_ids)
-        logits = out.logits[:, -1]
-        experts = self._routing(out.records, [len(seq.prompt_ids) - 1], [seq])
-        self.running.append(seq)
-        self._accept(row, seq, self._sample(logits, [seq])[0], experts[0])
+        self.cache.select(lo, lo + m)
+        out = self.model(ids, mask=mask, kv_cache=self.cache, start_pos=0)
+        for i, n in enumerate(lens):
+            self.cache.trim(lo + i, n)
+        last = torch.tensor([n - 1 for n in lens], device=self.device)
+        logits = out.logits[torch.arange(m, device=self.device), last]
+        experts = self._routing(out.records, [i * S + n - 1 for i, n in enumerate(lens)], batch)
+        self._start(batch, logits, experts)
+
+    def _start(self, batch: list[Sequence], logits: Tensor, experts: list) -> None:
+        """Append prefilled ``batch`` to the running rows and accept their first tokens."""
+        lo = len(self.running)
+        self.stats.prompt_tokens += sum(len(s.prompt_ids) for s in batch)
+        self.running.extend(batch)
+        tokens = self._sample(logits, batch)
+        for i in range(len(batch) - 1, -1, -1):  # backwards, as in _decode
+            self._accept(lo + i, batch[i], tokens[i], experts[i])
 
     def _decode(self) -> None:
         seqs = list(self.running)
@@ -421,8 +452,10 @@ class Engine:
         neighbours)."""
         out = [0] * len(seqs)
         greedy = [i for i, s in enumerate(seqs) if s.params.greedy]
+        if len(greedy) == len(seqs):
+            return logits.argmax(dim=-1).tolist()
         if greedy:
-            picks = logits[greedy].float().argmax(dim=-1).tolist()
+            picks = logits[greedy].argmax(dim=-1).tolist()
             for i, t in zip(greedy, picks, strict=True):
                 out[i] = t
         for i, s in enumerate(seqs):
@@ -445,9 +478,7 @@ class Engine:
         of the forward pass), when it asked for them; also feeds ``stats.expert_counts``."""
         recs = [r for r in records if r is not None]
         if self.track_experts and recs:
-            counts = torch.stack(
-                [torch.bincount(r.all_expert_idx, minlength=r.num_experts) for r in recs]
-            ).tolist()
+            counts = torch.stack([r.counts for r in recs]).tolist()  # padding excluded
             for acc, c in zip(self.stats.expert_counts, counts, strict=True):
                 for e, v in enumerate(c):
                     acc[e] += v

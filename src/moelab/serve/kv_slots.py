@@ -4,8 +4,8 @@ position.
 The cache holds ``n_slots`` rows (the engine's maximum number of concurrent sequences).
 Running sequences occupy rows ``0 .. n-1`` (kept compact: a finished sequence's row is filled
 by moving the last row into it), so a decode step attends over a plain slice of the buffers
-and never gathers. A new sequence is prefilled alone into row ``n`` (a one-row window), so its
-prompt sees exactly what it would see decoded on its own. Buffers start small and grow as
+and never gathers. New sequences are prefilled into rows ``n ..`` (a window of fresh rows; right padding
+is trimmed off afterwards with :meth:`trim`). Buffers start small and grow as
 positions are written (:meth:`moelab.models.KVCache.reserve`).
 
 Our choice (vLLM pages its cache in fixed blocks; we do not): contiguous per-row buffers are
@@ -65,6 +65,13 @@ class SlotKVCache(KVCache):
         """Free ``row`` (its positions become unattendable; the buffers are reused)."""
         self.key_mask[row] = False
         self.lengths[row] = 0
+
+    def trim(self, row: int, length: int) -> None:
+        """Forget the positions of ``row`` from ``length`` on (e.g. the right padding of a
+        batched prefill); the next write continues at ``length``."""
+        self.key_mask[row, length:] = False
+        self.lengths[row] = length
+        self.length = max(self.lengths)
 
     def move(self, src: int, dst: int) -> None:
         """Copy row ``src`` (keys, values, mask, length) into row ``dst`` and free ``src``."""
