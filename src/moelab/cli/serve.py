@@ -24,6 +24,42 @@ def _check(port: int, max_batch: int, max_queue: int, timeout: float, max_body_k
         raise ValueError(f"max_body_kb: must be >= 1, got {max_body_kb}")
 
 
+def _chat_template(run: Path):
+    """The run folder's chat template; else, for a pretrained name (``smollm2``) or a run
+    upcycled from one (``upcycle.json`` names its ``source``), the template stored in that
+    model's GGUF file; else the plain role-prefixed template."""
+    from moelab.models.pretrained import PRETRAINED, pretrained_available, pretrained_path
+    from moelab.serve.chat import ChatTemplate, load_chat_template
+    from moelab.utils.jsonfile import read_json
+
+    folder = run if run.is_dir() else None
+    template = load_chat_template(folder)
+    if not template.is_plain:
+        return template
+    source = str(run) if folder is None else None
+    if folder is not None and (folder / "upcycle.json").is_file():
+        source = read_json(folder / "upcycle.json", ValueError).get("source")
+    if source not in PRETRAINED or not pretrained_available(source):
+        return template
+    from moelab.interop.gguf import read_gguf_metadata
+
+    meta = read_gguf_metadata(pretrained_path(source))
+    jinja = meta.get("tokenizer.chat_template")
+    if not isinstance(jinja, str):
+        return template
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+
+    def special(key: str) -> str:
+        i = meta.get(key)
+        return str(tokens[i]) if isinstance(i, int) and 0 <= i < len(tokens) else ""
+
+    return ChatTemplate(
+        jinja,
+        bos_token=special("tokenizer.ggml.bos_token_id"),
+        eos_token=special("tokenizer.ggml.eos_token_id"),
+    )
+
+
 @app.command()
 def serve(
     run: Annotated[
@@ -63,7 +99,6 @@ def serve(
 
     from moelab.serve import Engine
     from moelab.serve.card import model_card
-    from moelab.serve.chat import load_chat_template
     from moelab.serve.server import ServerConfig, build_app, uvicorn_server
 
     guarded(_check, port, max_batch, max_queue, timeout, max_body_kb)
@@ -73,7 +108,7 @@ def serve(
     # `offload_stats` to build_app (exported under /metrics). The engine takes the model as is.
     offload_stats = None
     name = model_name or run.resolve().name
-    template = guarded(load_chat_template, run if run.is_dir() else None)
+    template = guarded(_chat_template, run)
     engine = guarded(Engine, model, tokenizer, max_batch=max_batch, max_queue=max_queue)
     config = ServerConfig(
         model_name=name,

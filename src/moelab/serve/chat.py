@@ -13,9 +13,10 @@ write the user's next turn.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
+
+from moelab.utils.jsonfile import read_json
 
 PLAIN_STOP = "\nuser:"
 
@@ -97,10 +98,7 @@ def load_chat_template(folder: str | os.PathLike[str] | None) -> ChatTemplate:
     config = folder / "tokenizer_config.json"
     source, specials = None, {}
     if config.is_file():
-        try:
-            cfg = json.loads(config.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"{config}: unreadable ({e})") from e
+        cfg = read_json(config, ValueError)
         if isinstance(cfg, dict):
             if isinstance(cfg.get("chat_template"), str):
                 source = cfg["chat_template"]
