@@ -18,8 +18,11 @@ and runs an iteration loop (Orca, Yu et al. OSDI 2022: "iteration-level scheduli
 Our choices, labelled: prefill runs as its own forward pass before the decode step (not
 chunked, not fused with decode), so a long prompt delays the running batch by one pass; the queue is FIFO without
 preemption; a sequence that reaches the context length ends with ``finish_reason="length"``.
-A model whose routing needs the whole prefix (USMoE ``causal_prefix``) is decoded by
-recomputing each sequence's prefix, one sequence at a time.
+A model whose routing carries state over the prefix (USMoE ``causal_prefix``: the state
+rows of :class:`~moelab.models.KVCache` follow one shared position, not the slotted cache's
+per-row positions) is decoded by recomputing each sequence's prefix, one sequence at a time:
+exact, but quadratic in the length; every other router (USMoE ``position`` included) decodes
+incrementally.
 
 The engine thread is the only one that touches the model and the cache; :meth:`submit`,
 :meth:`Sequence.cancel` and :meth:`drain` are safe to call from any thread.
@@ -185,7 +188,8 @@ class Engine:
         self.max_batch, self.max_queue = max_batch, max_queue
         self.prefill_tokens = prefill_tokens
         self.track_experts = track_experts
-        self.full_prefix = model.needs_full_prefix()
+        model._check_cacheable()  # a router that looks at future tokens cannot generate
+        self.full_prefix = any(b.is_moe and b.ffn.needs_prefix_state for b in model.blocks)
         self.device = model.embed.weight.device
         self.cache = SlotKVCache(model, max_batch)
         self.running: list[Sequence] = []  # row i of the cache holds running[i]

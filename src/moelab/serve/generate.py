@@ -29,9 +29,8 @@ def generate_ids(
     context keeps its last ``max_seq_len - 1`` tokens; generation stops at ``max_seq_len``
     positions, after ``max_new_tokens`` or at ``stop_id``.
 
-    A model with USMoE routing must use ``selection_scope="causal_prefix"``; it is decoded
-    by recomputing the whole prefix at every step (its routing of token t depends on the
-    router scores of tokens 0..t, which the KV cache does not hold).
+    USMoE routing must be causal (``selection_scope`` ``"position"`` or ``"causal_prefix"``;
+    the engine recomputes the prefix of a ``causal_prefix`` model at every step).
 
     Raises:
         ValueError: empty prompt, max_new_tokens < 0, bad sampling settings, or a USMoE
@@ -49,7 +48,7 @@ def generate_ids(
         seed=seed,
         stop_ids=() if stop_id is None else (stop_id,),
     )
-    model.needs_full_prefix()  # raises for a non-causal USMoE router
+    model._check_cacheable()  # raises for a USMoE router that looks at future tokens
     if max_new_tokens == 0:
         return
     limit = model.cfg.max_seq_len
