@@ -3,8 +3,8 @@
 No external scripts, fonts or styles (works offline). It streams ``/v1/chat/completions``
 (or ``/v1/completions`` in "complete" mode) with the ``routing`` extension and paints each
 token with the hue of the expert that the chosen layer ranked first; hovering a token shows
-the experts of every MoE layer. ``/?prompt=...&mode=complete&max_tokens=N`` runs once on load
-(used by the browser test).
+the experts of every MoE layer. ``/?prompt=...&mode=complete&max_tokens=N`` runs once on load;
+``&stream=0`` asks for one JSON response instead of a stream (used by the browser test).
 """
 
 from __future__ import annotations
@@ -77,9 +77,10 @@ function turn(role, text) {
 }
 async function send(prompt) {
   const mode = $("mode").value;
+  const streamed = new URLSearchParams(location.search).get("stream") !== "0";
   turn("user", prompt);
   const out = turn("assistant", "");
-  const body = { model: CFG.name, stream: true, routing: true,
+  const body = { model: CFG.name, stream: streamed, routing: true,
     max_tokens: Number($("max").value), temperature: Number($("temp").value) };
   let url = "/v1/completions";
   if (mode === "chat") {
@@ -90,11 +91,22 @@ async function send(prompt) {
   if ($("key").value) headers["Authorization"] = "Bearer " + $("key").value;
   $("status").textContent = "generating...";
   let reply = "", n = 0;
+  const show = (c) => {
+    for (const t of (c.routing && c.routing.tokens) || []) {
+      const s = document.createElement("span"); s.className = "tok";
+      s.textContent = t.text; s.dataset.experts = JSON.stringify(t.experts);
+      s.title = t.experts.map((ex, i) => `layer ${CFG.moe_layers[i]}: ${ex.join(", ")}`).join("\\n");
+      paint(s); out.appendChild(s); n++;
+    }
+    reply += (c.delta && c.delta.content) || (c.message && c.message.content) || c.text || "";
+  };
   try {
     const r = await fetch(url, { method: "POST", headers, body: JSON.stringify(body) });
     if (!r.ok) { const j = await r.json(); throw new Error(j.error ? j.error.message : r.status); }
-    const reader = r.body.getReader(); const dec = new TextDecoder(); let buf = "";
-    for (;;) {
+    if (!streamed) { (await r.json()).choices.forEach(show); }
+    const reader = streamed ? r.body.getReader() : null;
+    const dec = new TextDecoder(); let buf = "";
+    while (reader) {
       const { value, done } = await reader.read(); if (done) break;
       buf += dec.decode(value, { stream: true });
       let cut;
@@ -104,17 +116,7 @@ async function send(prompt) {
         const data = line.slice(5).trim(); if (data === "[DONE]") continue;
         const j = JSON.parse(data);
         if (j.error) throw new Error(j.error.message);
-        for (const c of j.choices || []) {
-          const toks = (c.routing && c.routing.tokens) || [];
-          for (const t of toks) {
-            const s = document.createElement("span"); s.className = "tok";
-            s.textContent = t.text; s.dataset.experts = JSON.stringify(t.experts);
-            s.title = t.experts.map((ex, i) => `layer ${CFG.moe_layers[i]}: ${ex.join(", ")}`).join("\\n");
-            paint(s); out.appendChild(s); n++;
-          }
-          const piece = (c.delta && c.delta.content) || c.text || "";
-          reply += piece;
-        }
+        (j.choices || []).forEach(show);
       }
     }
     $("status").textContent = `${n} tokens`;
