@@ -28,7 +28,7 @@ def _chat_template(run: Path):
     """The run folder's chat template; else, for a pretrained name (``smollm2``) or a run
     upcycled from one (``upcycle.json`` names its ``source``), the template stored in that
     model's GGUF file; else the plain role-prefixed template."""
-    from moelab.models.pretrained import PRETRAINED, pretrained_available, pretrained_path
+    from moelab.interop.pretrained import PRETRAINED, pretrained_available, pretrained_path
     from moelab.serve.chat import ChatTemplate, load_chat_template
     from moelab.utils.jsonfile import read_json
 

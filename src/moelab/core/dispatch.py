@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from moelab.core.plan import RoutingPlan
+from moelab.core.plan import RoutingPlan, expert_counts
 
 
 class _GatherTokens(torch.autograd.Function):
@@ -92,7 +92,7 @@ class LocalDispatcher:
 
     def dispatch(self, x_TD: Tensor, plan: RoutingPlan) -> Dispatched:
         order = torch.argsort(plan.expert_idx, stable=True)
-        counts = torch.bincount(plan.expert_idx, minlength=plan.num_experts)
+        counts = expert_counts(plan.expert_idx, plan.num_experts)
         if plan.top_k is not None:
             k = plan.top_k
             inverse = torch.empty_like(order)

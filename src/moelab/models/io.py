@@ -26,6 +26,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from moelab.errors import UserError
 from moelab.models.config import ModelConfig
 from moelab.models.transformer import MoETransformer
 from moelab.utils.atomic import atomic_write, atomic_write_json
@@ -37,7 +38,7 @@ WEIGHTS_FILE = "model.safetensors"
 MANIFEST_FILE = "manifest.json"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A model folder cannot be saved or loaded; the message names the file or tensor."""
 
 
@@ -113,27 +114,10 @@ def load_config(folder: str | os.PathLike[str]) -> ModelConfig:
     _check_version(path, obj)
     if "model" not in obj:
         raise CheckpointError(f"{path}: missing 'model' section")
-    _drop_stale_usmoe_defaults(obj["model"])
     try:
         return ModelConfig.from_dict(obj["model"])
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{path}: invalid model config ({e})") from e
-
-
-# USMoE-only router fields whose defaults changed (folders written before the change stored
-# selection_scope="sequence" and usmoe_weight_norm="none" for every router).
-_STALE_USMOE_DEFAULTS = {"selection_scope": "sequence", "usmoe_weight_norm": "none"}
-
-
-def _drop_stale_usmoe_defaults(model: Any) -> None:
-    """For a non-USMoE router, forget the old defaults of USMoE-only fields (they have no
-    effect on such a router), so older model folders still load."""
-    router = (model.get("moe") or {}).get("router") if isinstance(model, dict) else None
-    if not isinstance(router, dict) or router.get("kind", "token_choice") == "usmoe":
-        return
-    for key, old in _STALE_USMOE_DEFAULTS.items():
-        if router.get(key) == old:
-            del router[key]
 
 
 def verify_folder(folder: str | os.PathLike[str]) -> None:

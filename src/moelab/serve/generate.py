@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from moelab.data import Tokenizer
+from moelab.errors import InvalidValueError
 from moelab.models import MoETransformer
 from moelab.serve.detok import Detokenizer
 from moelab.serve.engine import Engine, TokenEvent
@@ -30,16 +31,18 @@ def generate_ids(
     positions, after ``max_new_tokens`` or at ``stop_id``.
 
     USMoE routing must be causal (``selection_scope`` ``"position"`` or ``"causal_prefix"``;
-    the engine recomputes the prefix of a ``causal_prefix`` model at every step).
+    the engine recomputes the prefix of a ``causal_prefix`` model at every step);
+    expert-choice models are refused (decoding one token at a time is not the routing they
+    were trained with).
 
     Raises:
-        ValueError: empty prompt, max_new_tokens < 0, bad sampling settings, or a USMoE
-            router that looks at future tokens.
+        ValueError: empty prompt, max_new_tokens < 0, bad sampling settings, a USMoE
+            router that looks at future tokens, or expert-choice routing.
     """
     if not prompt_ids:
-        raise ValueError("prompt: must encode to at least one token")
+        raise InvalidValueError("prompt: must encode to at least one token")
     if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens: must be >= 0, got {max_new_tokens}")
+        raise InvalidValueError(f"max_new_tokens: must be >= 0, got {max_new_tokens}")
     params = SamplingParams(
         max_tokens=max(max_new_tokens, 1),
         temperature=temperature,
@@ -48,7 +51,7 @@ def generate_ids(
         seed=seed,
         stop_ids=() if stop_id is None else (stop_id,),
     )
-    model._check_cacheable()  # raises for a USMoE router that looks at future tokens
+    model._check_cacheable()  # raises for non-causal USMoE and expert-choice routing
     if max_new_tokens == 0:
         return
     limit = model.cfg.max_seq_len
