@@ -9,19 +9,20 @@ import typer
 
 from moelab.cli._app import Opt, app, console, guarded
 from moelab.cli._common import load_run
+from moelab.errors import InvalidValueError
 
 
 def _check(port: int, max_batch: int, max_queue: int, timeout: float, max_body_kb: int) -> None:
     if not 0 <= port <= 65535:
-        raise ValueError(f"port: must be in [0, 65535], got {port}")
+        raise InvalidValueError(f"port: must be in [0, 65535], got {port}")
     if max_batch < 1:
-        raise ValueError(f"max_batch: must be >= 1, got {max_batch}")
+        raise InvalidValueError(f"max_batch: must be >= 1, got {max_batch}")
     if max_queue < 1:
-        raise ValueError(f"max_queue: must be >= 1, got {max_queue}")
+        raise InvalidValueError(f"max_queue: must be >= 1, got {max_queue}")
     if timeout < 0:
-        raise ValueError(f"timeout: must be >= 0 (0 = none), got {timeout}")
+        raise InvalidValueError(f"timeout: must be >= 0 (0 = none), got {timeout}")
     if max_body_kb < 1:
-        raise ValueError(f"max_body_kb: must be >= 1, got {max_body_kb}")
+        raise InvalidValueError(f"max_body_kb: must be >= 1, got {max_body_kb}")
 
 
 def _chat_template(run: Path):
@@ -38,7 +39,7 @@ def _chat_template(run: Path):
         return template
     source = str(run) if folder is None else None
     if folder is not None and (folder / "upcycle.json").is_file():
-        source = read_json(folder / "upcycle.json", ValueError).get("source")
+        source = read_json(folder / "upcycle.json", InvalidValueError).get("source")
     if source not in PRETRAINED or not pretrained_available(source):
         return template
     from moelab.interop.gguf import read_gguf_metadata

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from moelab.errors import InvalidValueError
 from moelab.utils.jsonfile import read_json
 
 PLAIN_STOP = "\nuser:"
@@ -43,14 +44,14 @@ class ChatTemplate:
             from jinja2.sandbox import ImmutableSandboxedEnvironment
 
             def raise_exception(message: str) -> None:
-                raise ValueError(f"chat template: {message}")
+                raise InvalidValueError(f"chat template: {message}")
 
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = raise_exception
             try:
                 self._compiled = env.from_string(template)
             except TemplateError as e:
-                raise ValueError(f"chat template: does not compile ({e})") from e
+                raise InvalidValueError(f"chat template: does not compile ({e})") from e
 
     @property
     def is_plain(self) -> bool:
@@ -81,7 +82,7 @@ class ChatTemplate:
                 eos_token=self.eos_token,
             )
         except TemplateError as e:
-            raise ValueError(f"chat template: failed to render ({e})") from e
+            raise InvalidValueError(f"chat template: failed to render ({e})") from e
 
 
 def load_chat_template(folder: str | os.PathLike[str] | None) -> ChatTemplate:
@@ -98,7 +99,7 @@ def load_chat_template(folder: str | os.PathLike[str] | None) -> ChatTemplate:
     config = folder / "tokenizer_config.json"
     source, specials = None, {}
     if config.is_file():
-        cfg = read_json(config, ValueError)
+        cfg = read_json(config, InvalidValueError)
         if isinstance(cfg, dict):
             if isinstance(cfg.get("chat_template"), str):
                 source = cfg["chat_template"]
@@ -109,8 +110,8 @@ def load_chat_template(folder: str | os.PathLike[str] | None) -> ChatTemplate:
         try:
             source = jinja.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
-            raise ValueError(f"{jinja}: unreadable ({e})") from e
+            raise InvalidValueError(f"{jinja}: unreadable ({e})") from e
     try:
         return ChatTemplate(source, **specials)
     except ValueError as e:
-        raise ValueError(f"{folder}: {e}") from e
+        raise InvalidValueError(f"{folder}: {e}") from e

@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from moelab.data import Tokenizer
+from moelab.errors import InvalidTypeError, InvalidValueError
 from moelab.models import MoETransformer
 from moelab.serve.detok import Detokenizer
 from moelab.serve.kv_slots import SlotKVCache
@@ -179,10 +180,10 @@ class Engine:
         track_experts: bool = True,
     ) -> None:
         if not isinstance(model, MoETransformer):
-            raise TypeError(f"model: expected MoETransformer, got {type(model).__name__}")
+            raise InvalidTypeError(f"model: expected MoETransformer, got {type(model).__name__}")
         for name, v in (("max_batch", max_batch), ("max_queue", max_queue)):
             if not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}: must be an int >= 1, got {v!r}")
+                raise InvalidValueError(f"{name}: must be an int >= 1, got {v!r}")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.max_batch, self.max_queue = max_batch, max_queue
@@ -224,16 +225,16 @@ class Engine:
         """
         vocab = self.model.cfg.vocab_size
         if not prompt_ids:
-            raise ValueError("prompt: must encode to at least one token")
+            raise InvalidValueError("prompt: must encode to at least one token")
         if any(not 0 <= t < vocab for t in prompt_ids):
-            raise ValueError(f"prompt: token ids must be in [0, vocab_size={vocab})")
+            raise InvalidValueError(f"prompt: token ids must be in [0, vocab_size={vocab})")
         if len(prompt_ids) >= self.max_seq_len:
-            raise ValueError(
+            raise InvalidValueError(
                 f"prompt: {len(prompt_ids)} tokens leave no room in the context of "
                 f"{self.max_seq_len}"
             )
         if params.stop and self.tokenizer is None:
-            raise ValueError("stop: stop strings need an engine with a tokenizer")
+            raise InvalidValueError("stop: stop strings need an engine with a tokenizer")
         seq = Sequence(list(prompt_ids), params, sink)
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         seq._generator = torch.Generator(device=self.device).manual_seed(seed)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from moelab.errors import InvalidValueError
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -38,19 +40,21 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
-            raise ValueError(f"max_tokens: must be an int >= 1, got {self.max_tokens!r}")
+            raise InvalidValueError(f"max_tokens: must be an int >= 1, got {self.max_tokens!r}")
         if self.max_tokens < 1:
-            raise ValueError(f"max_tokens: must be >= 1, got {self.max_tokens}")
+            raise InvalidValueError(f"max_tokens: must be >= 1, got {self.max_tokens}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"temperature: must be a finite number >= 0, got {self.temperature}")
+            raise InvalidValueError(
+                f"temperature: must be a finite number >= 0, got {self.temperature}"
+            )
         if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k: must be >= 1, got {self.top_k}")
+            raise InvalidValueError(f"top_k: must be >= 1, got {self.top_k}")
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p: must be in (0, 1], got {self.top_p}")
+            raise InvalidValueError(f"top_p: must be in (0, 1], got {self.top_p}")
         if any(not s for s in self.stop):
-            raise ValueError("stop: strings must be non-empty")
+            raise InvalidValueError("stop: strings must be non-empty")
         if self.timeout_s is not None and not self.timeout_s > 0:
-            raise ValueError(f"timeout_s: must be > 0, got {self.timeout_s}")
+            raise InvalidValueError(f"timeout_s: must be > 0, got {self.timeout_s}")
 
     @property
     def greedy(self) -> bool:
