@@ -24,7 +24,7 @@ install: $(VENV)/.installed
 # Trains once (an interrupted run resumes; a finished one is reused), then evaluates,
 # analyses the routing and generates a sample. `make run RUN=runs/other` starts a new run.
 run: install
-	@if [ -f $(RUN)/model.safetensors ]; then echo "$(RUN) is already trained"; \
+	@if [ -f $(RUN)/manifest.json ]; then echo "$(RUN) is already trained"; \
 	elif [ -f $(RUN)/run.json ]; then $(VENV)/bin/moelab train --out $(RUN) --resume; \
 	else $(VENV)/bin/moelab train --data mix --out $(RUN); fi
 	$(VENV)/bin/moelab eval $(RUN)

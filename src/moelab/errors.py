@@ -35,10 +35,16 @@ class TrainingDivergedError(UserError, FloatingPointError):
     """The training loss became NaN/Inf (lower the learning rate, raise warmup or clipping)."""
 
 
+class NonFiniteOutputError(UserError, FloatingPointError):
+    """A model's logits or loss are NaN/Inf at evaluation or generation (its weights or
+    activations hold NaN/Inf); raised instead of printing ``nan`` or sampling from it."""
+
+
 __all__ = [
     "InvalidTypeError",
     "InvalidValueError",
     "MissingDependencyError",
+    "NonFiniteOutputError",
     "TrainingDivergedError",
     "UserError",
 ]

@@ -13,6 +13,7 @@ from moelab.cli.convert import convert_command
 from moelab.interop import HF_SOURCE_FILE, InteropError, convert, export_hf, import_hf
 from moelab.interop import hf as hf_module
 from moelab.models import ModelConfig, MoETransformer, load_model
+from moelab.utils.outdir import OutputFolderError
 
 app = typer.Typer()
 app.command("convert")(convert_command)
@@ -104,9 +105,18 @@ def test_export_refuses_non_empty_folder_and_overwrites_on_request(tmp_path):
     (out / "keep.txt").write_text("x")
     with pytest.raises(FileExistsError):
         export_hf(model, out, "mixtral")
-    assert (out / "keep.txt").is_file()
-    export_hf(model, out, "mixtral", overwrite=True)
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    with pytest.raises(OutputFolderError, match=r"not written by moelab"):
+        export_hf(model, out, "mixtral", overwrite=True)  # never deletes the user's files
+    assert (out / "keep.txt").read_text() == "x"
+    (out / "keep.txt").unlink()
+    export_hf(model, out, "mixtral")
+    export_hf(model, out, "mixtral", overwrite=True)  # a folder moelab wrote is replaced
+    names = sorted(p.name for p in out.iterdir())
+    assert names == [".moelab-output.json", "config.json", "model.safetensors"]
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(OutputFolderError, match=r"notes\.txt"):
+        export_hf(model, out, "mixtral", overwrite=True)
+    assert (out / "notes.txt").read_text() == "mine"
 
 
 def test_failed_export_leaves_nothing(tmp_path, monkeypatch):

@@ -49,8 +49,13 @@ def test_refuses_to_overwrite_without_force(source, tmp_path):
     with pytest.raises(FileExistsError, match="force"):
         upcycle_command(source, out, experts=2, top_k=1)
     assert (out / "keep.txt").read_text() == "mine"
-    upcycle_command(source, out, experts=2, top_k=1, force=True)
-    assert not (out / "keep.txt").exists() and (out / "model.safetensors").is_file()
+    with pytest.raises(ValueError, match="not written by moelab"):
+        upcycle_command(source, out, experts=2, top_k=1, force=True)
+    assert (out / "keep.txt").read_text() == "mine"
+    (out / "keep.txt").unlink()
+    upcycle_command(source, out, experts=2, top_k=1)
+    upcycle_command(source, out, experts=4, top_k=1, force=True)  # moelab's own folder: replaced
+    assert load_model(out).cfg.moe.router.num_experts == 4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dense", "up"]
 
 

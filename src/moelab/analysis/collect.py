@@ -11,11 +11,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from moelab.core.layer import MoELayer
 from moelab.core.telemetry import RoutingRecord
 from moelab.data import TokenStream, eval_batches, eval_coverage
 from moelab.errors import InvalidValueError
 from moelab.models import MoETransformer
+from moelab.models.hooks import moe_layers, observe_moe_layers
 
 
 @dataclass
@@ -69,14 +69,10 @@ def collect(
     ):
         if v < 1:
             raise InvalidValueError(f"{name}: must be >= 1, got {v}")
-    layers = [m for m in model.modules() if isinstance(m, MoELayer)]
+    layers = moe_layers(model)
     if not layers:
         raise InvalidValueError("model: has no MoE layer to analyse")
     inputs: list[list[Tensor]] = [[] for _ in layers]
-    hooks = [
-        layer.register_forward_pre_hook(lambda mod, args, i=i: inputs[i].append(args[0].detach()))
-        for i, layer in enumerate(layers)
-    ]
     records: list[list[RoutingRecord]] = [[] for _ in layers]
     domains: list[Tensor] = []
     n_batches = sum(
@@ -88,22 +84,22 @@ def collect(
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
+    observer = observe_moe_layers(model, lambda i, layer, x, out: inputs[i].append(x))
     try:
-        for stream in streams.values():
-            for batch in eval_batches(stream, batch_size, seq_len, max_tokens):
-                out = model(batch.input_ids.to(device))
-                for i, rec in enumerate(r for r in out.records if r is not None):
-                    records[i].append(rec)
-                    x = inputs[i].pop()
-                    x = x.reshape(-1, x.shape[-1])
-                    step = max(1, x.shape[0] // per_batch)
-                    samples[i].append(x[::step][:per_batch].float().cpu())
-                domains.append(batch.domains.flatten().cpu())
-                if on_batch is not None:
-                    on_batch()
+        with observer:
+            for stream in streams.values():
+                for batch in eval_batches(stream, batch_size, seq_len, max_tokens):
+                    out = model(batch.input_ids.to(device))
+                    for i, rec in enumerate(r for r in out.records if r is not None):
+                        records[i].append(rec)
+                        x = inputs[i].pop()
+                        x = x.reshape(-1, x.shape[-1])
+                        step = max(1, x.shape[0] // per_batch)
+                        samples[i].append(x[::step][:per_batch].float().cpu())
+                    domains.append(batch.domains.flatten().cpu())
+                    if on_batch is not None:
+                        on_batch()
     finally:
-        for h in hooks:
-            h.remove()
         model.train(was_training)
     hidden = [torch.cat(s)[:sample_tokens] for s in samples]
     expert_outputs: list[Tensor | None] = []

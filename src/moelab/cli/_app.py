@@ -10,6 +10,7 @@ shows the traceback of user errors too and turns on the syncing value checks
 
 from __future__ import annotations
 
+import re
 import sys
 
 import typer
@@ -72,6 +73,26 @@ def guarded(fn, *args, **kwargs):
         if _DEBUG:
             raise
         fail(exc)
+    except (MemoryError, RuntimeError) as exc:
+        if not _out_of_memory(exc):
+            raise
+        fail(MemoryError(f"out of memory: {_oom_detail(exc)}; use a smaller model or batch"))
     except KeyboardInterrupt:
         err_console.print("[yellow]aborted[/]")
         raise typer.Exit(code=130) from None
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """An allocation failure (Python's MemoryError, torch's CPU/GPU out-of-memory errors)."""
+    text = str(exc)
+    return (
+        isinstance(exc, MemoryError) or "can't allocate memory" in text or "out of memory" in text
+    )
+
+
+def _oom_detail(exc: BaseException) -> str:
+    """``"tried to allocate N bytes"`` from torch's message, else the error's first line."""
+    m = re.search(r"tried to allocate (\d+) bytes", str(exc))
+    if m:
+        return f"tried to allocate {int(m.group(1)):,} bytes"
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -21,12 +21,13 @@ def load_run(run: Path):
     from moelab.data import load_tokenizer
     from moelab.interop.pretrained import PRETRAINED, load_pretrained
     from moelab.models import load_model
+    from moelab.train.loop import run_finished
 
     if not run.is_dir():
         if str(run) in PRETRAINED:
             return load_pretrained(str(run))
         raise FileNotFoundError(f"{run}: run folder not found")
-    if (run / "run.json").exists() and not (run / "model.safetensors").exists():
+    if (run / "run.json").exists() and not run_finished(run):
         raise CheckpointError(
             f"{run}: the run has not finished; continue it with: moelab train --out {run} --resume"
         )

@@ -11,6 +11,11 @@ from rich.table import Table
 from moelab.cli._app import Opt, app, console, fail, guarded
 from moelab.cli._common import load_run
 from moelab.errors import InvalidValueError
+from moelab.utils.atomic import write_folder_atomically
+from moelab.utils.outdir import check_output_folder
+
+ANALYSIS_INPUTS = ("config.json", "model.safetensors", "manifest.json", "run.json")
+ANALYSIS_OUTPUTS = ("analysis.json", "plots", "report.html")
 
 
 @app.command()
@@ -25,6 +30,9 @@ def analyze(
     batch_size: Annotated[int, Opt(help="Sequences per batch.")] = 8,
     seq_len: Annotated[int | None, Opt(help="Context length (default: the run's).")] = None,
     out: Annotated[Path | None, Opt(help="Output folder (default RUN/analysis).")] = None,
+    force: Annotated[
+        bool, Opt(help="Replace a non-empty --out (the default RUN/analysis is replaced anyway).")
+    ] = False,
 ) -> None:
     """Routing analysis: load, confidence, co-activation, pathways, specialisation, rank.
 
@@ -41,13 +49,23 @@ def analyze(
     if seq_len is not None and seq_len < 1:
         fail(InvalidValueError(f"seq_len: must be >= 1, got {seq_len}"))
     seq_len = min(seq_len or cfg_seq_len, model.cfg.max_seq_len)
+    overwrite = force or out is None
     out = out or run / "analysis"
-    if out.exists() and not out.is_dir():
-        fail(NotADirectoryError(f"{out}: exists and is not a folder"))
+    inputs = [run / n for n in ANALYSIS_INPUTS] + (
+        [Path(data)] if data and Path(data).exists() else []
+    )
+    guarded(
+        check_output_folder,
+        out,
+        inputs=inputs,
+        overwrite=overwrite,
+        flag="--force",
+        known_outputs=ANALYSIS_OUTPUTS,
+    )
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("routing validation text", total=None)
         result, pngs = guarded(_analyze_to, out, model, streams, seq_len, batch_size, tokens, run,
-                            lambda: bar.advance(task))  # fmt: skip
+                            lambda: bar.advance(task), overwrite, inputs)  # fmt: skip
     table = Table(title=f"{run}: routing per MoE layer")
     cols = {
         "layer": "layer", "cv": "CV", "max_over_mean": "max/mean", "num_dead": "dead",
@@ -65,9 +83,11 @@ def analyze(
 
 
 def _analyze_to(
-    out: Path, model, streams, seq_len: int, batch_size: int, tokens: int, run: Path, tick
-):
-    """Collect routing, compute every metric, write analysis.json, plots and report.html."""
+    out: Path, model, streams, seq_len: int, batch_size: int, tokens: int, run: Path, tick,
+    overwrite: bool, inputs: list[Path],
+):  # fmt: skip
+    """Collect routing, compute every metric, write analysis.json, plots and report.html
+    (as one folder, atomically, under the output-folder rules)."""
     from moelab.analysis import analyze as analyze_records
     from moelab.analysis import plot_all, write_json, write_report
     from moelab.analysis.collect import collect
@@ -79,9 +99,16 @@ def _analyze_to(
         got.records_by_layer, domains=got.domains, domain_names=got.domain_names,
         hidden_by_layer=got.hidden_by_layer, expert_outputs_by_layer=got.expert_outputs_by_layer,
     )  # fmt: skip
-    write_json(result, out / "analysis.json")
-    pngs = plot_all(result, out / "plots")
-    write_report(result, pngs, out / "report.html", title=f"moelab routing report: {run}")
+
+    def fill(tmp: Path) -> list[Path]:
+        write_json(result, tmp / "analysis.json")
+        pngs = plot_all(result, tmp / "plots")
+        write_report(result, pngs, tmp / "report.html", title=f"moelab routing report: {run}")
+        return [out / p.relative_to(tmp) for p in pngs]
+
+    pngs = write_folder_atomically(
+        out, fill, overwrite, inputs=inputs, flag="--force", known_outputs=ANALYSIS_OUTPUTS
+    )
     return result, pngs
 
 
@@ -96,7 +123,7 @@ def _analysis_streams(run: Path, data: str | None, tokenizer):
     from moelab.data import TokenStream, load_corpus
     from moelab.train.loop import prepare_data, run_train_config
 
-    cfg = run_train_config(run)
+    cfg = run_train_config(run, need_data=data is None)
     if data is None:
         return prepare_data(cfg, tokenizer)[2], cfg.seq_len
     docs = load_corpus(data)

@@ -62,7 +62,7 @@ def _evaluate_run(run: Path, data: str | None, tokens: int, batch_size: int, all
             "tokens, so bits/byte would not be a causal LM score; pass "
             "--allow-noncausal-routing to score it anyway"
         )
-    cfg = run_train_config(run)
+    cfg = run_train_config(run, need_data=data is None)
     seq_len = min(cfg.seq_len, model.cfg.max_seq_len)
     if data is None:
         _, _, streams = prepare_data(cfg, tokenizer)

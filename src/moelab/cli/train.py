@@ -177,6 +177,9 @@ def train(
         bool, Opt(help="Train the dense twin (same active parameters per token).")
     ] = False,
     progress: Annotated[bool, Opt(help="Show the progress bar.")] = True,
+    allow_data_change: Annotated[
+        bool, Opt(help="--resume even though the corpus changed since the run started.")
+    ] = False,
     **flags: Any,
 ) -> None:
     """Train an MoE language model on real text.
@@ -196,6 +199,8 @@ def train(
     run_dir = out or Path("runs") / name
     model_flags = {o.flag: flags.get(o.flag) for o in MODEL_OPTIONS}
     train_flags = {o.flag: flags.get(o.flag) for o in TRAIN_OPTIONS}
+    if allow_data_change and not resume:
+        fail(InvalidValueError("--allow-data-change: only applies with --resume"))
     given = [k for k, v in {**model_flags, **train_flags}.items() if v is not None]
     if resume and (given or config or dense):
         fail(
@@ -214,7 +219,10 @@ def train(
     model_cfg, train_cfg = (
         (None, None) if resume else guarded(build_configs, config, model_flags, train_flags, dense)
     )
-    result = guarded(train_run, model_cfg, train_cfg, run_dir, resume=resume, progress=progress)
+    result = guarded(
+        train_run, model_cfg, train_cfg, run_dir, resume=resume, progress=progress,
+        allow_data_change=allow_data_change,
+    )  # fmt: skip
     if result is None:
         return
     if result.interrupted:

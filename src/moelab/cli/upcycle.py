@@ -21,6 +21,7 @@ from typing import Annotated, Any
 import torch
 
 from moelab.cli._app import Opt, app, console, fail, guarded
+from moelab.data.fingerprint import tokenizer_files
 from moelab.errors import InvalidValueError
 from moelab.interop.pretrained import (
     PRETRAINED,
@@ -40,6 +41,7 @@ from moelab.train.upcycle import (
     upcycle_spec,
 )
 from moelab.utils.atomic import atomic_write_json, write_folder_atomically
+from moelab.utils.outdir import check_output_folder
 
 UPCYCLE_FILE = "upcycle.json"
 PROBE_TEXT = "The capital of France is Paris. Mixture-of-experts models route each token."
@@ -177,8 +179,10 @@ def upcycle_command(
         :class:`UpcycleResult` with the measured dense-vs-MoE logit difference on
         :data:`PROBE_TEXT`.
     Raises:
-        ValueError: bad arguments (named), bad source, ``out`` equal to the source folder.
-        FileExistsError: ``out`` is a non-empty folder and ``force`` is False.
+        ValueError: bad arguments (named), bad source.
+        OutputFolderError: ``out`` is, contains or lies inside the source, or holds files
+            moelab did not write (see :func:`moelab.utils.outdir.check_output_folder`);
+            ``OutputExistsError`` (a ``FileExistsError``) when it is non-empty and not ``force``.
         RuntimeError: the written model does not reproduce the dense logits (a bug).
     """
     t0 = time.perf_counter()
@@ -186,13 +190,9 @@ def upcycle_command(
     if router_init not in ROUTER_INITS:
         raise InvalidValueError(f"router_init: must be one of {ROUTER_INITS}, got {router_init!r}")
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise InvalidValueError(f"out: {out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise FileExistsError(f"out: {out} exists and is not empty; pass --force (force=True)")
     src_path = Path(source)
-    if src_path.is_dir() and out.exists() and out.resolve() == src_path.resolve():
-        raise InvalidValueError(f"out: must differ from the source folder {src_path}")
+    inputs = [src_path] if src_path.exists() else []
+    check_output_folder(out, inputs=inputs, overwrite=force, flag="--force")
 
     dense, tok = load_dense_source(source)
     spec = upcycle_spec(dense.cfg.dense_ffn_size, experts, top_k, granularity, None, router_init)
@@ -248,11 +248,11 @@ def upcycle_command(
     info.pop("seconds")
 
     def fill(tmp: Path) -> None:
-        save_model(moe, tmp)
-        tok.save(tmp)
+        tok.save(tmp)  # first, so that the manifest checksums the tokenizer files too
+        save_model(moe, tmp, extra_files=tokenizer_files(tmp))
         atomic_write_json(tmp / UPCYCLE_FILE, info, sort_keys=True)
 
-    write_folder_atomically(out, fill, overwrite=force)
+    write_folder_atomically(out, fill, overwrite=force, inputs=inputs, flag="--force")
     result.seconds = time.perf_counter() - t0
     return result
 

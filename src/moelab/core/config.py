@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from moelab.errors import InvalidValueError
+from moelab.utils.fields import check_fields
 
 ScoreFunc = Literal["softmax", "sigmoid", "sqrtsoftplus"]
 RouterKind = Literal["token_choice", "expert_choice", "usmoe", "sinkhorn"]
@@ -131,6 +132,7 @@ class RouterConfig:
     usmoe_constraint: USMoEConstraint = "global"
 
     def __post_init__(self) -> None:
+        check_fields(self)
         E, k = self.num_experts, self.top_k
         _check(isinstance(E, int) and E >= 1, "num_experts", f"must be an int >= 1, got {E!r}")
         _check(
@@ -321,6 +323,7 @@ class ExpertsConfig:
     lora_alpha: float = 16.0
 
     def __post_init__(self) -> None:
+        check_fields(self)
         _check(self.hidden_size >= 1, "hidden_size", f"must be >= 1, got {self.hidden_size}")
         _check(
             self.ffn_hidden_size >= 1,
@@ -387,6 +390,7 @@ class LossConfig:
     cross_layer_variant: CrossLayerVariant = "joint_topk"
 
     def __post_init__(self) -> None:
+        check_fields(self)
         _check(
             self.load_balance in ("switch", "seq", "global", "none"),
             "load_balance",

@@ -159,9 +159,12 @@ class MoELayer(nn.Module):
             expert_out, acts = self.experts(
                 dispatched.x, dispatched.counts, return_activations=True
             )
+            y = self.dispatcher.combine(expert_out, dispatched, T)
+        elif hasattr(self.experts, "forward_combined"):  # quantized bank: fused low-rank path
+            y = self.experts.forward_combined(dispatched, T, self.dispatcher.combine)
         else:
             expert_out = self.experts(dispatched.x, dispatched.counts)
-        y = self.dispatcher.combine(expert_out, dispatched, T)
+            y = self.dispatcher.combine(expert_out, dispatched, T)
         if self.shared_expert is not None:
             y = y + self.shared_expert(x_TD).to(y.dtype)
         losses = self.config.losses

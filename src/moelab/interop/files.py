@@ -18,6 +18,7 @@ from torch import Tensor
 
 from moelab.interop.errors import InteropError
 from moelab.utils.jsonfile import read_json as read_json_file
+from moelab.utils.paths import UnsafePathError, confined
 
 SAFETENSORS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -49,8 +50,8 @@ def read_tensors(folder: Path) -> dict[str, Tensor]:
     """Every tensor of the checkpoint in ``folder`` (single file or sharded).
 
     Raises:
-        InteropError: no safetensors weights, an unreadable shard, a tensor in two shards, or
-            an index entry whose shard lacks it.
+        InteropError: no safetensors weights, an unreadable shard, a tensor in two shards,
+            an index entry whose shard lacks it, or a shard name leading outside ``folder``.
     """
     index = folder / INDEX
     if index.is_file():
@@ -58,8 +59,8 @@ def read_tensors(folder: Path) -> dict[str, Tensor]:
         if not isinstance(wm, dict):
             raise InteropError(f"{index}: no 'weight_map'")
         tensors: dict[str, Tensor] = {}
-        for shard in sorted(set(wm.values())):
-            part = _load(folder / shard)
+        for shard in sorted(set(wm.values()), key=str):
+            part = _load(_inside(folder, shard, f"{INDEX} shard"))
             for name, t in part.items():
                 if name in tensors:
                     raise InteropError(f"{folder / shard}: tensor {name!r} is in two shards")
@@ -83,11 +84,22 @@ def read_tensors(folder: Path) -> dict[str, Tensor]:
     raise InteropError(f"{folder}: no {SAFETENSORS} or {INDEX}")
 
 
+def _inside(folder: Path, name: object, what: str) -> Path:
+    try:
+        return confined(folder, name, what=what)
+    except UnsafePathError as e:
+        raise InteropError(str(e)) from e
+
+
 def copy_tokenizer(src: Path, dst: Path) -> list[str]:
-    """Copy the tokenizer (and generation config) files present in ``src``; their names."""
+    """Copy the tokenizer (and generation config) files present in ``src``; their names.
+
+    Raises:
+        InteropError: a tokenizer file is a symlink leading outside ``src`` (never copied).
+    """
     copied = []
     for name in TOKENIZER_FILES:
         if (src / name).is_file():
-            shutil.copy2(src / name, dst / name)
+            shutil.copyfile(_inside(src, name, "tokenizer file"), dst / name)
             copied.append(name)
     return copied

@@ -40,7 +40,9 @@ from moelab.interop.hf_weights import (
     model_rules,
 )
 from moelab.models import MoETransformer, load_model, save_model
+from moelab.models.memory import check_model_fits
 from moelab.utils.atomic import write_folder_atomically
+from moelab.utils.outdir import MARKER, check_output_folder
 
 HF_SOURCE_FILE = "hf_source.json"
 """Written next to a converted moelab model: the original HF config, arch and layout, so an
@@ -82,6 +84,8 @@ def model_from_hf_state(
         UnexpectedTensorError, TensorShapeError: naming the field or tensor.
     """
     cfg, spec = config_from_hf(hf_config)
+    emb = tensors.get("model.embed_tokens.weight")
+    check_model_fits(cfg, emb.element_size() if emb is not None else 4)  # before any allocation
     layout = detect_layout(tensors)
     check_counts(
         tensors, cfg.n_layers, (spec.num_experts_field, cfg.moe.router.num_experts), layout
@@ -187,7 +191,9 @@ def export_hf(
         ``out_dir``. The folder appears complete or not at all (temp folder + rename).
     Raises:
         UnsupportedConfigError naming the moelab field ``arch`` cannot express;
-        FileExistsError when ``out_dir`` is not empty and not ``overwrite``.
+        OutputFolderError (:func:`moelab.utils.outdir.check_output_folder`): ``out_dir`` is
+        or surrounds ``tokenizer_from``, holds files moelab did not write, or (a
+        ``FileExistsError`` too) is not empty and not ``overwrite``.
     """
     hf, tensors, arch = hf_state(model, arch, layout)
     if base_config:
@@ -203,7 +209,8 @@ def export_hf(
             copy_tokenizer(Path(tokenizer_from), tmp)
 
     out = Path(out_dir)
-    write_folder_atomically(out, fill, overwrite)
+    inputs = [tokenizer_from] if tokenizer_from is not None else []
+    write_folder_atomically(out, fill, overwrite, inputs=inputs)
     return out
 
 
@@ -241,21 +248,25 @@ def convert(
         layout: for ``"hf"``: expert layout written.
     Raises:
         ValueError for a bad ``direction``; InteropError subclasses; CheckpointError for
-        an invalid moelab folder; FileExistsError (see ``overwrite``).
+        an invalid moelab folder; OutputFolderError: ``dst`` is, contains or lies inside
+        ``src``, holds files moelab did not write, or (a ``FileExistsError`` too) is not
+        empty and not ``overwrite`` — checked before anything is read.
     """
     src, dst = Path(src), Path(dst)
+    check_output_folder(dst, inputs=[src], overwrite=overwrite)
     if direction == "moelab":
         model, meta = import_hf(src)
         if arch is not None and arch != meta.arch:
             raise InteropError(f"arch: {src} is a {meta.arch!r} checkpoint, not {arch!r}")
 
         def fill(tmp: Path) -> list[str]:
-            save_model(model, tmp)
+            copied = copy_tokenizer(src, tmp)  # first: the manifest checksums these files too
+            save_model(model, tmp, extra_files=copied)
             record = {"arch": meta.arch, "layout": meta.layout, "config": meta.hf_config}
             (tmp / HF_SOURCE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-            return copy_tokenizer(src, tmp)
+            return copied
 
-        copied = write_folder_atomically(dst, fill, overwrite)
+        copied = write_folder_atomically(dst, fill, overwrite, inputs=[src])
         return ConvertReport(dst, direction, meta.arch, meta.layout, copied, meta.notes)
     if direction == "hf":
         model = load_model(src)
@@ -277,7 +288,8 @@ def convert(
             tokenizer_from=src,
             overwrite=overwrite,
         )
-        copied = [n for n in os.listdir(dst) if n not in ("config.json", "model.safetensors")]
+        written = ("config.json", "model.safetensors", MARKER)
+        copied = [n for n in os.listdir(dst) if n not in written]
         notes = [] if "tokenizer.json" in copied else [f"no tokenizer.json in {src}; none copied"]
         return ConvertReport(dst, direction, arch, layout, sorted(copied), notes)
     raise InvalidValueError(f"direction: must be 'moelab' or 'hf', got {direction!r}")

@@ -327,6 +327,15 @@ def config_to_hf(cfg: ModelConfig, arch: str, base: dict[str, Any] | None = None
     moe = cfg.moe
     if moe is None:
         raise UnsupportedConfigError(f"moe: {arch} needs MoE layers (got a dense model)")
+    for j, n in enumerate(cfg.experts_per_layer or ()):
+        _require(
+            n == moe.router.num_experts,
+            "experts_per_layer",
+            arch,
+            f"needs the same number of experts in every MoE layer; layer "
+            f"{cfg.first_dense_layers + j} has {n}, not {moe.router.num_experts} (a pruned model "
+            "with per-layer budgets; prune with --per-layer uniform to export it)",
+        )
     r, ex = moe.router, moe.experts
     _require(r.kind == "token_choice", "moe.router.kind", arch, "needs token_choice routing")
     _require(r.score_func == "softmax", "moe.router.score_func", arch, "needs softmax scores")

@@ -368,6 +368,11 @@ def apply_export(rules: list[Rule], state: Mapping[str, Tensor]) -> dict[str, Te
     return out
 
 
+def _is_range(ids: set[int], n: int) -> bool:
+    """``ids == set(range(n))`` without building the range (``n`` may be absurdly large)."""
+    return len(ids) == n and min(ids) == 0 and max(ids) == n - 1
+
+
 def check_counts(names: Iterable[str], n_layers: int, experts: Dim, layout: str) -> None:
     """Layer and expert counts in tensor names versus config.json (per-expert layout).
 
@@ -383,12 +388,12 @@ def check_counts(names: Iterable[str], n_layers: int, experts: Dim, layout: str)
         m = re.search(r"\.experts\.(\d+)\.", n)
         if m:
             expert_ids.add(int(m.group(1)))
-    if layers and layers != set(range(n_layers)):
+    if layers and not _is_range(layers, n_layers):
         raise ConfigMismatchError(
             f"num_hidden_layers: config.json says {n_layers}, the weights hold layers "
             f"{min(layers)}..{max(layers)} ({len(layers)} layers)"
         )
-    if layout == "per_expert" and expert_ids and expert_ids != set(range(experts[1])):
+    if layout == "per_expert" and expert_ids and not _is_range(expert_ids, experts[1]):
         raise ConfigMismatchError(
             f"{experts[0]}: config.json says {experts[1]}, the weights hold experts "
             f"{min(expert_ids)}..{max(expert_ids)} ({len(expert_ids)} experts)"

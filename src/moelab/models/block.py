@@ -41,7 +41,7 @@ class DecoderBlock(nn.Module):
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.ffn: nn.Module
         if self.is_moe and cfg.moe is not None:  # is_moe_layer is False without cfg.moe
-            self.ffn = MoELayer(cfg.moe)
+            self.ffn = MoELayer(cfg.moe_config(layer_idx))
         else:
             self.ffn = SwiGLUFFN(cfg.d_model, cfg.dense_ffn_size)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from moelab.core.config import ExpertsConfig, MoEConfig, RouterConfig
 from moelab.errors import InvalidValueError
+from moelab.utils.fields import check_fields
 
 
 def _check(cond: bool, name: str, msg: str) -> None:
@@ -70,6 +71,10 @@ class ModelConfig:
         init_std: std of the normal weight initialisation (residual output projections use
             ``init_std / sqrt(2·n_layers)``; see :meth:`MoETransformer.reset_parameters`).
         moe: the config of every MoE layer, or ``None`` for a dense model.
+        experts_per_layer: routed experts of each MoE layer in depth order (one entry per MoE
+            layer), for models whose layers keep different numbers of experts (expert
+            pruning); ``None`` means ``moe.router.num_experts`` everywhere. Layer i's top-k is
+            ``min(moe.router.top_k, experts_per_layer[i])``; see :meth:`moe_config`.
 
     Raises:
         ValueError: naming the offending field and the accepted range.
@@ -92,8 +97,10 @@ class ModelConfig:
     dense_ffn_size: int | None = None
     init_std: float = 0.02
     moe: MoEConfig | None = field(default_factory=MoEConfig)
+    experts_per_layer: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        check_fields(self)
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len"):
             v = getattr(self, name)
             _check(_is_int(v) and v >= 1, name, f"must be an int >= 1, got {v!r}")
@@ -180,6 +187,26 @@ class ModelConfig:
                 "moe.experts.hidden_size",
                 f"must equal d_model={self.d_model}, got {hs}",
             )
+        self._check_experts_per_layer()
+
+    def _check_experts_per_layer(self) -> None:
+        counts = self.experts_per_layer
+        if counts is None:
+            return
+        n = self.num_moe_layers
+        _check(
+            isinstance(counts, (tuple, list))
+            and len(counts) == n
+            and all(_is_int(c) and c >= 1 for c in counts),
+            "experts_per_layer",
+            f"must be None or {n} ints >= 1 (one per MoE layer), got {counts!r}",
+        )
+        self.experts_per_layer = tuple(counts)
+        for j, i in enumerate(i for i in range(self.n_layers) if self.is_moe_layer(i)):
+            try:
+                self.moe_config(i)
+            except ValueError as e:
+                raise ValueError(f"experts_per_layer[{j}] (layer {i}): {e}") from None
 
     # ------------------------------------------------------------------ helpers
     def is_moe_layer(self, i: int) -> bool:
@@ -193,6 +220,27 @@ class ModelConfig:
     @property
     def num_moe_layers(self) -> int:
         return sum(self.is_moe_layer(i) for i in range(self.n_layers))
+
+    def moe_config(self, i: int) -> MoEConfig:
+        """The MoE config of layer ``i`` (0-based over all layers): ``moe`` itself, or with
+        ``experts_per_layer`` its router's ``num_experts`` replaced by the layer's count and
+        ``top_k`` clamped to it.
+
+        Raises:
+            ValueError: layer ``i`` is not an MoE layer.
+        """
+        if not self.is_moe_layer(i):
+            raise ValueError(f"layer {i}: not an MoE layer")
+        assert self.moe is not None
+        if self.experts_per_layer is None:
+            return self.moe
+        j = i - self.first_dense_layers
+        E = self.experts_per_layer[j]
+        router = self.moe.router
+        if router.num_experts == E:
+            return self.moe
+        router = dataclasses.replace(router, num_experts=E, top_k=min(router.top_k, E))
+        return dataclasses.replace(self.moe, router=router)
 
     @classmethod
     def tiny(

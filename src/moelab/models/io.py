@@ -8,6 +8,10 @@ Folder layout (``FORMAT_VERSION = 1``)::
     manifest.json      {"format_version": 1, "files": {"model.safetensors":
                         {"sha256": ..., "bytes": ...}, "config.json": {...}}}
 
+A model whose MoE layers hold quantized expert banks adds a ``"quantization"`` section to
+config.json and stores the banks' packed codes, scales and low-rank factors in the same
+safetensors file (:mod:`moelab.models.quantized`); loading rebuilds the quantized banks.
+
 Every file is written atomically (temp file in the folder, fsync, ``os.replace``, fsync of
 the folder); the manifest is written last, so a crash mid-save leaves a folder whose
 checksum does not verify rather than a silently mixed one. Loading verifies the format
@@ -28,9 +32,11 @@ from safetensors.torch import load_file, save_file
 
 from moelab.errors import UserError
 from moelab.models.config import ModelConfig
+from moelab.models.quantized import quantization_section, quantized_structure, read_quantization
 from moelab.models.transformer import MoETransformer
-from moelab.utils.atomic import atomic_write, atomic_write_json
+from moelab.utils.atomic import atomic_write, atomic_write_json, ensure_free_space
 from moelab.utils.jsonfile import read_json
+from moelab.utils.paths import UnsafePathError, confined
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
@@ -60,11 +66,23 @@ def _stored_state(model: MoETransformer) -> dict[str, torch.Tensor]:
     state = model.state_dict()
     if model.cfg.tie_embeddings:
         state.pop("lm_head.weight", None)
-    return {k: v.detach().contiguous().cpu() for k, v in state.items()}
+    out = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+    for k, v in out.items():  # quantized banks store their low-rank factors as float16
+        if ".lowrank." in k and v.is_floating_point():
+            out[k] = v.to(torch.float16)
+    return out
 
 
 def _read_json(path: Path) -> Any:
     return read_json(path, CheckpointError)
+
+
+def _inside(folder: Path, name: Any) -> Path:
+    """``folder / name``, refused (CheckpointError) when it leads outside ``folder``."""
+    try:
+        return confined(folder, name, what="file")
+    except UnsafePathError as e:
+        raise CheckpointError(str(e)) from e
 
 
 def _check_version(path: Path, obj: Any) -> None:
@@ -81,27 +99,50 @@ def _check_version(path: Path, obj: Any) -> None:
 
 
 # ------------------------------------------------------------------------- public
-def save_model(model: MoETransformer, folder: str | os.PathLike[str]) -> Path:
+def save_model(
+    model: MoETransformer,
+    folder: str | os.PathLike[str],
+    *,
+    extra_files: tuple[str, ...] | list[str] = (),
+) -> Path:
     """Save ``model`` to ``folder`` (created if needed; existing files are replaced).
 
+    The manifest is written last: a folder is complete exactly when ``manifest.json`` exists
+    (a kill before leaves a folder that fails to load, never a mixed one).
+
+    Args:
+        model: the model.
+        folder: target folder.
+        extra_files: names of files already in ``folder`` (e.g. the tokenizer's) whose
+            checksums the manifest also records, so that a swapped or altered file is caught
+            when the folder is loaded.
     Returns:
         The folder path.
+    Raises:
+        DiskFullError: not enough free space for the weights (checked before writing).
+        CheckpointError: an ``extra_files`` entry is missing or outside ``folder``.
     """
     if not isinstance(model, MoETransformer):
         raise TypeError(f"model: expected MoETransformer, got {type(model).__name__}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     state = _stored_state(model)
-    _write_json(
-        folder / CONFIG_FILE, {"format_version": FORMAT_VERSION, "model": model.cfg.to_dict()}
-    )
-    atomic_write(
-        folder / WEIGHTS_FILE,
-        lambda tmp: save_file(state, tmp, metadata={"format_version": str(FORMAT_VERSION)}),
-    )
+    ensure_free_space(folder, sum(t.numel() * t.element_size() for t in state.values()))
+    for name in extra_files:
+        _inside(folder, name)
+    config = {"format_version": FORMAT_VERSION, "model": model.cfg.to_dict()}
+    metadata = {"format_version": str(FORMAT_VERSION)}
+    quant = quantization_section(model)
+    if quant is not None:
+        config["quantization"] = quant
+        metadata["quantization_format_version"] = str(quant["format_version"])
+    _write_json(folder / CONFIG_FILE, config)
+    atomic_write(folder / WEIGHTS_FILE, lambda tmp: save_file(state, tmp, metadata=metadata))
     files = {}
-    for name in (CONFIG_FILE, WEIGHTS_FILE):
+    for name in (CONFIG_FILE, WEIGHTS_FILE, *extra_files):
         p = folder / name
+        if not p.is_file():
+            raise CheckpointError(f"{p}: missing (listed in extra_files)")
         files[name] = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
     _write_json(folder / MANIFEST_FILE, {"format_version": FORMAT_VERSION, "files": files})
     return folder
@@ -109,7 +150,7 @@ def save_model(model: MoETransformer, folder: str | os.PathLike[str]) -> Path:
 
 def load_config(folder: str | os.PathLike[str]) -> ModelConfig:
     """The :class:`ModelConfig` stored in ``folder/config.json`` (no checksum check)."""
-    path = Path(folder) / CONFIG_FILE
+    path = _inside(Path(folder), CONFIG_FILE)
     obj = _read_json(path)
     _check_version(path, obj)
     if "model" not in obj:
@@ -124,7 +165,8 @@ def verify_folder(folder: str | os.PathLike[str]) -> None:
     """Check the manifest's format version and every listed file's size and sha256.
 
     Raises:
-        CheckpointError: naming the missing, truncated or corrupt file.
+        CheckpointError: naming the missing, truncated or corrupt file, or an entry that
+            leads outside the folder (absolute, ``..``, or a symlink out).
     """
     folder = Path(folder)
     mpath = folder / MANIFEST_FILE
@@ -134,7 +176,7 @@ def verify_folder(folder: str | os.PathLike[str]) -> None:
     if not isinstance(files, dict) or WEIGHTS_FILE not in files:
         raise CheckpointError(f"{mpath}: no checksum entry for {WEIGHTS_FILE}")
     for name, entry in files.items():
-        p = folder / name
+        p = _inside(folder, name)
         if not p.is_file():
             raise CheckpointError(f"{p}: missing (listed in {MANIFEST_FILE})")
         if not isinstance(entry, dict) or "sha256" not in entry:
@@ -175,6 +217,12 @@ def load_model(
         raise CheckpointError(f"{wpath}: cannot read safetensors ({e})") from e
 
     model = MoETransformer(cfg)
+    quant = _read_json(folder / CONFIG_FILE).get("quantization")
+    if quant is not None:
+        try:
+            quantized_structure(model, read_quantization(quant, str(folder / CONFIG_FILE)))
+        except ValueError as e:
+            raise CheckpointError(str(e)) from e
     expected = _stored_state(model)
     missing = sorted(set(expected) - set(tensors))
     extra = sorted(set(tensors) - set(expected))
@@ -189,6 +237,12 @@ def load_model(
                 f"{tuple(expected[name].shape)}"
             )
     w = tensors["embed.weight"]
+    for name, t in tensors.items():
+        if not t.is_floating_point():
+            raise CheckpointError(
+                f"{wpath}: tensor {name!r} has dtype {t.dtype}; weights must be floating point "
+                f"(embed.weight is {w.dtype})"
+            )
     if w.dtype != model.embed.weight.dtype:
         model = model.to(w.dtype)
     model.load_state_dict(tensors, strict=not cfg.tie_embeddings)

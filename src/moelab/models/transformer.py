@@ -20,6 +20,7 @@ from moelab.models.attention import KVCache, causal_mask
 from moelab.models.block import DecoderBlock
 from moelab.models.config import ModelConfig
 from moelab.models.ffn import SwiGLUFFN
+from moelab.models.memory import check_model_fits
 from moelab.models.norm import RMSNorm
 from moelab.models.packing import document_attention_mask, segment_ids
 from moelab.models.rope import RotaryEmbedding
@@ -106,6 +107,8 @@ class MoETransformer(nn.Module):
         super().__init__()
         if not isinstance(cfg, ModelConfig):
             raise TypeError(f"cfg: expected ModelConfig, got {type(cfg).__name__}")
+        if torch.get_default_device().type != "meta":
+            check_model_fits(cfg, torch.tensor([], dtype=torch.get_default_dtype()).element_size())
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)

@@ -110,6 +110,7 @@ class Sequence:
     first_token_at: float | None = None
     finished_at: float | None = None
     done: threading.Event = field(default_factory=threading.Event)
+    error: str | None = None
     _cancelled: bool = False
     _generator: torch.Generator | None = None
     _detok: Detokenizer | None = None
@@ -455,6 +456,10 @@ class Engine:
         """Next token per row ``logits [n, V]``: batched argmax for greedy rows, each other
         row with its own settings and generator (so a row's draws do not depend on its
         neighbours)."""
+        finite = torch.isfinite(logits).all(dim=-1).tolist()
+        if not all(finite):  # NaN/inf weights: those rows fail instead of sampling garbage
+            out = self._sample(logits.nan_to_num(), seqs)
+            return [t if ok else -1 for t, ok in zip(out, finite, strict=True)]
         out = [0] * len(seqs)
         greedy = [i for i, s in enumerate(seqs) if s.params.greedy]
         if len(greedy) == len(seqs):
@@ -510,6 +515,14 @@ class Engine:
         if seq.first_token_at is None:
             seq.first_token_at = now
         p = seq.params
+        if token < 0:
+            seq.error = (
+                f"position {len(seq.prompt_ids) + len(seq.output_ids)}: the model's logits are "
+                "not finite; its weights or activations hold NaN or inf"
+            )
+            self._remove_row(row)
+            self._finish(seq, "error")
+            return
         if token in p.stop_ids:
             self._remove_row(row)
             self._finish(seq, "stop")

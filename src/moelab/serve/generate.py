@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from moelab.data import Tokenizer
-from moelab.errors import InvalidValueError
+from moelab.errors import InvalidValueError, NonFiniteOutputError
 from moelab.models import MoETransformer
 from moelab.serve.detok import Detokenizer
 from moelab.serve.engine import Engine, TokenEvent
@@ -38,6 +38,8 @@ def generate_ids(
     Raises:
         ValueError: empty prompt, max_new_tokens < 0, bad sampling settings, a USMoE
             router that looks at future tokens, or expert-choice routing.
+        NonFiniteOutputError: the model's logits are not finite (NaN/inf weights); raised
+            before any token is sampled from them.
     """
     if not prompt_ids:
         raise InvalidValueError("prompt: must encode to at least one token")
@@ -70,6 +72,8 @@ def generate_ids(
                 yield out[sent]
                 sent += 1
         yield from out[sent:]
+        if seq.finish_reason == "error":
+            raise NonFiniteOutputError(seq.error or "engine: generation failed")
     finally:
         model.train(was_training)
 

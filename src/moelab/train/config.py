@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from moelab.errors import UserError
+from moelab.utils.fields import check_fields
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -90,6 +91,7 @@ class TrainConfig:
     allow_noncausal_routing: bool = False
 
     def __post_init__(self) -> None:
+        check_fields(self, ConfigError)
         for f in fields(self):
             _check_type(f.name, getattr(self, f.name), f.type)
         positive = (

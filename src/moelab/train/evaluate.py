@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from moelab.data import TokenStream, eval_batches
+from moelab.errors import NonFiniteOutputError
 from moelab.models import MoETransformer
 
 
@@ -30,7 +31,8 @@ class DomainScore:
 
     @property
     def perplexity(self) -> float:
-        return math.exp(self.loss)
+        """``exp(loss)`` (``inf`` beyond the float range)."""
+        return math.exp(self.loss) if self.loss < 709.0 else math.inf
 
 
 @dataclass
@@ -41,8 +43,14 @@ class EvalResult:
     per_domain: dict[str, DomainScore] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
+        """JSON-able dict; a non-finite number (an overflowing perplexity) becomes ``None``."""
+
         def row(score: DomainScore) -> dict:
-            return {**asdict(score), "perplexity": score.perplexity}
+            d = {**asdict(score), "perplexity": score.perplexity}
+            return {
+                k: None if isinstance(v, float) and not math.isfinite(v) else v
+                for k, v in d.items()
+            }
 
         return {
             "overall": row(self.overall),
@@ -79,6 +87,8 @@ def evaluate(
 
     Raises:
         CorpusError: a stream is shorter than ``seq_len + 1`` tokens.
+        NonFiniteOutputError: the loss of a batch is not finite (NaN/inf weights or
+            activations), naming the stream; no score is returned.
     """
     was_training = model.training
     model.eval()
@@ -92,6 +102,11 @@ def evaluate(
                 doc_ids = batch.doc_ids if doc_masks else None
                 logits = model(batch.input_ids, doc_ids=doc_ids).logits.float()
                 ce = F.cross_entropy(logits.flatten(0, 1), batch.targets.flatten(), reduction="sum")
+                if not math.isfinite(ce.item()):
+                    raise NonFiniteOutputError(
+                        f"{name}: the model's loss is not finite ({ce.item()}) after "
+                        f"{tokens} tokens; its weights or activations hold NaN or inf"
+                    )
                 nats += ce.item()
                 tokens += batch.targets.numel()
                 n_bytes += int(batch.target_bytes.sum())

@@ -4,10 +4,27 @@ AdamW with decoupled weight decay on matrices, linear warmup + cosine decay, gra
 and accumulation, the MoE layers' aux losses (already weighted by their coefficients), the
 aux-loss-free bias update once per optimizer step, periodic validation, atomic checkpoints
 (every N steps and on Ctrl-C) and exact resume, and data parallelism under ``torchrun``.
+
+Reliability (what a kill, a second process or a changed input can and cannot do):
+
+- The run folder is locked (:func:`moelab.utils.locking.folder_lock`) for the whole run: a
+  second ``train``/``--resume`` on it is refused.
+- SIGINT and SIGTERM set a stop flag checked before every micro-batch: a stop in the middle
+  of a gradient-accumulation step abandons that step (the batch sampler's and torch's RNG
+  states are rolled back to the step's start), writes a checkpoint of the last finished
+  step and exits; resuming reproduces the uninterrupted run bit for bit. A second signal
+  aborts at once (the last checkpoint stays valid).
+- Finishing writes a checkpoint of the final step, then the model at the run root with the
+  manifest last (covering the tokenizer files too): a run is finished exactly when
+  ``RUN/manifest.json`` exists. A kill during the finish leaves an unfinished run that
+  ``--resume`` completes from that checkpoint.
+- ``run.json`` records a fingerprint of the corpus and of the tokenizer files; ``--resume``
+  refuses a changed corpus or tokenizer unless ``allow_data_change=True``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import time
@@ -20,9 +37,9 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from moelab.core.layer import MoELayer
 from moelab.core.routers import update_expert_bias
 from moelab.data import (
+    Document,
     Tokenizer,
     TokenStream,
     load_corpus,
@@ -31,10 +48,18 @@ from moelab.data import (
     sample_batch,
     split_documents,
 )
+from moelab.data.fingerprint import (
+    corpus_fingerprint,
+    describe_change,
+    tokenizer_files,
+    tokenizer_fingerprint,
+)
 from moelab.errors import TrainingDivergedError
 from moelab.models import ModelConfig, MoETransformer, load_model, save_model
+from moelab.models.hooks import moe_layers
+from moelab.models.io import MANIFEST_FILE
 from moelab.models.lora import add_expert_lora, freeze_all_but_lora
-from moelab.train.checkpoint import load_checkpoint, save_checkpoint
+from moelab.train.checkpoint import checkpoint_dirs, load_checkpoint, save_checkpoint
 from moelab.train.config import ConfigError, TrainConfig
 from moelab.train.distributed import DistInfo, barrier, init_distributed, shutdown
 from moelab.train.evaluate import EvalResult, evaluate
@@ -43,6 +68,7 @@ from moelab.train.progress import TrainProgress
 from moelab.train.schedule import lr_at
 from moelab.utils.atomic import atomic_write_json
 from moelab.utils.jsonfile import read_json
+from moelab.utils.locking import folder_lock
 
 RUN_FILE = "run.json"
 
@@ -71,11 +97,6 @@ class _LossModule(nn.Module):
         return out.loss, out.ce, out.aux_loss, out.output.records
 
 
-def moe_layers(model: nn.Module) -> list[MoELayer]:
-    """The model's MoE layers in depth order."""
-    return [m for m in model.modules() if isinstance(m, MoELayer)]
-
-
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
@@ -102,11 +123,30 @@ def read_run_info(run_dir: Path) -> dict[str, Any]:
     return info
 
 
-def run_train_config(folder: Path) -> TrainConfig:
-    """The training settings of a run folder, or the defaults for a bare model folder."""
+def run_train_config(folder: Path, *, need_data: bool = False) -> TrainConfig:
+    """The training settings of a run folder, or the defaults for a bare model folder.
+
+    Args:
+        folder: a run folder or a bare model folder.
+        need_data: the caller will use the settings' corpus (the run's validation split): a
+            folder without ``run.json`` then raises instead of silently using the default
+            corpus.
+    Raises:
+        ConfigError: ``run.json`` is malformed, or missing while ``need_data``.
+    """
     if not (Path(folder) / RUN_FILE).exists():
+        if need_data:
+            raise ConfigError(
+                f"{folder}: no {RUN_FILE}, so the run's corpus is unknown; pass --data CORPUS"
+            )
         return TrainConfig()
     return TrainConfig.from_dict(read_run_info(folder)["train"])
+
+
+def run_finished(run_dir: str | Path) -> bool:
+    """True when the run in ``run_dir`` finished: its final model's manifest (written last)
+    exists at the run root."""
+    return (Path(run_dir) / MANIFEST_FILE).is_file()
 
 
 def _check_run_dir(run_dir: Path, resume: bool) -> None:
@@ -115,22 +155,32 @@ def _check_run_dir(run_dir: Path, resume: bool) -> None:
     if resume:
         if not (run_dir / RUN_FILE).exists():
             raise ConfigError(f"{run_dir}: no run to resume (missing {RUN_FILE})")
-        if (run_dir / "model.safetensors").exists():
+        if run_finished(run_dir):
             raise ConfigError(
                 f"{run_dir}: the run has already finished; start a new run with another --out"
             )
-    elif run_dir.exists() and any(run_dir.iterdir()):
+    elif run_dir.exists() and any(not _start_leftover(p) for p in run_dir.iterdir()):
         raise ConfigError(
             f"{run_dir}: run folder exists and is not empty; pass --resume or another --out"
         )
 
 
+def _start_leftover(path: Path) -> bool:
+    """A file a start writes before ``run.json`` (the tokenizer, temp files): a run killed
+    then left only these, which the next start rewrites, so they do not block it."""
+    name = path.name
+    return path.is_file() and (
+        name in tokenizer_files(path.parent) or (name.startswith(".") and name.endswith(".tmp"))
+    )
+
+
 def prepare_data(
-    cfg: TrainConfig, tokenizer: Tokenizer | None
+    cfg: TrainConfig, tokenizer: Tokenizer | None, docs: list[Document] | None = None
 ) -> tuple[Tokenizer, TokenStream, dict[str, TokenStream]]:
-    """Load and split the corpus, train the tokenizer if none is given, and encode the
-    training stream plus one validation stream per domain."""
-    docs = load_corpus(cfg.data, max_bytes_per_domain=cfg.max_bytes_per_domain)
+    """Load (unless ``docs`` are given) and split the corpus, train the tokenizer if none is
+    given, and encode the training stream plus one validation stream per domain."""
+    if docs is None:
+        docs = load_corpus(cfg.data, max_bytes_per_domain=cfg.max_bytes_per_domain)
     train_docs, val_docs = split_documents(docs, val_fraction=cfg.val_fraction, seed=cfg.seed)
     if tokenizer is None:
         texts = [d.text for d in train_docs]
@@ -162,18 +212,20 @@ def _eval_record(step: int, result: EvalResult) -> dict[str, Any]:
     return rec
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 class _StopFlag:
-    """Ctrl-C sets a flag checked between optimizer steps; a second Ctrl-C aborts at once."""
+    """SIGINT/SIGTERM set a flag checked before every micro-batch; a second one aborts at once."""
 
     def __init__(self) -> None:
         self.stop = False
-        self._previous = None
+        self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> _StopFlag:
-        try:
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-        except ValueError:  # not the main thread
-            self._previous = None
+        for sig in STOP_SIGNALS:
+            with contextlib.suppress(ValueError):  # not the main thread
+                self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum, frame) -> None:
@@ -182,8 +234,8 @@ class _StopFlag:
         self.stop = True
 
     def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
 
 
 def train(
@@ -194,6 +246,7 @@ def train(
     resume: bool = False,
     progress: bool = True,
     stop_after: int | None = None,
+    allow_data_change: bool = False,
 ) -> TrainResult:
     """Train (or resume) a run in ``run_dir``.
 
@@ -206,28 +259,68 @@ def train(
         progress: show the rich progress bar (rank 0 only).
         stop_after: stop (as if interrupted, with a checkpoint) after this optimizer step;
             for tests of resume.
+        allow_data_change: resume even though the corpus or tokenizer differs from the one
+            recorded in ``run.json`` (the run then continues on the new data).
     Returns:
         :class:`TrainResult`.
     Raises:
         ConfigError, CorpusError, CheckpointError, TokenizerError: user errors, one-line messages.
+        FolderBusyError: another process is writing into ``run_dir``.
+        DiskFullError: the disk filled up (the last complete checkpoint stays valid).
     """
     run_dir = Path(run_dir)
     dist_info = init_distributed()
+    args = (model_cfg, cfg, run_dir, resume, progress, stop_after, allow_data_change, dist_info)
     try:
-        return _train(model_cfg, cfg, run_dir, resume, progress, stop_after, dist_info)
+        if not dist_info.is_main:
+            return _train(*args)
+        _check_run_dir(run_dir, resume)
+        created = not run_dir.exists()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            with folder_lock(run_dir, what="run folder"):
+                _check_run_dir(run_dir, resume)  # again: another process may have started
+                return _train(*args)
+        except BaseException:
+            if created and not any(run_dir.iterdir()):
+                run_dir.rmdir()
+            raise
     finally:
         shutdown(dist_info)
 
 
+def _check_same_data(run_dir: Path, run_info: dict[str, Any], fp: dict[str, Any]) -> None:
+    """Refuse a resume whose corpus or tokenizer files differ from those in run.json."""
+    old = run_info.get("data_fingerprint")
+    if isinstance(old, dict) and old.get("sha256") != fp["sha256"]:
+        raise ConfigError(
+            f"{run_dir / RUN_FILE}: the corpus changed since the run started "
+            f"({describe_change(old, fp)}); restore it, start a new run, or pass "
+            "--allow-data-change to continue on the new data"
+        )
+    old_tok = run_info.get("tokenizer_sha256")
+    if isinstance(old_tok, dict) and old_tok != tokenizer_fingerprint(run_dir):
+        changed = sorted(
+            n
+            for n in {*old_tok, *tokenizer_fingerprint(run_dir)}
+            if old_tok.get(n) != tokenizer_fingerprint(run_dir).get(n)
+        )
+        raise ConfigError(
+            f"{run_dir}: tokenizer file(s) {', '.join(changed)} changed since the run started; "
+            "restore them or start a new run"
+        )
+
+
 def _train(
-    model_cfg, cfg, run_dir, resume, progress, stop_after, dist_info: DistInfo
+    model_cfg, cfg, run_dir, resume, progress, stop_after, allow_data_change, dist_info: DistInfo
 ) -> TrainResult:
-    _check_run_dir(run_dir, resume)
     ckpt = None
     if resume:
         run_info = read_run_info(run_dir)
         cfg = TrainConfig.from_dict(run_info["train"])
         ckpt = load_checkpoint(run_dir)
+        if ckpt is None and checkpoint_dirs(run_dir):
+            raise ConfigError(f"{run_dir}: no checkpoint could be loaded")
     torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(run_dir) if resume else None
     model: MoETransformer | None = None
@@ -236,7 +329,12 @@ def _train(
     elif cfg.init_from:
         model = load_model(Path(cfg.init_from))
         tokenizer = load_tokenizer(Path(cfg.init_from))
-    tokenizer, train_stream, val_streams = prepare_data(cfg, tokenizer)
+    docs = load_corpus(cfg.data, max_bytes_per_domain=cfg.max_bytes_per_domain)
+    data_fp = corpus_fingerprint(docs)
+    if resume and not allow_data_change:
+        _check_same_data(run_dir, run_info, data_fp)
+    tokenizer, train_stream, val_streams = prepare_data(cfg, tokenizer, docs)
+    del docs
     if model is None:
         if resume:  # run.json exists but no checkpoint yet: start over from the saved config
             model_cfg = ModelConfig.from_dict(run_info["model"])
@@ -266,9 +364,17 @@ def _train(
         run_dir.mkdir(parents=True, exist_ok=True)
         if not resume:
             tokenizer.save(run_dir)
-            atomic_write_json(
-                run_dir / RUN_FILE, {"model": model.cfg.to_dict(), "train": cfg.to_dict()}
-            )
+            info = {
+                "model": model.cfg.to_dict(),
+                "train": cfg.to_dict(),
+                "data_fingerprint": data_fp,
+                "tokenizer_sha256": tokenizer_fingerprint(run_dir),
+            }
+            atomic_write_json(run_dir / RUN_FILE, info)
+        elif allow_data_change:
+            info = {**run_info, "data_fingerprint": data_fp}
+            info["tokenizer_sha256"] = tokenizer_fingerprint(run_dir)
+            atomic_write_json(run_dir / RUN_FILE, info)
     barrier(dist_info)
 
     layers = moe_layers(model)
@@ -288,11 +394,25 @@ def _train(
         tokens_seen = int(ckpt.state["tokens_seen"])
         elapsed_before = float(ckpt.state["elapsed_s"])
         if dist_info.is_main:
-            metrics.truncate_after(start_step)
+            # a resume from step 0 validates step 0 again: keep nothing then
+            metrics.truncate_after(start_step if start_step > 0 else -1)
     elif resume and dist_info.is_main:
-        metrics.truncate_after(0)
+        metrics.truncate_after(-1)
+
+    saved_step = {"step": ckpt.step if ckpt is not None else None}
+    device = next(model.parameters()).device
+
+    def stop_requested() -> bool:
+        """The stop flag, agreed by all ranks (so that no rank leaves a collective alone)."""
+        if not dist_info.enabled:
+            return stop.stop
+        flag = torch.tensor([int(stop.stop)], device=device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        stop.stop = bool(flag.item())
+        return stop.stop
 
     def checkpoint(step: int) -> None:
+        saved_step["step"] = step
         gens = [generator.get_state()]
         if dist_info.enabled:
             gens = [torch.empty_like(gens[0]) for _ in range(dist_info.world_size)]
@@ -354,7 +474,10 @@ def _train(
             ]
             ce_sum = aux_sum = 0.0
             n_bytes = 0
+            gen_at_start, rng_at_start = generator.get_state(), torch.get_rng_state()
             for micro in range(cfg.grad_accum):
+                if stop_requested():  # react within one micro-batch: abandon this step
+                    break
                 batch = sample_batch(train_stream, cfg.batch_size, cfg.seq_len, generator)
                 sync = micro == cfg.grad_accum - 1 or not dist_info.enabled
                 ctx = nullcontext() if sync else step_fn.no_sync()
@@ -369,6 +492,16 @@ def _train(
                     layer.end_micro_batch()
                 for c, rec in zip(counts, [r for r in records if r is not None], strict=True):
                     c += rec.counts
+            if stop_requested():  # roll the abandoned step back; checkpoint the last finished one
+                generator.set_state(gen_at_start)
+                torch.set_rng_state(rng_at_start)
+                optimizer.zero_grad(set_to_none=True)
+                for layer in layers:
+                    layer.reset_loss_state()
+                if saved_step["step"] != step:
+                    checkpoint(step)
+                interrupted = True
+                break
             if not math.isfinite(ce_sum):
                 raise TrainingDivergedError(
                     f"step {step}: training loss is not finite; lower --lr or raise --warmup-steps"
@@ -420,16 +553,21 @@ def _train(
             )
             if step % cfg.eval_every == 0 or step == cfg.steps or over_budget:
                 final_eval = validate(step) or final_eval
-            stopping = stop.stop or (stop_after is not None and step >= stop_after) or over_budget
-            if (
-                stopping or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
-            ) and step < cfg.steps:  # a finished run's result is the model at the run root
+            stopping = (
+                stop_requested() or (stop_after is not None and step >= stop_after) or over_budget
+            )
+            if step >= cfg.steps:
+                break  # the final checkpoint and model are written below
+            if stopping or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
                 checkpoint(step)
             if stopping:
                 interrupted = stop.stop or (stop_after is not None and step >= stop_after)
                 break
-    if dist_info.is_main and not interrupted:
-        save_model(model, run_dir)
+        if not interrupted:
+            if saved_step["step"] != step:
+                checkpoint(step)  # lets --resume complete a finish that is interrupted below
+            if dist_info.is_main:  # the manifest, written last, marks the run finished
+                save_model(model, run_dir, extra_files=tokenizer_files(run_dir))
     barrier(dist_info)
     return TrainResult(
         run_dir=run_dir,

@@ -1,0 +1,232 @@
+"""``moelab quantize``: post-training quantization of the routed experts (RTN or GPTQ, with
+optional low-rank compensation: per-expert, 1-D shared or TileQ's 2-D grid).
+
+The written folder evaluates, analyses and generates like any run:
+
+    config.json, model.safetensors, manifest.json   (quantized banks; moelab.models.save_model)
+    tokenizer_meta.json, tokenizer.json              (the source's tokenizer)
+    run.json                                         (the source run's, when it has one)
+    quantize.json                                    spec, calibration, bits per parameter,
+                                                     per-layer errors, under-calibrated experts
+
+It is assembled in a temporary sibling folder and renamed into place: on any error nothing is
+written.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from moelab.cli._app import Opt, app, console, guarded
+from moelab.errors import InvalidValueError
+
+QUANTIZE_FILE = "quantize.json"
+
+
+def parse_grid(text: str | None) -> tuple[int, int] | None:
+    """``"4x4"`` → ``(4, 4)``; None stays None.
+
+    Raises:
+        ValueError: not two positive integers joined by ``x``.
+    """
+    if text is None:
+        return None
+    parts = text.lower().split("x")
+    try:
+        M, N = (int(p) for p in parts)
+    except ValueError:
+        raise InvalidValueError(f"grid: expected MxN such as 4x4, got {text!r}") from None
+    if M < 1 or N < 1:
+        raise InvalidValueError(f"grid: both sides must be >= 1, got {text!r}")
+    return M, N
+
+
+def square_grid(num_experts: int) -> tuple[int, int]:
+    """The most square ``M x N = E`` with ``M <= N`` (TileQ's √K × √K when E is a square)."""
+    m = int(num_experts**0.5)
+    while num_experts % m:
+        m -= 1
+    return m, num_experts // m
+
+
+@app.command()
+def quantize(
+    run: Annotated[Path, typer.Argument(help="Run folder or model folder to quantize.")],
+    out: Annotated[Path, Opt(help="New folder for the quantized model (must not exist).")],
+    method: Annotated[str, Opt(help="rtn or gptq.")] = "gptq",
+    bits: Annotated[int, Opt(help="Bits per weight: 2, 3, 4 or 8.")] = 4,
+    group_size: Annotated[int, Opt(help="Input columns per scale.")] = 64,
+    symmetric: Annotated[bool, Opt(help="Symmetric grid (no zero points).")] = False,
+    act_order: Annotated[
+        bool, Opt(help="GPTQ: quantize columns by decreasing Hessian diagonal.")
+    ] = True,
+    damp: Annotated[float, Opt(help="GPTQ dampening (fraction of mean diag H).")] = 0.01,
+    lowrank: Annotated[str, Opt(help="none, per-expert, shared-1d or tileq.")] = "none",
+    rank: Annotated[int, Opt(help="Rank of the low-rank compensation.")] = 8,
+    grid: Annotated[
+        str | None, Opt(help="TileQ grid MxN with M·N = experts (default: most square).")
+    ] = None,
+    sweeps: Annotated[int, Opt(help="TileQ HOOI refinement sweeps.")] = 2,
+    lowrank_target: Annotated[
+        str,
+        Opt(
+            help="Fit the factors to the quantization 'error' W − Q(W), or to the 'weight' "
+            "first and quantize the residual."
+        ),
+    ] = "error",
+    weighting: Annotated[
+        str, Opt(help="Low-rank activation weighting: 'full' (H+λI)^1/2 or 'diag' sqrt(diag H).")
+    ] = "full",
+    min_tokens: Annotated[
+        int, Opt(help="Experts routed fewer calibration rows get RTN (under-calibrated).")
+    ] = 16,
+    sequential: Annotated[
+        bool, Opt(help="Calibrate each layer on the already quantized layers before it.")
+    ] = True,
+    calib_data: Annotated[
+        str | None,
+        Opt(help="Calibration corpus (default: held-out documents of the run's training data)."),
+    ] = None,
+    calib_tokens: Annotated[int, Opt(help="Calibration tokens (split equally over domains).")] = (
+        32_768
+    ),
+    seq_len: Annotated[int | None, Opt(help="Calibration window (default: the run's).")] = None,
+    batch_size: Annotated[int, Opt(help="Calibration sequences per batch.")] = 8,
+    seed: Annotated[int, Opt(help="Seed of the calibration windows and grid search.")] = 0,
+    as_json: Annotated[
+        bool, Opt("--json", help="Print quantize.json instead of the table.")
+    ] = False,
+) -> None:
+    """Quantize every MoE layer's experts; report bits per parameter including scales, zero
+    points and low-rank factors.
+
+    Examples:
+      moelab quantize runs/main --method gptq --bits 3 --out runs/main-q3
+      moelab quantize runs/e16 --bits 2 --lowrank tileq --rank 8 --grid 4x4 --out runs/e16-tq2
+      moelab quantize runs/main --method rtn --bits 4 --lowrank per-expert --out runs/main-r4
+    """
+    report, table = guarded(
+        _quantize, run, out, method, bits, group_size, symmetric, act_order, damp, lowrank,
+        rank, grid, sweeps, lowrank_target, weighting, min_tokens, sequential, calib_data, calib_tokens, seq_len,
+        batch_size, seed,
+    )  # fmt: skip
+    if as_json:
+        console.print_json(json.dumps(report))
+    else:
+        console.print(table)
+        console.print(
+            f"{report['bits_per_param']:.3f} bits per expert parameter "
+            f"({report['bytes'].get('lowrank', 0):,} low-rank bytes); wrote {out}"
+        )
+
+
+def _quantize(
+    run: Path, out: Path, method: str, bits: int, group_size: int, symmetric: bool,
+    act_order: bool, damp: float, lowrank: str, rank: int, grid_text: str | None, sweeps: int,
+    lowrank_target: str, weighting: str, min_tokens: int, sequential: bool, calib_data: str | None, calib_tokens: int,
+    seq_len: int | None, batch_size: int, seed: int,
+):  # fmt: skip
+    from moelab.cli._common import load_run
+    from moelab.compress import calibration_documents, calibration_set, domain_streams
+    from moelab.compress.progress import TokenProgress
+    from moelab.compress.quant import QuantizeConfig, quantize_model
+    from moelab.compress.quant.pipeline import run_data
+    from moelab.core.experts.quantized import QuantSpec
+    from moelab.models.hooks import moe_layers
+    from moelab.models.quantized import is_quantized
+    from moelab.train.loop import RUN_FILE, read_run_info, run_train_config
+
+    if out.exists():
+        raise FileExistsError(f"out: {out} already exists; choose a new folder")
+    for name, v in (("calib_tokens", calib_tokens), ("batch_size", batch_size)):
+        if v < 1:
+            raise InvalidValueError(f"{name}: must be >= 1, got {v}")
+    grid = parse_grid(grid_text)
+    if grid is not None and lowrank != "tileq":
+        raise InvalidValueError(f"grid: only used with --lowrank tileq, got --lowrank {lowrank}")
+    model, tokenizer = load_run(run)
+    if is_quantized(model):
+        raise InvalidValueError(f"run: {run} is already quantized; quantize the full-precision run")
+    layers = moe_layers(model)
+    if not layers:
+        raise InvalidValueError(f"run: {run} has no MoE layer to quantize")
+    if lowrank == "tileq" and grid is None:
+        grid = square_grid(layers[0].config.router.num_experts)
+    spec = QuantSpec(
+        method=method, bits=bits, group_size=group_size, symmetric=symmetric,
+        act_order=act_order and method == "gptq", lowrank=lowrank,
+        rank=0 if lowrank == "none" else rank, grid=grid,
+    )  # fmt: skip
+    cfg = QuantizeConfig(
+        spec=spec, damp=damp, min_tokens=min_tokens, sweeps=sweeps, seed=seed,
+        sequential=sequential, target=lowrank_target, weighting=weighting,
+    )  # fmt: skip
+    for layer in layers:
+        ex = layer.config.experts
+        spec.check_model(layer.config.router.num_experts, (ex.hidden_size, ex.ffn_hidden_size))
+    has_run = run.is_dir() and (run / RUN_FILE).exists()
+    S = seq_len or (run_train_config(run).seq_len if has_run else 256)
+    if S < 1:
+        raise InvalidValueError(f"seq_len: must be >= 1, got {S}")
+    S = min(S, model.cfg.max_seq_len)
+    streams = domain_streams(calibration_documents(calib_data, run_data(run)), tokenizer)
+    calib = calibration_set(
+        streams, tokens=calib_tokens, seq_len=S, batch_size=batch_size, seed=seed
+    )
+    with TokenProgress("calibrating", calib.n_tokens) as bar:
+        result = quantize_model(
+            model, calib, cfg, on_batch=bar,
+            on_pass=lambda label: bar.start_pass(label, calib.n_tokens),
+        )  # fmt: skip
+    report = result.to_dict()
+    report.update(
+        source=str(run),
+        calibration={"data": calib_data or "held-out documents of the run's training data",
+                     "tokens": calib.n_tokens, "seq_len": S, "seed": seed,
+                     "sequential": sequential, "domains": list(calib.domain_names)},
+        lowrank_target=lowrank_target,
+        weighting=weighting,
+    )  # fmt: skip
+    _write(out, model, tokenizer, report, read_run_info(run) if has_run else None)
+    return report, _table(run, report)
+
+
+def _write(out: Path, model, tokenizer, report: dict, run_info: dict | None) -> None:
+    from moelab.models import save_model
+    from moelab.utils.atomic import atomic_write_json, write_folder_atomically
+
+    def fill(tmp: Path) -> None:
+        save_model(model, tmp)
+        tokenizer.save(tmp)
+        if run_info is not None:
+            atomic_write_json(tmp / "run.json", run_info)
+        atomic_write_json(tmp / QUANTIZE_FILE, report)
+
+    write_folder_atomically(out, fill)
+
+
+def _table(run: Path, report: dict) -> Table:
+    s = report["spec"]
+    lr = "" if s["lowrank"] == "none" else f", {s['lowrank']} rank {s['rank']}"
+    table = Table(title=f"{run}: {s['method']} {s['bits']}-bit, group {s['group_size']}{lr}")
+    projs = list(report["layers"][0]["quant_error"])
+    cols = ["layer", "tokens min/max", "under-cal", *[f"err {p}" for p in projs]]
+    if s["lowrank"] != "none":
+        cols += [f"+LR {p}" for p in projs]
+    cols += ["bits/param"]
+    for c in cols:
+        table.add_column(c, justify="right")
+    for r in report["layers"]:
+        row = [str(r["layer"]), f"{min(r['tokens'])}/{max(r['tokens'])}",
+               ",".join(map(str, r["under_calibrated"])) or "-",
+               *[f"{r['quant_error'][p]:.4f}" for p in projs]]  # fmt: skip
+        if s["lowrank"] != "none":
+            row += [f"{r['lowrank_error'][p]:.4f}" for p in projs]
+        row.append(f"{r['bits_per_param']:.3f}")
+        table.add_row(*row)
+    return table

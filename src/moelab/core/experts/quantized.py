@@ -1,0 +1,446 @@
+"""A quantized expert bank: the Experts seam computed from bit-packed integer codes.
+
+Each projection (gate, up, down for SwiGLU; up, down for GELU) of all E experts is one
+:class:`QuantizedProjection`: packed codes, group-wise float16 scales, optional zero points and
+act-order group indices (format in :mod:`moelab.core.experts.qformat`), plus an optional
+:class:`~moelab.core.experts.lowrank.LowRankFactors` correction of the quantization error.
+The bank dequantizes on the fly (every forward; nothing dense is kept) and adds the
+low-rank corrections with the fused path: per row for gate/up (the activation follows them),
+and for the down projection — which is linear and followed by the weighted combine — either
+per row (:meth:`QuantizedExpertBank.forward`, the plain Experts interface) or accumulated per
+token with the routing weights (:meth:`QuantizedExpertBank.forward_combined`, what
+:class:`~moelab.core.layer.MoELayer` calls), TileQ's single-pass form.
+
+The bank's tensors are buffers named ``{proj}.codes``, ``{proj}.scales``, ``{proj}.zeros``,
+``{proj}.g_idx`` and ``{proj}.lowrank.{U,V,S,row_of,col_of}``, so a model holding it saves and
+loads with its ordinary state dict; :meth:`QuantizedExpertBank.empty` builds the buffers of
+the right shapes from a :class:`QuantSpec` for loading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import Tensor, nn
+
+from moelab.core.config import GATED_ACTIVATIONS, ExpertsConfig
+from moelab.core.experts.bank import ExpertBank
+from moelab.core.experts.grouped_mm import grouped_mm
+from moelab.core.experts.lowrank import SCHEMES, LowRankFactors, expert_of_rows
+from moelab.core.experts.qformat import (
+    check_bits,
+    dequantize,
+    pack_codes,
+    packed_size,
+    unpack_codes,
+)
+from moelab.errors import InvalidValueError
+
+LOWRANK_CHOICES = ("none", *SCHEMES)
+FLOAT_BYTES = 2  # scales and low-rank factors are stored as float16
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """How the experts of a model were quantized (stored in the folder's config).
+
+    Attributes:
+        method: ``"rtn"`` or ``"gptq"`` (informational; the format is the same).
+        bits: 2, 3, 4 or 8.
+        group_size: input columns per scale; must divide every projection's input width.
+        symmetric: implicit zero point ``2^(bits−1)`` (no zeros stored) when True.
+        act_order: GPTQ act-order groups (a ``g_idx`` per expert is stored).
+        lowrank: ``"none"``, ``"per-expert"``, ``"shared-1d"`` or ``"tileq"``.
+        rank: r of the low-rank correction (0 with ``lowrank="none"``).
+        grid: ``(M, N)`` TileQ grid, ``M·N = E`` (tileq only).
+    Raises:
+        ValueError: any field out of range, naming it.
+    """
+
+    method: str = "gptq"
+    bits: int = 4
+    group_size: int = 64
+    symmetric: bool = False
+    act_order: bool = False
+    lowrank: str = "none"
+    rank: int = 0
+    grid: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        check_bits(self.bits)
+        if self.method not in ("rtn", "gptq"):
+            raise InvalidValueError(f"method: must be rtn or gptq, got {self.method!r}")
+        if not isinstance(self.group_size, int) or self.group_size < 1:
+            raise InvalidValueError(f"group_size: must be an int >= 1, got {self.group_size!r}")
+        if self.lowrank not in LOWRANK_CHOICES:
+            raise InvalidValueError(
+                f"lowrank: must be one of {LOWRANK_CHOICES}, got {self.lowrank!r}"
+            )
+        if self.lowrank == "none":
+            if self.rank != 0:
+                raise InvalidValueError(
+                    f"rank: must be 0 without low-rank compensation, got {self.rank}"
+                )
+        elif not isinstance(self.rank, int) or self.rank < 1:
+            raise InvalidValueError(f"rank: must be an int >= 1, got {self.rank!r}")
+        if (self.lowrank == "tileq") != (self.grid is not None):
+            raise InvalidValueError("grid: set exactly when lowrank='tileq'")
+        if self.grid is not None:
+            g = tuple(self.grid)
+            if len(g) != 2 or any(not isinstance(v, int) or v < 1 for v in g):
+                raise InvalidValueError(f"grid: must be two ints >= 1 (M, N), got {self.grid!r}")
+            object.__setattr__(self, "grid", g)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["grid"] = list(self.grid) if self.grid is not None else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> QuantSpec:
+        d = dict(d)
+        if d.get("grid") is not None:
+            d["grid"] = tuple(d["grid"])
+        unknown = set(d) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise InvalidValueError(f"quantization: unknown field(s) {sorted(unknown)}")
+        return cls(**d)
+
+    def check_model(self, num_experts: int, widths: tuple[int, ...]) -> None:
+        """Raise ``ValueError`` when the spec does not fit E experts with input/output
+        widths ``widths`` (group size must divide every input width; the rank must not exceed
+        any matrix side; the grid must factor E)."""
+        for w in widths:
+            if w % self.group_size:
+                raise InvalidValueError(
+                    f"group_size: {self.group_size} does not divide the projection width {w}"
+                )
+            if self.rank > w:
+                raise InvalidValueError(f"rank: {self.rank} exceeds the matrix side {w}")
+        if self.grid is not None and self.grid[0] * self.grid[1] != num_experts:
+            M, N = self.grid
+            raise InvalidValueError(f"grid: {M}x{N} does not factor the {num_experts} experts")
+
+
+def _empty_factors(spec: QuantSpec, K: int, d_out: int, d_in: int) -> LowRankFactors | None:
+    r = spec.rank
+    if spec.lowrank == "none":
+        return None
+    ar = torch.arange(K)
+    if spec.lowrank == "per-expert":
+        return LowRankFactors(
+            "per-expert", torch.zeros(K, d_out, r), torch.zeros(K, d_in, r), ar, ar
+        )
+    if spec.lowrank == "shared-1d":
+        return LowRankFactors(
+            "shared-1d",
+            torch.zeros(K, d_out, r),
+            torch.zeros(1, d_in, r),
+            ar,
+            torch.zeros(K, dtype=torch.long),
+        )
+    M, N = spec.grid
+    return LowRankFactors(
+        "tileq",
+        torch.zeros(M, d_out, r),
+        torch.zeros(N, d_in, r),
+        ar // N,
+        ar % N,
+        torch.zeros(K, r, r),
+    )
+
+
+class QuantizedProjection(nn.Module):
+    """One projection of E experts, ``W_e [O, I]`` as packed codes + scales (+ low rank).
+
+    Buffers: ``codes`` uint8 packed ``[packed_size(E·O·I, bits)]``; ``scales`` ``[E, O, G]``
+    float16 bit patterns held as int16 (so casting the model's dtype never rounds them; read
+    them with :attr:`scale_values`);
+    ``zeros`` uint8 packed ``[packed_size(E·O·G, bits)]`` (asymmetric only); ``g_idx``
+    int16 ``[E, I]`` (act-order only); submodule ``lowrank`` (optional).
+    """
+
+    def __init__(self, num_experts: int, out_features: int, in_features: int, spec: QuantSpec):
+        super().__init__()
+        E, d_out, d_in = num_experts, out_features, in_features
+        spec.check_model(E, (d_in,))
+        self.spec = spec
+        self.shape = (E, d_out, d_in)
+        G = d_in // spec.group_size
+        self.register_buffer(
+            "codes", torch.zeros(packed_size(E * d_out * d_in, spec.bits), dtype=torch.uint8)
+        )
+        self.register_buffer(
+            "scales", torch.ones(E, d_out, G, dtype=torch.float16).view(torch.int16)
+        )
+        zeros = (
+            None
+            if spec.symmetric
+            else torch.zeros(packed_size(E * d_out * G, spec.bits), dtype=torch.uint8)
+        )
+        self.register_buffer("zeros", zeros)
+        g_idx = torch.zeros(E, d_in, dtype=torch.int16) if spec.act_order else None
+        self.register_buffer("g_idx", g_idx)
+        self.lowrank = _empty_factors(spec, E, d_out, d_in)
+
+    @classmethod
+    def from_codes(
+        cls,
+        spec: QuantSpec,
+        codes: Tensor,
+        scales: Tensor,
+        zeros: Tensor | None,
+        g_idx: Tensor | None,
+        lowrank: LowRankFactors | None,
+    ) -> QuantizedProjection:
+        """Pack ``codes [E, O, I]`` (int, in range), ``scales [E, O, G]``, ``zeros [E, O, G]``
+        (asymmetric), ``g_idx [E, I]`` (act-order) and the factors into a projection.
+
+        Raises:
+            ValueError: shapes or presence of zeros/g_idx/factors disagree with ``spec``.
+        """
+        proj = cls(*codes.shape, spec)
+        if scales.shape != proj.scales.shape:
+            raise InvalidValueError(
+                f"scales: expected {tuple(proj.scales.shape)}, got {tuple(scales.shape)}"
+            )
+        if (zeros is None) != spec.symmetric or (g_idx is None) == spec.act_order:
+            raise InvalidValueError(
+                "zeros/g_idx: must be given exactly for asymmetric / act-order specs"
+            )
+        if (lowrank is None) != (spec.lowrank == "none"):
+            raise InvalidValueError(
+                "lowrank: factors must be given exactly when spec.lowrank != 'none'"
+            )
+        proj.codes = pack_codes(codes, spec.bits)
+        proj.scales = scales.to(torch.float16).view(torch.int16)
+        if zeros is not None:
+            proj.zeros = pack_codes(zeros, spec.bits)
+        if g_idx is not None:
+            proj.g_idx = g_idx.to(torch.int16)
+        if lowrank is not None:
+            want = proj.lowrank
+            if lowrank.U.shape != want.U.shape or lowrank.V.shape != want.V.shape:
+                raise InvalidValueError(
+                    f"lowrank: factor shapes {tuple(lowrank.U.shape)}, {tuple(lowrank.V.shape)} do "
+                    f"not match the spec's {tuple(want.U.shape)}, {tuple(want.V.shape)}"
+                )
+            for name in ("U", "V", "S"):  # stored as float16: round now so memory == disk
+                t = getattr(lowrank, name)
+                if t is not None:
+                    setattr(lowrank, name, t.to(torch.float16).to(t.dtype))
+            proj.lowrank = lowrank
+        return proj
+
+    @property
+    def scale_values(self) -> Tensor:
+        """``[E, O, G]`` float16 scales."""
+        return self.scales.view(torch.float16)
+
+    def unpacked_codes(self) -> Tensor:
+        """``[E, O, I]`` int64 codes."""
+        return unpack_codes(self.codes, self.spec.bits, self.shape)
+
+    def unpacked_zeros(self) -> Tensor | None:
+        if self.zeros is None:
+            return None
+        return unpack_codes(self.zeros, self.spec.bits, self.scales.shape)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        """``[E, O, I]`` dequantized weights (without the low-rank correction)."""
+        return dequantize(
+            self.unpacked_codes(), self.scale_values, self.unpacked_zeros(), self.spec.bits,
+            self.spec.group_size, self.g_idx, dtype,
+        )  # fmt: skip
+
+    def weight(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        """``[E, O, I]`` effective weights: dequantized plus the low-rank correction."""
+        w = self.dequantize(dtype)
+        if self.lowrank is not None:
+            w = w + self.lowrank.dense().to(dtype)
+        return w
+
+    def storage_bytes(self) -> dict[str, int]:
+        """Bytes as stored: ``codes``, ``scales`` (fp16), ``zeros``, ``g_idx`` (int16) and
+        ``lowrank`` (fp16 factors; the int64 grid map is metadata and not counted)."""
+        return {
+            "codes": self.codes.numel(),
+            "scales": self.scales.numel() * FLOAT_BYTES,
+            "zeros": self.zeros.numel() if self.zeros is not None else 0,
+            "g_idx": self.g_idx.numel() * 2 if self.g_idx is not None else 0,
+            "lowrank": self.lowrank.extra_params() * FLOAT_BYTES if self.lowrank is not None else 0,
+        }
+
+
+class QuantizedExpertBank(nn.Module):
+    """Drop-in :class:`~moelab.core.experts.ExpertBank` computed from quantized projections.
+
+    Same forward contract: ``x_ND [N, D]`` rows sorted by expert, ``counts [E]`` → ``[N, D]``
+    (plus ``[N, F]`` activations with ``return_activations``). ``w_in``/``w_down`` give the
+    effective dense weights in the bank layout (``[E, D, 2F]`` / ``[E, F, D]``) for readers
+    such as the analysis (computed on demand, not stored). Every activation of
+    :class:`ExpertBank` is supported (gated ones have gate/up/down projections, the others
+    up/down); expert biases (``config.bias``) stay in full precision as buffers ``b_in``
+    ``[E, width]`` and ``b_down`` ``[E, D]``.
+
+    Raises:
+        ValueError: ``config.lora_rank`` is set (merge the adapters first).
+    """
+
+    def __init__(
+        self, config: ExpertsConfig, num_experts: int, spec: QuantSpec, backend: str = "auto"
+    ):
+        super().__init__()
+        if config.lora_rank:
+            raise InvalidValueError(
+                "model: the experts carry LoRA adapters; merge them first (moelab merge-lora)"
+            )
+        self.config = config
+        self.num_experts = num_experts
+        self.spec = spec
+        self.backend = backend
+        D, Fh = config.hidden_size, config.ffn_hidden_size
+        gated = config.activation in GATED_ACTIVATIONS
+        names = ("gate", "up", "down") if gated else ("up", "down")
+        width = 2 * Fh if gated else Fh
+        self.register_buffer("b_in", torch.zeros(num_experts, width) if config.bias else None)
+        self.register_buffer("b_down", torch.zeros(num_experts, D) if config.bias else None)
+        self.proj_names = names
+        self.projections = nn.ModuleDict(
+            {
+                n: QuantizedProjection(
+                    num_experts, D if n == "down" else Fh, Fh if n == "down" else D, spec
+                )
+                for n in names
+            }
+        )
+
+    @classmethod
+    def empty(cls, config: ExpertsConfig, num_experts: int, spec: QuantSpec) -> QuantizedExpertBank:
+        """A bank with zero-filled buffers of the right shapes (fill with ``load_state_dict``)."""
+        return cls(config, num_experts, spec)
+
+    @classmethod
+    def from_projections(
+        cls,
+        config: ExpertsConfig,
+        num_experts: int,
+        spec: QuantSpec,
+        projections: dict[str, QuantizedProjection],
+        biases: tuple[Tensor, Tensor] | None = None,
+    ) -> QuantizedExpertBank:
+        bank = cls(config, num_experts, spec)
+        if (biases is not None) != bool(config.bias):
+            raise InvalidValueError("biases: give (b_in, b_down) exactly when config.bias is set")
+        if biases is not None:
+            bank.b_in, bank.b_down = (b.detach().clone() for b in biases)
+        if set(projections) != set(bank.proj_names):
+            raise InvalidValueError(
+                f"projections: expected {bank.proj_names}, got {sorted(projections)}"
+            )
+        for name, p in projections.items():
+            if p.shape != bank.projections[name].shape:
+                raise InvalidValueError(
+                    f"projections[{name!r}]: shape {p.shape}, expected {bank.projections[name].shape}"
+                )
+            bank.projections[name] = p
+        return bank
+
+    activation = ExpertBank.activation
+
+    @property
+    def _dtype(self) -> torch.dtype:
+        """The compute dtype: the low-rank factors' if any (they follow model casts), else
+        float32."""
+        for p in self.projections.values():
+            if p.lowrank is not None:
+                return p.lowrank.U.dtype
+        return torch.float32
+
+    def _w_in(self, dtype: torch.dtype, effective: bool) -> Tensor:
+        get = (lambda p: p.weight(dtype)) if effective else (lambda p: p.dequantize(dtype))
+        ws = [get(self.projections[n]) for n in self.proj_names[:-1]]
+        return torch.cat(ws, dim=1).transpose(1, 2).contiguous()
+
+    @property
+    def w_in(self) -> Tensor:
+        """Effective input projection ``[E, D, 2F]`` (swiglu) or ``[E, D, F]``."""
+        return self._w_in(self._dtype, True)
+
+    @property
+    def w_down(self) -> Tensor:
+        """Effective down projection ``[E, F, D]``."""
+        return self.projections["down"].weight(self._dtype).transpose(1, 2).contiguous()
+
+    def _compute(
+        self, x_ND: Tensor, counts: Tensor, down_lowrank: bool
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        dt = x_ND.dtype
+        experts = expert_of_rows(counts)
+        h = grouped_mm(x_ND, self._w_in(dt, False), counts, self.backend)
+        corr = [
+            self.projections[n].lowrank.apply_rows(x_ND, experts)
+            for n in self.proj_names[:-1]
+            if self.projections[n].lowrank is not None
+        ]
+        if corr:
+            h = h + torch.cat(corr, dim=-1)
+        if self.b_in is not None:
+            h = h + self.b_in.to(dt)[experts]
+        a = self.activation(h)
+        down = self.projections["down"]
+        y = grouped_mm(a, down.dequantize(dt).transpose(1, 2).contiguous(), counts, self.backend)
+        if self.b_down is not None:
+            y = y + self.b_down.to(dt)[experts]
+        if down_lowrank and down.lowrank is not None:
+            y = y + down.lowrank.apply_rows(a, experts)
+        return y, a, experts
+
+    def forward(self, x_ND: Tensor, counts: Tensor, return_activations: bool = False):
+        """Expert outputs ``[N, D]`` for rows sorted by expert (see :class:`ExpertBank`)."""
+        y, a, _ = self._compute(x_ND, counts, down_lowrank=True)
+        return (y, a) if return_activations else y
+
+    def forward_combined(self, d, num_tokens: int, combine: Callable) -> Tensor:
+        """Experts plus combine in one: ``combine(expert rows)`` plus the down projection's
+        low-rank correction accumulated per token with the routing weights (fused path).
+
+        Args:
+            d: the dispatcher's :class:`~moelab.core.dispatch.Dispatched` rows.
+            num_tokens: T.
+            combine: ``combine(y_ND, d, T) -> [T, D]`` (the dispatcher's).
+        Returns:
+            ``[T, D]`` float32 (float64 for float64 inputs).
+        """
+        y_rows, a, experts = self._compute(d.x, d.counts, down_lowrank=False)
+        y = combine(y_rows, d, num_tokens)
+        lr = self.projections["down"].lowrank
+        if lr is None:
+            return y
+        w = d.weight if d.weight is not None else d.pair_weight[d.order]
+        return y + lr.apply_tokens(a, experts, d.token_idx, w, num_tokens).to(y.dtype)
+
+    def expert_output(self, x_TD: Tensor, expert: int) -> Tensor:
+        """Output of one expert on all tokens ``[T, D]`` (effective weights)."""
+        dt = x_TD.dtype
+        w_in = self._w_in(dt, True)[expert]
+        w_down = self.projections["down"].weight(dt)[expert].T
+        h = x_TD @ w_in
+        if self.b_in is not None:
+            h = h + self.b_in[expert].to(dt)
+        y = self.activation(h) @ w_down
+        return y + self.b_down[expert].to(dt) if self.b_down is not None else y
+
+    def storage_bytes(self) -> dict[str, int]:
+        """Stored bytes per component summed over projections (see QuantizedProjection)."""
+        total: dict[str, int] = {}
+        for p in self.projections.values():
+            for k, v in p.storage_bytes().items():
+                total[k] = total.get(k, 0) + v
+        return total
+
+    def num_weights(self) -> int:
+        """Expert weight entries represented (``Σ_proj E·O·I``)."""
+        return sum(p.shape[0] * p.shape[1] * p.shape[2] for p in self.projections.values())

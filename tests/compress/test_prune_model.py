@@ -1,0 +1,217 @@
+"""Pruned models: layer equivalence, per-layer expert counts, save/load, export, NAEE, pipeline."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import torch
+
+from moelab.compress.calibration import route
+from moelab.compress.prune import apply_pruning, build_criterion, prune_experts, prune_layer
+from moelab.compress.prune.criteria import SubsetErrors
+from moelab.core.layer import MoELayer
+from moelab.interop.errors import UnsupportedConfigError
+from moelab.interop.hf import hf_state
+from moelab.models import ModelConfig, MoETransformer, load_model, save_model
+from moelab.models.hooks import moe_layers
+
+
+def _masked_reference(layer: MoELayer, x, removed):
+    """The unpruned layer with the removed experts' router logits set to -inf (and their
+    selection bias, which would otherwise still make them selectable)."""
+    original = layer.router.logits
+    bias = layer.router.expert_bias
+    if bias is not None:
+        layer.router.expert_bias = bias.clone().index_fill_(0, torch.tensor(removed), -torch.inf)
+
+    def masked(x_TD):
+        out = original(x_TD).clone()
+        out[:, removed] = float("-inf")
+        return out
+
+    layer.router.logits = masked
+    try:
+        return layer(x).hidden_states
+    finally:
+        del layer.router.logits
+        layer.router.expert_bias = bias
+
+
+ROUTERS = [
+    {},
+    {"norm_topk_prob": False},
+    {"softmax_before_topk": False},
+    {"score_func": "sigmoid", "routed_scaling_factor": 2.5},
+    {"expert_bias": True},
+    {"shared_expert_size": 8, "k": 3},
+]
+
+
+@pytest.mark.parametrize("router", ROUTERS)
+def test_pruned_layer_equals_unpruned_with_removed_logits_at_minus_inf(make_model, router):
+    model = make_model(E=6, **router)
+    layer = moe_layers(model)[0]
+    if layer.router.expert_bias is not None:
+        layer.router.expert_bias.copy_(torch.linspace(-0.3, 0.4, 6))
+    x = torch.randn(2, 7, 16, dtype=torch.float64)
+    keep = [0, 2, 3, 5]
+    pruned = prune_layer(layer, keep)
+    assert pruned.experts.num_experts == 4 and pruned.router.weight.shape == (4, 16)
+    assert torch.equal(pruned.router.weight, layer.router.weight[keep])
+    assert torch.equal(pruned.experts.w_down, layer.experts.w_down[keep])
+    if layer.router.expert_bias is not None:
+        assert torch.equal(pruned.router.expert_bias, layer.router.expert_bias[keep])
+    if layer.shared_expert is not None:
+        assert torch.equal(pruned.shared_expert.w_down, layer.shared_expert.w_down)
+    ref = _masked_reference(layer, x, [1, 4])
+    torch.testing.assert_close(pruned(x).hidden_states, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_top_k_is_clamped_to_the_experts_left(make_model):
+    layer = moe_layers(make_model(E=6, k=3))[0]
+    pruned = prune_layer(layer, [1, 4])
+    assert pruned.config.router.top_k == 2
+    x = torch.randn(5, 16, dtype=torch.float64)
+    ref = _masked_reference(layer, x, [0, 2, 3, 5])
+    torch.testing.assert_close(pruned(x).hidden_states, ref)
+    for bad in ([], [0, 0], [6], [-1]):
+        with pytest.raises(ValueError, match="keep"):
+            prune_layer(layer, bad)
+
+
+def test_per_layer_counts_save_reload_identical(make_model, make_batches, tmp_path):
+    model = make_model(E=6, layers=3)
+    pruned = apply_pruning(model, [[0, 1, 2, 3, 4], None, [1, 5]])
+    assert pruned.cfg.experts_per_layer == (5, 6, 2)
+    assert [m.experts.num_experts for m in moe_layers(model)] == [6, 6, 6]  # not modified
+    save_model(pruned, tmp_path / "p")
+    saved = json.loads((tmp_path / "p" / "config.json").read_text())
+    assert saved["model"]["experts_per_layer"] == [5, 6, 2]
+    again = load_model(tmp_path / "p")
+    assert {k: v.shape for k, v in again.state_dict().items()} == {
+        k: v.shape for k, v in pruned.state_dict().items()
+    }
+    assert again.blocks[2].ffn.experts.w_down.shape == (2, 12, 16)
+    assert again.blocks[2].ffn.config.router.top_k == 2
+    ids = make_batches(n=1)[0]
+    assert torch.equal(again(ids).logits, pruned(ids).logits)
+    assert not torch.equal(model(ids).logits, pruned(ids).logits)
+
+
+def test_uniform_counts_give_a_plain_config_that_exports(make_model):
+    model = make_model(E=6).float()
+    pruned = apply_pruning(model, [[0, 1, 2, 3], [2, 3, 4, 5]])
+    assert pruned.cfg.experts_per_layer is None and pruned.cfg.moe.router.num_experts == 4
+    hf, _, _ = hf_state(pruned, "mixtral")
+    assert hf["num_local_experts"] == 4
+    uneven = apply_pruning(model, [[0, 1, 2, 3], [2, 3]])
+    with pytest.raises(UnsupportedConfigError, match="layer 1 has 2"):
+        hf_state(uneven, "mixtral")
+
+
+def test_older_config_without_per_layer_counts_still_loads_and_bad_counts_are_refused():
+    d = ModelConfig.tiny().to_dict()
+    d.pop("experts_per_layer")
+    cfg = ModelConfig.from_dict(d)
+    assert cfg.experts_per_layer is None and cfg.moe_config(0) is cfg.moe
+    for bad in ((4,), (4, 0), (4, 2.0)):
+        with pytest.raises(ValueError, match="experts_per_layer"):
+            ModelConfig.tiny(experts_per_layer=bad)
+    with pytest.raises(ValueError, match="experts_per_layer"):
+        ModelConfig(vocab_size=8, d_model=8, n_heads=2, moe=None, experts_per_layer=(2, 2))
+    cfg = ModelConfig.tiny(num_experts=4, top_k=2, experts_per_layer=[1, 3])
+    assert cfg.experts_per_layer == (1, 3) and cfg.moe_config(0).router.top_k == 1
+    assert MoETransformer(cfg).blocks[1].ffn.experts.num_experts == 3
+
+
+@pytest.mark.parametrize("router", [{}, {"expert_bias": True}, {"norm_topk_prob": False}])
+def test_naee_streaming_loss_equals_brute_force_over_pruned_layers(
+    make_model, make_batches, router
+):
+    model = make_model(E=5, k=2, **router)
+    layer = moe_layers(model)[0]
+    if layer.router.expert_bias is not None:
+        layer.router.expert_bias.copy_(torch.tensor([0.2, -0.1, 0.0, 0.3, -0.2]))
+    batches = make_batches(n=3)
+    acc = SubsetErrors(layer, 3)
+    inputs = []
+
+    def observe(i, lay, x, out):
+        if i == 0:
+            acc.update(lay, x, out)
+            inputs.append((x, out.hidden_states))
+
+    route(model, batches, observe)
+    assert len(acc.dropped) == 10
+    for c, dropped in enumerate(itertools.combinations(range(5), 2)):
+        pruned = prune_layer(layer, [e for e in range(5) if e not in dropped])
+        with torch.no_grad():
+            ref = sum(float((z - pruned(x).hidden_states).norm()) for x, z in inputs)
+        assert float(acc.loss[c]) == pytest.approx(ref, rel=1e-9, abs=1e-9)
+    sel = build_criterion("naee").select(acc, 3)
+    best = min(range(10), key=lambda c: float(acc.loss[c]))
+    assert sel.keep == [e for e in range(5) if e not in acc.dropped[best]]
+
+
+@pytest.mark.parametrize("method", ["frequency", "soft-frequency", "reap", "naee", "ragep"])
+@pytest.mark.parametrize("per_layer", ["uniform", "rank"])
+def test_pipeline_prunes_to_the_budget(make_model, make_batches, method, per_layer):
+    model = make_model(E=6, layers=3)
+    crit = build_criterion(method, **({"pca_rank": 2} if method == "ragep" else {}))
+    res = prune_experts(model, make_batches(n=3), crit, 0.5, per_layer=per_layer)
+    counts = [m.experts.num_experts for m in moe_layers(res.model)]
+    assert sum(counts) == res.budget == 9 and all(c >= 2 for c in counts)
+    assert [r.kept for r in res.layers] == counts
+    if per_layer == "uniform":
+        assert counts == [3, 3, 3]
+    assert all(r.effective_rank > 1 for r in res.layers)
+    ids = make_batches(n=1)[0]
+    assert res.model(ids).logits.shape == (2, 8, 37)
+    d = res.to_dict()
+    assert d["budget"] == 9 and len(d["layers"]) == 3 and json.dumps(d)
+
+
+def test_frequency_keeps_the_most_routed_experts(make_model, make_batches):
+    model = make_model(E=6, layers=1)
+    counts = torch.zeros(6, dtype=torch.int64)
+
+    def observe(i, layer, x, out):
+        counts.add_(torch.bincount(out.plan.expert_idx, minlength=6))
+
+    batches = make_batches(n=3)
+    route(model, batches, observe)
+    res = prune_experts(model, batches, build_criterion("frequency"), 3)
+    assert res.layers[0].keep == sorted(torch.argsort(-counts, stable=True)[:3].tolist())
+    assert res.layers[0].scores == counts.double().tolist()
+
+
+def test_ragep_scores_later_layers_on_the_already_pruned_model(make_model, make_batches):
+    model = make_model(E=6, layers=2)
+    batches = make_batches(n=3)
+    crit = build_criterion("ragep", pca_rank=2, beta=0.5)
+    res = prune_experts(model, batches, crit, 6, per_layer="uniform")
+    first = apply_pruning(model, [res.layers[0].keep, None])
+    acc = crit.accumulator(moe_layers(first)[1], 3)
+    route(first, batches, lambda i, lay, x, out: acc.update(lay, x, out) if i == 1 else None)
+    assert crit.select(acc, 3).scores == pytest.approx(res.layers[1].scores)
+
+
+def test_bad_inputs_are_refused_before_any_work(make_model, make_batches):
+    model = make_model(E=6, layers=2)
+    crit = build_criterion("frequency")
+    b = make_batches(n=1)
+    for keep, msg in ((0.0, "keep"), (1.0, "keep"), (12, "keep"), (3, "below"), (0.3, "below")):
+        with pytest.raises(ValueError, match=msg):
+            prune_experts(model, b, crit, keep)
+    with pytest.raises(ValueError, match="per_layer"):
+        prune_experts(model, b, crit, 0.5, per_layer="nope")
+    with pytest.raises(ValueError, match="method"):
+        build_criterion("magic")
+    dense = MoETransformer(ModelConfig(vocab_size=37, d_model=8, n_heads=2, moe=None))
+    with pytest.raises(ValueError, match="dense"):
+        prune_experts(dense, b, crit, 0.5)
+    ec = make_model(E=6, kind="expert_choice")
+    with pytest.raises(ValueError, match="token-choice"):
+        prune_experts(ec, b, crit, 0.5)

@@ -1,0 +1,273 @@
+"""Quantizers, packing, Hessians, low-rank fits and the fused path (real values)."""
+
+# ruff: noqa: E741  (O and I are the output / input widths, as in the docstrings)
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from moelab.compress.quant import (
+    HessianAccumulator,
+    activation_whitening,
+    calibration_error,
+    fit_lowrank,
+    fit_tileq,
+    gptq_quantize,
+    lowrank_extra_params,
+    quantize_rtn,
+)
+from moelab.compress.quant.assignment import min_cost_assignment
+from moelab.compress.quant.bicluster import grid_assignment
+from moelab.core.experts.lowrank import LowRankFactors, expert_of_rows
+from moelab.core.experts.qformat import pack_codes, packed_size, unpack_codes
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 1001])
+def test_packing_round_trips_exactly(bits, n):
+    g = torch.Generator().manual_seed(bits * 1000 + n)
+    codes = torch.randint(0, 1 << bits, (n,), generator=g)
+    packed = pack_codes(codes, bits)
+    assert packed.dtype == torch.uint8 and packed.numel() == packed_size(n, bits)
+    assert packed.numel() == (n if bits == 8 else -(-n // 8) * bits)
+    assert torch.equal(unpack_codes(packed, bits, (n,)), codes)
+
+
+def test_packing_layout_is_little_endian_bits():
+    # codes 1,2,3,0,... at 2 bits: byte 0 = 1 | 2<<2 | 3<<4 | 0<<6 = 57
+    codes = torch.tensor([1, 2, 3, 0, 3, 3, 3, 3])
+    assert pack_codes(codes, 2).tolist() == [57, 255]
+    # 3 bits: 8 codes of 7 -> 24 one-bits
+    assert pack_codes(torch.full((8,), 7), 3).tolist() == [255, 255, 255]
+
+
+def test_packing_rejects_bad_input():
+    with pytest.raises(ValueError, match="bits"):
+        pack_codes(torch.zeros(8, dtype=torch.long), 5)
+    with pytest.raises(ValueError, match="values must be in"):
+        pack_codes(torch.tensor([4]), 2)
+    with pytest.raises(ValueError, match="packed"):
+        unpack_codes(torch.zeros(3, dtype=torch.uint8), 2, (16,))
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_rtn_error_within_half_a_step(bits, symmetric):
+    g = torch.Generator().manual_seed(bits)
+    W = torch.randn(3, 16, 64, generator=g) * torch.logspace(-3, 1, 64)
+    W[0, 0, :16] = 0.0  # an all-zero group
+    q = quantize_rtn(W, bits, 16, symmetric)
+    assert q.codes.min() >= 0 and q.codes.max() <= (1 << bits) - 1
+    step = q.scales.float().repeat_interleave(16, dim=-1)
+    err = (W - q.dequantize()).abs()
+    assert (err <= step / 2 + 1e-6 * W.abs() + 1e-7).all()
+    assert torch.equal(q.dequantize()[0, 0, :16], torch.zeros(16))
+
+
+def test_rtn_hand_computed():
+    # asymmetric 2 bits, range [0, 3] -> scale 1 (rounded up to fp16), zero 0
+    W = torch.tensor([[[0.0, 1.2, 2.6, 3.0]]])
+    q = quantize_rtn(W, 2, 4)
+    assert q.codes.tolist() == [[[0, 1, 3, 3]]]
+    assert q.zeros.tolist() == [[[0]]]
+    assert abs(float(q.scales) - 1.0) < 2e-3
+
+
+def _calib(E=3, I=48, n=200, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mix = torch.randn(I, I, generator=g) / I**0.5 + torch.eye(I)
+    X = torch.randn(E, n, I, generator=g) @ mix
+    X[..., :4] *= 5  # a few strong features
+    return X, 2 * X.transpose(1, 2) @ X / n
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4])
+@pytest.mark.parametrize("act_order", [False, True])
+def test_gptq_calibration_error_not_above_rtn(bits, act_order):
+    _, H = _calib()
+    W = torch.randn(3, 32, 48, generator=torch.Generator().manual_seed(5))
+    q = gptq_quantize(W, H, bits, 16, act_order=act_order)
+    r = quantize_rtn(W, bits, 16)
+    eq, er = calibration_error(W, q.dequantize(), H), calibration_error(W, r.dequantize(), H)
+    assert (eq <= er).all()
+    assert float(eq.sum()) < 0.8 * float(er.sum())
+    if act_order:
+        assert q.g_idx is not None and q.g_idx.shape == (3, 48)
+        assert torch.equal(torch.bincount(q.g_idx[0], minlength=3), torch.tensor([16, 16, 16]))
+
+
+def test_gptq_first_column_is_rtn_and_identity_hessian_gives_rtn():
+    W = torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(1))
+    H = torch.eye(32).expand(2, 32, 32).clone()
+    # with H = I the error feedback is zero (H⁻¹ diagonal): GPTQ == RTN exactly
+    q = gptq_quantize(W, H, 3, 8, damp=0.01)
+    r = quantize_rtn(W, 3, 8)
+    assert torch.equal(q.codes, r.codes)
+
+
+def test_gptq_rejects_bad_arguments():
+    W, H = torch.zeros(1, 4, 8), torch.eye(8)[None]
+    with pytest.raises(ValueError, match="group_size"):
+        gptq_quantize(W, H, 4, 3)
+    with pytest.raises(ValueError, match="damp"):
+        gptq_quantize(W, H, 4, 8, damp=0)
+    with pytest.raises(ValueError, match="bits"):
+        gptq_quantize(W, H, 5, 8)
+
+
+def test_streamed_hessian_equals_stacked_including_one_token_batches():
+    g = torch.Generator().manual_seed(0)
+    E, I = 4, 6
+    acc = HessianAccumulator(E, I)
+    xs, es = [], []
+    # batches with one token, an empty expert, a single row for one expert
+    for counts in ([1, 0, 0, 0], [0, 0, 0, 1], [3, 0, 2, 1], [0, 1, 0, 0], [2, 2, 2, 2]):
+        c = torch.tensor(counts)
+        x = torch.randn(int(c.sum()), I, generator=g)
+        acc.add(x, c)
+        xs.append(x)
+        es.append(expert_of_rows(c))
+    x, e = torch.cat(xs).double(), torch.cat(es)
+    H = acc.hessians()
+    for k in range(E):
+        rows = x[e == k]
+        n = rows.shape[0]
+        assert int(acc.counts[k]) == n
+        torch.testing.assert_close(H[k], 2 * rows.T @ rows / n, rtol=1e-12, atol=1e-12)
+    assert int(acc.counts.sum()) == x.shape[0]
+    torch.testing.assert_close(acc.pooled(), 2 * x.T @ x / x.shape[0], rtol=1e-12, atol=1e-12)
+    empty = HessianAccumulator(2, 3)
+    empty.add(torch.zeros(0, 3), torch.zeros(2, dtype=torch.long))
+    assert torch.equal(empty.hessians(), torch.zeros(2, 3, 3))
+    with pytest.raises(ValueError, match="sum"):
+        acc.add(torch.zeros(2, I), torch.tensor([1, 0, 0, 0]))
+
+
+def test_hungarian_matches_brute_force():
+    g = torch.Generator().manual_seed(3)
+    for n in (1, 2, 4, 6):
+        for _ in range(5):
+            c = torch.randint(0, 4, (n, n), generator=g).double()
+            p = min_cost_assignment(c)
+            best = min(sum(c[i, q[i]] for i in range(n)) for q in itertools.permutations(range(n)))
+            assert sorted(p.tolist()) == list(range(n))
+            assert abs(float(sum(c[i, p[i]] for i in range(n))) - float(best)) < 1e-9
+
+
+def _planted(K=16, O=40, I=24, r=3, noise=0.05, seed=0):
+    """Experts whose errors share left factors by hidden row and right factors by column."""
+    g = torch.Generator().manual_seed(seed)
+    M = N = int(K**0.5)
+    Us = torch.linalg.qr(torch.randn(M, O, r, generator=g)).Q
+    Vs = torch.linalg.qr(torch.randn(N, I, r, generator=g)).Q
+    T = torch.stack([Us[e // N] @ torch.randn(r, r, generator=g) @ Vs[e % N].T for e in range(K)])
+    T = T + noise * torch.randn(K, O, I, generator=g)
+    perm = torch.randperm(K, generator=g)
+    return T[perm], perm
+
+
+def test_biclustering_recovers_a_planted_grid():
+    T, perm = _planted()
+    U, _, Vh = torch.linalg.svd(T, full_matrices=False)
+    row_of, col_of, _ = grid_assignment(U[:, :, :3], Vh[:, :3].transpose(1, 2), (4, 4))
+    hidden_row = perm // 4
+    hidden_col = perm % 4
+    # same hidden row <=> same assigned row (up to relabelling); likewise columns
+    assert torch.equal(hidden_row[:, None] == hidden_row, row_of[:, None] == row_of)
+    assert torch.equal(hidden_col[:, None] == hidden_col, col_of[:, None] == col_of)
+    assert torch.equal(torch.sort(row_of * 4 + col_of).values, torch.arange(16))
+
+
+def test_tileq_fits_a_planted_grid_and_refinement_does_not_hurt():
+    T, _ = _planted(noise=0.02)
+    d = torch.rand(24, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) + 0.5
+    _, c0 = fit_tileq(T, d, 3, (4, 4), sweeps=0)
+    f2, c2 = fit_tileq(T, d, 3, (4, 4), sweeps=2)
+    assert c2 >= c0 - 1e-9 and c2 > 0.95
+    res = ((T - f2.dense()) * d.float()).norm() / (T * d.float()).norm()
+    assert res < 0.2
+
+
+@pytest.mark.parametrize("scheme", ["per-expert", "shared-1d", "tileq"])
+def test_extra_memory_matches_formula(scheme):
+    K, O, I, r = 16, 40, 24, 4
+    T = torch.randn(K, O, I, generator=torch.Generator().manual_seed(0))
+    f = fit_lowrank(scheme, T, torch.ones(I, dtype=torch.float64), r, (4, 4))
+    formula = {
+        "per-expert": K * r * (I + O),
+        "shared-1d": r * I + K * r * O,
+        "tileq": 4 * r * O + 4 * r * I + K * r * r,
+    }[scheme]
+    assert f.extra_params() == formula == lowrank_extra_params(scheme, K, I, O, r, (4, 4))
+
+
+def test_per_expert_fit_is_the_weighted_truncated_svd():
+    T = torch.randn(2, 10, 6, generator=torch.Generator().manual_seed(0))
+    d = torch.linspace(0.5, 2, 6, dtype=torch.float64)
+    f = fit_lowrank("per-expert", T, d, 2)
+    for e in range(2):
+        A = T[e].double() * d
+        s = torch.linalg.svdvals(A)
+        got = ((T[e].double() - f.delta(e).double()) * d).norm()
+        assert abs(float(got) - float(s[2:].norm())) < 1e-4  # Eckart-Young optimum
+
+
+def test_full_whitening_fit_minimises_the_output_error():
+    g = torch.Generator().manual_seed(2)
+    X = (
+        torch.randn(300, 6, generator=g, dtype=torch.float64)
+        @ torch.randn(6, 6, generator=g).double()
+    )
+    H = X.T @ X / 300
+    S = activation_whitening(H, damp=0.01)
+    Hd = H + 0.01 * torch.diagonal(H).mean() * torch.eye(6, dtype=torch.float64)
+    torch.testing.assert_close(S @ S, Hd)
+    T = torch.randn(2, 10, 6, generator=g)
+    f = fit_lowrank("per-expert", T, S, 2)
+    for e in range(2):
+        s = torch.linalg.svdvals(T[e].double() @ S)
+        dW = T[e].double() - f.delta(e).double()
+        err = torch.sqrt(torch.trace(dW @ Hd @ dW.T))
+        assert abs(float(err) - float(s[2:].norm())) < 1e-4  # optimum of the output error
+
+
+@pytest.mark.parametrize("weighting", ["diag", "full"])
+@pytest.mark.parametrize("scheme", ["per-expert", "shared-1d", "tileq"])
+def test_fused_low_rank_path_equals_per_expert_reference(scheme, weighting):
+    g = torch.Generator().manual_seed(1)
+    K, O, I, r = 16, 20, 12, 3
+    T = torch.randn(K, O, I, generator=g)
+    if weighting == "diag":
+        d = torch.rand(I, generator=g).double() + 0.5
+    else:
+        X = torch.randn(50, I, generator=g, dtype=torch.float64)
+        d = activation_whitening(X.T @ X)
+    f = fit_lowrank(scheme, T, d, r, (4, 4))
+    counts = torch.tensor([3, 0, 1, 5, 2, 0, 0, 4, 1, 1, 7, 2, 0, 3, 1, 2])
+    x = torch.randn(int(counts.sum()), I, generator=g)
+    experts = expert_of_rows(counts)
+    ref = torch.stack([f.delta(int(e)) @ x[i] for i, e in enumerate(experts)])
+    for got in (f.apply_rows(x, experts), f.apply_loop(x, counts)):
+        assert float((got - ref).norm() / ref.norm()) <= 1e-5
+    # token form: routing-weighted accumulation per token
+    T_tok = 9
+    token_idx = torch.randint(0, T_tok, (x.shape[0],), generator=g)
+    w = torch.rand(x.shape[0], generator=g)
+    want = torch.zeros(T_tok, O).index_add(0, token_idx, w[:, None] * ref)
+    got = f.apply_tokens(x, experts, token_idx, w, T_tok)
+    assert float((got - want).norm() / want.norm()) <= 1e-5
+
+
+def test_factor_grid_validation():
+    U, V = torch.zeros(2, 4, 1), torch.zeros(2, 3, 1)
+    with pytest.raises(ValueError, match="share one grid cell"):
+        LowRankFactors(
+            "tileq", U, V, torch.tensor([0, 0]), torch.tensor([1, 1]), torch.zeros(2, 1, 1)
+        )
+    with pytest.raises(ValueError, match="grid"):
+        fit_tileq(torch.zeros(6, 4, 3), torch.ones(3, dtype=torch.float64), 1, (4, 4))
+    with pytest.raises(ValueError, match="rank"):
+        fit_lowrank("per-expert", torch.zeros(2, 4, 3), torch.ones(3, dtype=torch.float64), 4)
