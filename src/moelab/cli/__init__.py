@@ -12,6 +12,7 @@ from moelab.cli import (  # noqa: F401
     lora,
     prune,
     quantize,
+    serve,
     train,
     upcycle,
 )

@@ -99,18 +99,8 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFCheckpoint:
     """
     gguf = _import_gguf()
     path = Path(path)
-    if not path.is_file():
-        raise InvalidValueError(f"{path}: GGUF file not found")
-    try:
-        reader = gguf.GGUFReader(path)
-    except Exception as e:  # gguf raises ValueError/struct.error/... on bad files
-        raise InvalidValueError(f"{path}: not a readable GGUF file ({e})") from e
-    metadata: dict[str, Any] = {}
-    for key, fld in reader.fields.items():
-        try:
-            metadata[key] = fld.contents()
-        except Exception:  # exotic field types we do not need
-            continue
+    reader = _reader(path)
+    metadata = _metadata(reader)
     tensors: dict[str, np.ndarray] = {}
     types: dict[str, str] = {}
     for t in reader.tensors:
@@ -118,6 +108,35 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFCheckpoint:
         tensors[t.name] = np.ascontiguousarray(arr, dtype=np.float32)
         types[t.name] = t.tensor_type.name
     return GGUFCheckpoint(path=path, metadata=metadata, tensors=tensors, tensor_types=types)
+
+
+def read_gguf_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The metadata fields of a GGUF file (no tensor is dequantised).
+
+    Raises:
+        ImportError: no ``gguf`` package. ValueError: a missing or unreadable file.
+    """
+    return _metadata(_reader(Path(path)))
+
+
+def _reader(path: Path) -> Any:
+    gguf = _import_gguf()
+    if not path.is_file():
+        raise InvalidValueError(f"{path}: GGUF file not found")
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as e:  # gguf raises ValueError/struct.error/... on bad files
+        raise InvalidValueError(f"{path}: not a readable GGUF file ({e})") from e
+
+
+def _metadata(reader: Any) -> dict[str, Any]:
+    metadata: dict[str, Any] = {}
+    for key, fld in reader.fields.items():
+        try:
+            metadata[key] = fld.contents()
+        except Exception:  # exotic field types we do not need
+            continue
+    return metadata
 
 
 # ----------------------------------------------------------------------- RoPE rows

@@ -14,11 +14,13 @@ QK_NORMS = ("none", "head", "full")
 
 
 class KVCache:
-    """Preallocated keys/values of every layer for incremental decoding.
+    """Keys/values of every layer for incremental decoding, grown as positions are written.
 
     Attributes:
-        k, v: per layer ``[B, n_kv_heads, max_len, head_dim]`` (model dtype).
-        key_mask: ``[B, max_len]`` bool, True where the cached position is a real token
+        k, v: per layer ``[B, n_kv_heads, capacity, head_dim]`` (model dtype); ``capacity``
+            starts at ``min(max_len, initial_len)`` and doubles (capped at ``max_len``) when a
+            write needs more, so a short generation never pays for the full context.
+        key_mask: ``[B, capacity]`` bool, True where the cached position is a real token
             (padding given through ``mask`` stays masked out of later attention).
         length: number of positions filled (the next ``start_pos`` of plain decoding).
 
@@ -37,6 +39,7 @@ class KVCache:
         *,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        initial_len: int = 64,
     ) -> None:
         for name, v in (
             ("n_layers", n_layers),
@@ -44,13 +47,15 @@ class KVCache:
             ("n_kv_heads", n_kv_heads),
             ("max_len", max_len),
             ("head_dim", head_dim),
+            ("initial_len", initial_len),
         ):
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}: must be an int >= 1, got {v!r}")
-        shape = (batch_size, n_kv_heads, max_len, head_dim)
+        self._max_len = max_len
+        shape = (batch_size, n_kv_heads, min(max_len, initial_len), head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.key_mask = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)
+        self.key_mask = torch.zeros(batch_size, shape[2], dtype=torch.bool, device=device)
         self.length = 0
         # Per MoE layer: router state that later positions need (causal-prefix USMoE).
         self.routing_states: dict[int, PrefixState] = {}
@@ -61,11 +66,40 @@ class KVCache:
 
     @property
     def max_len(self) -> int:
+        """The most positions the cache may ever hold."""
+        return self._max_len
+
+    @property
+    def capacity(self) -> int:
+        """Positions allocated now (``<= max_len``)."""
         return self.key_mask.shape[1]
 
     @property
     def n_layers(self) -> int:
         return len(self.k)
+
+    def reserve(self, length: int) -> None:
+        """Grow the buffers to hold at least ``length`` positions (doubling, capped at
+        ``max_len``); cached contents are kept. Raises ``ValueError`` beyond ``max_len``."""
+        if length > self._max_len:
+            raise ValueError(
+                f"kv_cache: positions up to {length - 1} exceed its max_len={self._max_len}"
+            )
+        cap = self.capacity
+        if length <= cap:
+            return
+        new_cap = min(self._max_len, max(length, 2 * cap))
+
+        def grown(t: Tensor) -> Tensor:
+            out = t.new_zeros((*t.shape[:-2], new_cap, t.shape[-1]))
+            out[..., :cap, :] = t
+            return out
+
+        self.k = [grown(t) for t in self.k]
+        self.v = [grown(t) for t in self.v]
+        mask = self.key_mask.new_zeros(self.batch_size, new_cap)
+        mask[:, :cap] = self.key_mask
+        self.key_mask = mask
 
     def reset(self) -> None:
         """Forget every cached position (buffers are kept)."""
@@ -75,6 +109,11 @@ class KVCache:
 
     def check(self, batch_size: int, start_pos: int, num_new: int) -> None:
         """Raise ``ValueError`` unless ``num_new`` tokens can be written at ``start_pos``."""
+        if not isinstance(start_pos, int):
+            raise TypeError(
+                "start_pos: KVCache holds one position for the whole batch; per-row positions "
+                "need a slotted cache (moelab.serve.SlotKVCache)"
+            )
         if batch_size != self.batch_size:
             raise ValueError(f"kv_cache: built for batch_size={self.batch_size}, got {batch_size}")
         if start_pos > self.length:
@@ -91,6 +130,7 @@ class KVCache:
         """Record ``num_new`` new positions from ``start_pos`` (``mask [B, S]`` or None = all
         real) and return the key mask ``[B, start_pos+S]`` of everything attendable."""
         end = start_pos + num_new
+        self.reserve(end)
         if mask is None:
             self.key_mask[:, start_pos:end] = True
         else:
@@ -114,6 +154,7 @@ class KVCache:
         """Write ``k, v [B, Hkv, S, hd]`` at ``start_pos``; return all keys/values so far,
         ``[B, Hkv, start_pos+S, hd]``."""
         end = start_pos + k.shape[2]
+        self.reserve(end)
         self.k[layer][:, :, start_pos:end] = k
         self.v[layer][:, :, start_pos:end] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
@@ -175,7 +216,7 @@ class Attention(nn.Module):
         *,
         attn_mask: Tensor | None = None,
         kv_cache: KVCache | None = None,
-        start_pos: int = 0,
+        start_pos: int | Tensor = 0,
     ) -> Tensor:
         """``x [B, S, D]`` → ``[B, S, D]``.
 
@@ -185,7 +226,9 @@ class Attention(nn.Module):
                 ``start_pos`` must be 0 or a ``kv_cache`` given with a full-causal view).
             kv_cache: when given, this call's keys/values are written at ``start_pos`` and
                 attention runs over cached positions ``0 .. start_pos+S-1``.
-            start_pos: absolute position of ``x[:, 0]`` (RoPE offset and cache slot).
+            start_pos: absolute position of ``x[:, 0]`` (RoPE offset and cache slot), or an
+                int64 ``[B]`` tensor of per-row positions (continuous batching; needs a
+                cache that tracks each row, e.g. ``moelab.serve.SlotKVCache``).
         """
         B, S, _ = x.shape
         q, k = self.q_proj(x), self.k_proj(x)
@@ -214,16 +257,26 @@ class Attention(nn.Module):
 
 
 def causal_mask(
-    num_new: int, start_pos: int, key_mask: Tensor | None, device: torch.device
+    num_new: int, start_pos: int | Tensor, key_mask: Tensor | None, device: torch.device
 ) -> Tensor | None:
-    """Bool attention mask ``[B or 1, 1, S, start_pos+S]`` (True = may attend), or None when
-    plain causal attention over the new tokens suffices (``start_pos == 0``, no padding).
+    """Bool attention mask ``[B or 1, 1, S, L]`` (True = may attend), or None when plain
+    causal attention over the new tokens suffices (``start_pos == 0``, no padding).
 
-    Query ``i`` (absolute position ``start_pos+i``) sees keys ``j <= start_pos+i`` where
-    ``key_mask [B, start_pos+S]`` is True. Every query always sees itself, so a padding
-    query whose visible keys are all padding yields finite (ignored) values instead of NaN;
-    real queries are unaffected.
+    Query ``i`` of row ``b`` (absolute position ``start_pos+i``, or ``start_pos[b]+i`` when
+    ``start_pos`` is an int64 ``[B]`` tensor of per-row positions) sees keys
+    ``j <= start_pos+i`` where ``key_mask [B, L]`` is True; ``L = start_pos+S`` for an int,
+    ``key_mask.shape[1]`` (required) for per-row positions. Every query always sees itself,
+    so a padding query whose visible keys are all padding yields finite (ignored) values
+    instead of NaN; real queries are unaffected.
     """
+    if isinstance(start_pos, Tensor):
+        if key_mask is None:
+            raise ValueError("key_mask: needed with per-row start_pos")
+        L = key_mask.shape[1]
+        q_pos = start_pos[:, None] + torch.arange(num_new, device=device)  # [B, S]
+        k_pos = torch.arange(L, device=device)
+        allowed = (k_pos <= q_pos[..., None]) & key_mask[:, None, :]  # [B, S, L]
+        return (allowed | (k_pos == q_pos[..., None]))[:, None]
     L = start_pos + num_new
     if key_mask is not None and bool(key_mask[:, :L].all()):
         key_mask = None

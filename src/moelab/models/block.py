@@ -52,7 +52,7 @@ class DecoderBlock(nn.Module):
         mask: Tensor | None = None,
         attn_mask: Tensor | None = None,
         kv_cache: KVCache | None = None,
-        start_pos: int = 0,
+        start_pos: int | Tensor = 0,
         return_plan: bool = False,
         loss_div_factor: float | Tensor | None = None,
         segment_ids: Tensor | None = None,

@@ -65,13 +65,28 @@ class RotaryEmbedding(nn.Module):
             self._cache[device] = rope_cos_sin(self.max_seq_len, self.head_dim, self.theta, device)
         return self._cache[device]
 
-    def forward(self, q: Tensor, k: Tensor, start_pos: int = 0) -> tuple[Tensor, Tensor]:
+    def forward(self, q: Tensor, k: Tensor, start_pos: int | Tensor = 0) -> tuple[Tensor, Tensor]:
         """``q [B, H, S, hd]``, ``k [B, Hkv, S, hd]`` → rotated (same shapes and dtypes).
 
+        ``start_pos`` is the position of ``q[:, :, 0]``: one int for the batch, or an int64
+        ``[B]`` tensor of per-row positions (row ``b`` gets exactly the rotation the int
+        ``start_pos[b]`` would give it).
+
         Raises:
-            ValueError: when ``start_pos + S`` exceeds ``max_seq_len``.
+            ValueError: when a position is negative or ``start_pos + S`` exceeds
+                ``max_seq_len``.
         """
         S = q.shape[-2]
+        if isinstance(start_pos, Tensor):
+            lo, hi = (int(v) for v in torch.aminmax(start_pos))
+            if lo < 0 or hi + S > self.max_seq_len:
+                raise ValueError(
+                    f"start_pos: positions {lo}..{hi + S - 1} exceed max_seq_len={self.max_seq_len}"
+                )
+            cos, sin = self.cos_sin(q.device)
+            pos = start_pos[:, None] + torch.arange(S, device=q.device)  # [B, S]
+            cos, sin = cos[pos][:, None], sin[pos][:, None]  # [B, 1, S, hd]
+            return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if start_pos < 0 or start_pos + S > self.max_seq_len:
             raise ValueError(
                 f"start_pos: positions {start_pos}..{start_pos + S - 1} exceed "

@@ -188,7 +188,7 @@ class MoETransformer(nn.Module):
         input_ids: Tensor,
         mask: Tensor | None = None,
         kv_cache: KVCache | None = None,
-        start_pos: int = 0,
+        start_pos: int | Tensor = 0,
         loss_div_factor: float | Tensor | None = None,
         doc_ids: Tensor | None = None,
     ) -> LMOutput:
@@ -202,7 +202,9 @@ class MoETransformer(nn.Module):
             kv_cache: from :meth:`new_kv_cache`; this call's keys/values are stored at
                 ``start_pos`` and attention also covers the cached positions before it.
             start_pos: absolute position of ``input_ids[:, 0]``; must be 0 without a cache
-                and ``<= kv_cache.length`` with one.
+                and ``<= kv_cache.length`` with one. With a cache that tracks each row
+                (``moelab.serve.SlotKVCache``, continuous batching) it may be an int64 ``[B]``
+                tensor of per-row positions.
             loss_div_factor: real tokens of the whole batch over micro-batches (OLMo-core);
                 the aux losses become sums over this call's real tokens divided by it
                 (:mod:`moelab.core.losses.normalise`). None = per-call means.
@@ -239,17 +241,29 @@ class MoETransformer(nn.Module):
             raise ValueError(
                 f"mask: must be bool {tuple(input_ids.shape)}, got {mask.dtype} {tuple(mask.shape)}"
             )
-        if not isinstance(start_pos, int) or start_pos < 0:
+        if isinstance(start_pos, Tensor):
+            if kv_cache is None:
+                raise ValueError("start_pos: per-row positions need a kv_cache")
+            if start_pos.shape != (B,) or start_pos.dtype != torch.long:
+                raise ValueError(
+                    f"start_pos: per-row positions must be int64 [{B}], got "
+                    f"{start_pos.dtype} {tuple(start_pos.shape)}"
+                )
+            first, last = (int(v) for v in torch.aminmax(start_pos))
+        elif isinstance(start_pos, int):
+            first = last = start_pos
+        else:
             raise ValueError(f"start_pos: must be an int >= 0, got {start_pos!r}")
-        if start_pos + S > cfg.max_seq_len:
+        if first < 0:
+            raise ValueError(f"start_pos: must be >= 0, got {first}")
+        if last + S > cfg.max_seq_len:
             raise ValueError(
-                f"start_pos: positions up to {start_pos + S - 1} exceed "
-                f"max_seq_len={cfg.max_seq_len}"
+                f"start_pos: positions up to {last + S - 1} exceed max_seq_len={cfg.max_seq_len}"
             )
         if kv_cache is not None:
             self._check_cacheable()
         if kv_cache is None:
-            if start_pos != 0:
+            if last != 0:
                 raise ValueError(
                     "start_pos: must be 0 without a kv_cache holding earlier positions"
                 )

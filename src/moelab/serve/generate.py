@@ -1,18 +1,17 @@
-"""Autoregressive generation with the model's KV cache, streaming decoded text."""
+"""Single-sequence generation (through the batched engine) and streamed text."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-import torch
-
 from moelab.data import Tokenizer
 from moelab.errors import InvalidValueError, NonFiniteOutputError
 from moelab.models import MoETransformer
-from moelab.serve.sampling import sample_next
+from moelab.serve.detok import Detokenizer
+from moelab.serve.engine import Engine, TokenEvent
+from moelab.serve.params import SamplingParams
 
 
-@torch.no_grad()
 def generate_ids(
     model: MoETransformer,
     prompt_ids: list[int],
@@ -26,12 +25,15 @@ def generate_ids(
 ) -> Iterator[int]:
     """Yield new token ids one by one (prefill the prompt once, then one token per step).
 
-    A prompt longer than the context keeps its last ``max_seq_len - 1`` tokens; generation
-    stops at ``max_seq_len`` positions, after ``max_new_tokens`` or at ``stop_id``.
+    Runs a one-slot :class:`~moelab.serve.engine.Engine`, so a sequence generated alone and
+    the same sequence in a served batch take the same code path. A prompt longer than the
+    context keeps its last ``max_seq_len - 1`` tokens; generation stops at ``max_seq_len``
+    positions, after ``max_new_tokens`` or at ``stop_id``.
 
     USMoE routing must be causal (``selection_scope`` ``"position"`` or ``"causal_prefix"``;
-    the KV cache carries the causal-prefix router state between steps); expert-choice models
-    are refused (decoding one token at a time is not the routing they were trained with).
+    the engine recomputes the prefix of a ``causal_prefix`` model at every step);
+    expert-choice models are refused (decoding one token at a time is not the routing they
+    were trained with).
 
     Raises:
         ValueError: empty prompt, max_new_tokens < 0, bad sampling settings, a USMoE
@@ -43,51 +45,46 @@ def generate_ids(
         raise InvalidValueError("prompt: must encode to at least one token")
     if max_new_tokens < 0:
         raise InvalidValueError(f"max_new_tokens: must be >= 0, got {max_new_tokens}")
-    model._check_cacheable()
+    params = SamplingParams(
+        max_tokens=max(max_new_tokens, 1),
+        temperature=temperature,
+        top_k=top_k,
+        top_p=1.0 if top_p is None else top_p,
+        seed=seed,
+        stop_ids=() if stop_id is None else (stop_id,),
+    )
+    model._check_cacheable()  # raises for non-causal USMoE and expert-choice routing
+    if max_new_tokens == 0:
+        return
+    limit = model.cfg.max_seq_len
+    ids = prompt_ids[-(limit - 1) :] if limit > 1 else prompt_ids[-1:]
     was_training = model.training
-    model.eval()
     try:
-        limit = model.cfg.max_seq_len
-        ids = prompt_ids[-(limit - 1) :] if limit > 1 else prompt_ids[-1:]
-        device = next(model.parameters()).device
-        generator = torch.Generator(device=device).manual_seed(seed)
-        cache = model.new_kv_cache(1, limit)
-        x = torch.tensor([ids], device=device)
-        pos = 0
-        for _ in range(max_new_tokens):
-            if pos + x.shape[1] > limit:
-                break
-            logits = model(x, kv_cache=cache, start_pos=pos).logits[:, -1]
-            pos += x.shape[1]
-            if not bool(torch.isfinite(logits).all()):
-                raise NonFiniteOutputError(
-                    f"position {pos}: the model's logits are not finite; its weights or "
-                    "activations hold NaN or inf"
-                )
-            nxt = sample_next(
-                logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
-            )
-            token = int(nxt.item())
-            if stop_id is not None and token == stop_id:
-                break
-            yield token
-            ids.append(token)
-            x = nxt.view(1, 1)
+        engine = Engine(model, max_batch=1, max_queue=1, track_experts=False)
+        out: list[int] = []
+        seq = engine.submit(
+            ids, params, lambda ev: out.append(ev.token_id) if isinstance(ev, TokenEvent) else None
+        )
+        sent = 0
+        while not seq.done.is_set():
+            engine.step()
+            while sent < len(out):
+                yield out[sent]
+                sent += 1
+        yield from out[sent:]
+        if seq.finish_reason == "error":
+            raise NonFiniteOutputError(seq.error or "engine: generation failed")
     finally:
         model.train(was_training)
 
 
 def stream_text(tokenizer: Tokenizer, token_ids: Iterator[int]) -> Iterator[str]:
     """Turn a stream of ids into text pieces, holding back incomplete UTF-8 sequences."""
-    ids: list[int] = []
-    emitted = ""
+    detok = Detokenizer(tokenizer)
     for token in token_ids:
-        ids.append(token)
-        text = tokenizer.decode(ids)
-        if text.endswith("\ufffd"):  # a multi-byte character is not complete yet
-            continue
-        yield text[len(emitted) :]
-        emitted = text
-    text = tokenizer.decode(ids)
-    if len(text) > len(emitted):
-        yield text[len(emitted) :]
+        piece = detok.push(token)[0]
+        if piece:
+            yield piece
+    tail = detok.flush()
+    if tail:
+        yield tail

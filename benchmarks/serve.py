@@ -1,0 +1,296 @@
+"""`moelab serve` under load, and batched decoding against Hugging Face `generate`, in one run.
+
+Part 1, load test (loopback only): starts ``moelab serve RUN`` as its own process, then for
+each concurrency level C runs C clients that each send the same fixed number of streamed
+completion requests one after another (asyncio + httpx). Per level it prints output
+tokens/s (all completion tokens / wall time of the level), time to first token and time per
+output token (p50/p99 over requests; TPOT = (last token − first token) / (tokens − 1)) and
+the number of failed requests.
+
+Part 2, decoding: the same weights in moelab (the serving engine, greedy, B sequences in one
+batch) and in transformers (``moelab convert RUN DST --to hf``, ``AutoModelForCausalLM``,
+``generate(do_sample=False, min_new_tokens=N)``), with the same B prompts of equal length
+(no padding). Decode tokens/s = B·(N−1) / (T(N) − T(1)), where T(n) is the median wall time to
+generate n tokens (prefill + first token cancels out). Calls are interleaved round-robin and
+repeated (``benchmarks/_timing.py``); greedy tokens of both are compared.
+
+    python benchmarks/serve.py                                  # both models
+    python benchmarks/serve.py --runs /work/runs/main --quick   # one model, smaller
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx2 as httpx
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _timing import interleaved_medians
+from moelab.data import load_tokenizer
+from moelab.models import load_model
+from moelab.serve import Engine, SamplingParams
+
+PROMPTS = [
+    "ROMEO:",
+    "def main(",
+    "In the beginning God",
+    "The capital of France is",
+    "import os\nimport sys\n",
+    "KING HENRY:",
+    "And it came to pass",
+    "class Node:",
+]
+
+
+@dataclass
+class Setting:
+    levels: tuple[int, ...]
+    requests: int  # per client
+    max_tokens: int
+    max_batch: int
+    decode_tokens: int  # N for part 2
+    repeats: int
+
+
+SETTINGS = {
+    "small": Setting((1, 4, 16, 64), 4, 32, 64, 33, 5),
+    "large": Setting((1, 4, 16, 64), 1, 8, 64, 9, 3),
+}
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q / 100 * (len(xs) - 1)))]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _one(client: httpx.AsyncClient, url: str, body: dict) -> dict:
+    start = time.perf_counter()
+    first = last = None
+    tokens = 0
+    try:
+        async with client.stream("POST", url, json=body) as r:
+            if r.status_code != 200:
+                await r.aread()
+                return {"ok": False}
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    return {"ok": False}
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+                for c in chunk["choices"]:
+                    if c.get("text"):
+                        now = time.perf_counter()
+                        first = first or now
+                        last = now
+    except httpx.HTTPError:
+        return {"ok": False}
+    if first is None:
+        return {"ok": False}
+    tpot = (last - first) / (tokens - 1) if tokens > 1 else None
+    return {"ok": True, "ttft": first - start, "tpot": tpot, "tokens": tokens}
+
+
+async def _level(base: str, model: str, clients: int, s: Setting) -> dict:
+    url = base + "/v1/completions"
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+
+        async def worker(w: int) -> list[dict]:
+            out = []
+            for r in range(s.requests):
+                body = {
+                    "model": model,
+                    "prompt": PROMPTS[(w + r) % len(PROMPTS)],
+                    "max_tokens": s.max_tokens,
+                    "temperature": 0.8,
+                    "seed": 1000 * w + r,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                }
+                out.append(await _one(client, url, body))
+            return out
+
+        t = time.perf_counter()
+        results = [
+            x for xs in await asyncio.gather(*(worker(w) for w in range(clients))) for x in xs
+        ]
+        wall = time.perf_counter() - t
+    ok = [x for x in results if x["ok"]]
+    ttft = [x["ttft"] for x in ok]
+    tpot = [x["tpot"] for x in ok if x["tpot"] is not None]
+    return {
+        "clients": clients,
+        "requests": len(results),
+        "tokens": sum(x["tokens"] for x in ok),
+        "wall": wall,
+        "tok_s": sum(x["tokens"] for x in ok) / wall,
+        "ttft50": _pct(ttft, 50),
+        "ttft99": _pct(ttft, 99),
+        "tpot50": _pct(tpot, 50),
+        "tpot99": _pct(tpot, 99),
+        "errors": len(results) - len(ok),
+    }
+
+
+def load_test(run: Path, s: Setting, threads: int) -> list[dict]:
+    port = _free_port()
+    name = run.resolve().name
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    cmd = [sys.executable, "-m", "moelab.cli", "serve", str(run), "--port", str(port),
+           "--max-batch", str(s.max_batch), "--max-queue", "4096", "--timeout", "0"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited: {proc.stderr.read().decode()[-2000:]}")
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("server did not come up")
+            time.sleep(0.5)
+        warm = Setting((1,), 1, 4, s.max_batch, 0, 0)
+        asyncio.run(_level(base, name, 1, warm))
+        rows = []
+        for c in s.levels:
+            rows.append(asyncio.run(_level(base, name, c, s)))
+            r = rows[-1]
+            print(f"  {name} C={c}: {r['tok_s']:.1f} tok/s, errors {r['errors']}", flush=True)
+        return rows
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def decode_compare(run: Path, hf_dir: Path, s: Setting) -> list[dict]:
+    from transformers import AutoModelForCausalLM
+
+    model = load_model(run).eval()
+    tok = load_tokenizer(run)
+    hf = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=model.embed.weight.dtype).eval()
+    text = " ".join(PROMPTS) * 4
+    ids = tok.encode(text)
+    L = 16
+    prompts = [ids[3 * i : 3 * i + L] for i in range(8)]
+    N = s.decode_tokens
+
+    def ours(B: int, n: int) -> list[list[int]]:
+        engine = Engine(model, max_batch=B)
+        seqs = [engine.submit(p, SamplingParams(max_tokens=n, temperature=0)) for p in prompts[:B]]
+        while engine.has_work():
+            engine.step()
+        return [q.output_ids for q in seqs]
+
+    @torch.inference_mode()
+    def theirs(B: int, n: int) -> list[list[int]]:
+        x = torch.tensor(prompts[:B])
+        out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n,
+                          min_new_tokens=n, do_sample=False, pad_token_id=0)  # fmt: skip
+        return out[:, L:].tolist()
+
+    rows = []
+    for B in (1, 8):
+        same = ours(B, N) == theirs(B, N)
+        fns = {
+            "moelab N": lambda B=B: ours(B, N),
+            "moelab 1": lambda B=B: ours(B, 1),
+            "hf N": lambda B=B: theirs(B, N),
+            "hf 1": lambda B=B: theirs(B, 1),
+        }
+        t = interleaved_medians(
+            fns, repeats=s.repeats, warmup=1, budget_s=120, min_repeats=s.repeats
+        )
+        ours_tps = B * (N - 1) / (t["moelab N"] - t["moelab 1"])
+        hf_tps = B * (N - 1) / (t["hf N"] - t["hf 1"])
+        rows.append({"batch": B, "moelab": ours_tps, "hf": hf_tps, "same": same})
+        print(f"  decode B={B}: moelab {ours_tps:.1f} tok/s, HF {hf_tps:.1f} tok/s, "
+              f"identical tokens: {same}", flush=True)  # fmt: skip
+    return rows
+
+
+def ensure_hf(run: Path, work: Path) -> Path:
+    from moelab.interop.hf import convert
+
+    dst = work / (run.resolve().name + "-hf")
+    if not (dst / "config.json").is_file():
+        convert(run, dst, "hf")
+    return dst
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", nargs="+", type=Path,
+                    default=[Path("/work/runs/main"), Path("/work/runs/smollm2-moe")])  # fmt: skip
+    ap.add_argument("--work", type=Path, default=Path("/tmp/moelab-serve-bench"),
+                    help="where the HF exports are written (reused when present)")  # fmt: skip
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (server and decode)")
+    ap.add_argument("--quick", action="store_true", help="levels 1 and 4, fewer repeats")
+    ap.add_argument("--skip-load", action="store_true")
+    ap.add_argument("--skip-decode", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    args.work.mkdir(parents=True, exist_ok=True)
+    load_rows, decode_rows = {}, {}
+    t0 = time.perf_counter()
+    for run in args.runs:
+        params = sum(p.numel() for p in load_model(run).parameters())
+        s = SETTINGS["small" if params < 50e6 else "large"]
+        if args.quick:
+            s = Setting((1, 4), s.requests, s.max_tokens, s.max_batch, s.decode_tokens, 3)
+        name = run.resolve().name
+        print(f"{name}: {params / 1e6:.1f}M params, {s}", flush=True)
+        if not args.skip_load:
+            load_rows[name] = (s, load_test(run, s, args.threads))
+        if not args.skip_decode:
+            decode_rows[name] = (s, decode_compare(run, ensure_hf(run, args.work), s))
+    print(f"\ntotal {time.perf_counter() - t0:.0f} s, torch {torch.__version__}, "
+          f"{args.threads} threads\n")  # fmt: skip
+    if load_rows:
+        print("| model | clients | requests | max tokens | output tok/s | TTFT p50 / p99 (s) | "
+              "TPOT p50 / p99 (ms) | errors |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|")
+        for name, (s, rows) in load_rows.items():
+            for r in rows:
+                print(f"| {name} | {r['clients']} | {r['requests']} | {s.max_tokens} | "
+                      f"{r['tok_s']:.1f} | {r['ttft50']:.3f} / {r['ttft99']:.3f} | "
+                      f"{r['tpot50'] * 1e3:.1f} / {r['tpot99'] * 1e3:.1f} | {r['errors']} |")  # fmt: skip
+        print()
+    if decode_rows:
+        print("| model | batch | new tokens | moelab decode tok/s | HF generate tok/s | "
+              "moelab / HF | moelab vs its batch 1 | identical greedy tokens |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|")
+        for name, (s, rows) in decode_rows.items():
+            b1 = rows[0]["moelab"]
+            for r in rows:
+                print(f"| {name} | {r['batch']} | {s.decode_tokens} | {r['moelab']:.1f} | "
+                      f"{r['hf']:.1f} | {r['moelab'] / r['hf']:.2f}x | {r['moelab'] / b1:.2f}x | "
+                      f"{'yes' if r['same'] else 'no'} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""``moelab serve``: an OpenAI-compatible HTTP server over the batching engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from moelab.cli._app import Opt, app, console, guarded
+from moelab.cli._common import load_run
+from moelab.errors import InvalidValueError
+
+
+def _check(port: int, max_batch: int, max_queue: int, timeout: float, max_body_kb: int) -> None:
+    if not 0 <= port <= 65535:
+        raise InvalidValueError(f"port: must be in [0, 65535], got {port}")
+    if max_batch < 1:
+        raise InvalidValueError(f"max_batch: must be >= 1, got {max_batch}")
+    if max_queue < 1:
+        raise InvalidValueError(f"max_queue: must be >= 1, got {max_queue}")
+    if timeout < 0:
+        raise InvalidValueError(f"timeout: must be >= 0 (0 = none), got {timeout}")
+    if max_body_kb < 1:
+        raise InvalidValueError(f"max_body_kb: must be >= 1, got {max_body_kb}")
+
+
+def _chat_template(run: Path):
+    """The run folder's chat template; else, for a pretrained name (``smollm2``) or a run
+    upcycled from one (``upcycle.json`` names its ``source``), the template stored in that
+    model's GGUF file; else the plain role-prefixed template."""
+    from moelab.interop.pretrained import PRETRAINED, pretrained_available, pretrained_path
+    from moelab.serve.chat import ChatTemplate, load_chat_template
+    from moelab.utils.jsonfile import read_json
+
+    folder = run if run.is_dir() else None
+    template = load_chat_template(folder)
+    if not template.is_plain:
+        return template
+    source = str(run) if folder is None else None
+    if folder is not None and (folder / "upcycle.json").is_file():
+        source = read_json(folder / "upcycle.json", InvalidValueError).get("source")
+    if source not in PRETRAINED or not pretrained_available(source):
+        return template
+    from moelab.interop.gguf import read_gguf_metadata
+
+    meta = read_gguf_metadata(pretrained_path(source))
+    jinja = meta.get("tokenizer.chat_template")
+    if not isinstance(jinja, str):
+        return template
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+
+    def special(key: str) -> str:
+        i = meta.get(key)
+        return str(tokens[i]) if isinstance(i, int) and 0 <= i < len(tokens) else ""
+
+    return ChatTemplate(
+        jinja,
+        bos_token=special("tokenizer.ggml.bos_token_id"),
+        eos_token=special("tokenizer.ggml.eos_token_id"),
+    )
+
+
+@app.command()
+def serve(
+    run: Annotated[
+        Path, typer.Argument(help="Run folder, model folder, or a pretrained name (smollm2).")
+    ],
+    host: Annotated[
+        str, Opt(help="Address to bind (127.0.0.1 = this machine only).")
+    ] = "127.0.0.1",
+    port: Annotated[int, Opt(help="TCP port.")] = 8000,
+    max_batch: Annotated[int, Opt(help="Most sequences decoding at once.")] = 16,
+    max_queue: Annotated[int, Opt(help="Most requests waiting for a slot (then 429).")] = 256,
+    api_key: Annotated[
+        str | None, Opt(envvar="MOELAB_API_KEY", help="Require 'Authorization: Bearer KEY'.")
+    ] = None,
+    model_name: Annotated[
+        str | None, Opt(help="The model id clients send (default: the run folder's name).")
+    ] = None,
+    timeout: Annotated[
+        float, Opt(help="Seconds before a request is cancelled (0 = none).")
+    ] = 600.0,
+    max_body_kb: Annotated[int, Opt(help="Largest request body in KiB (then 413).")] = 1024,
+    grace: Annotated[float, Opt(help="Seconds in-flight requests get on SIGTERM/Ctrl-C.")] = 30.0,
+) -> None:
+    """Serve a model over HTTP with the OpenAI API (completions, chat, streaming).
+
+    Endpoints: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics
+    (Prometheus) and / (a page that colours each generated token by its experts).
+    Requests may add "routing": true to get the experts of every token.
+
+    Examples:
+      moelab serve runs/main --port 8000 --max-batch 16
+      moelab serve runs/smollm2-moe --host 0.0.0.0 --api-key secret
+      curl localhost:8000/v1/completions -H 'Content-Type: application/json' \\
+        -d '{"model": "main", "prompt": "ROMEO:", "max_tokens": 40}'
+    """
+    import json
+
+    from moelab.serve import Engine
+    from moelab.serve.card import model_card
+    from moelab.serve.server import ServerConfig, build_app, uvicorn_server
+
+    guarded(_check, port, max_batch, max_queue, timeout, max_body_kb)
+    model, tokenizer = guarded(load_run, run)
+    # Offloaded experts (ZipMoE, issue 14) plug in here: `--offload --cache-mb N` replaces
+    # `model`'s expert banks with the offloaded ones and passes the cache's statistics as
+    # `offload_stats` to build_app (exported under /metrics). The engine takes the model as is.
+    offload_stats = None
+    name = model_name or run.resolve().name
+    template = guarded(_chat_template, run)
+    engine = guarded(Engine, model, tokenizer, max_batch=max_batch, max_queue=max_queue)
+    config = ServerConfig(
+        model_name=name,
+        api_key=api_key,
+        max_body_bytes=max_body_kb * 1024,
+        request_timeout_s=timeout or None,
+        shutdown_grace_s=grace,
+    )
+    card = model_card(model, name)
+    app_ = build_app(
+        engine, tokenizer, config, card=card, chat_template=template, offload_stats=offload_stats
+    )
+    shown = f"[{host}]" if ":" in host else host
+    console.print(f"[bold]moelab serve[/] {name}: http://{shown}:{port}/  (OpenAI API at /v1)")
+    console.print(json.dumps(card))
+    console.print(
+        f"max batch {max_batch}, queue {max_queue}, chat template: "
+        f"{'plain' if template.is_plain else 'from the model folder'}"
+        + (", API key required" if api_key else "")
+    )
+    uvicorn_server(app_, host=host, port=port, grace_s=grace).run()

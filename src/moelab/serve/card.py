@@ -1,0 +1,30 @@
+"""The model card the server prints at start and returns under ``/v1/models``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from moelab.models import MoETransformer, count_params
+
+
+def model_card(model: MoETransformer, name: str) -> dict[str, Any]:
+    """Name, parameter counts, shape and routing of ``model`` (JSON-serialisable)."""
+    cfg = model.cfg
+    moe = [b for b in model.blocks if b.is_moe]
+    router = moe[0].ffn.config.router if moe else None
+    params = count_params(model)
+    p = model.embed.weight
+    return {
+        "name": name,
+        "params": params,
+        "n_layers": cfg.n_layers,
+        "d_model": cfg.d_model,
+        "vocab_size": cfg.vocab_size,
+        "context_length": cfg.max_seq_len,
+        "moe_layers": [b.layer_idx for b in moe],
+        "num_experts": router.num_experts if router else 0,
+        "top_k": router.top_k if router else 0,
+        "router": router.kind if router else None,
+        "dtype": str(p.dtype).removeprefix("torch."),
+        "device": str(p.device),
+    }

@@ -1,0 +1,144 @@
+"""A slotted KV cache for continuous batching: one row per running sequence, each at its own
+position.
+
+The cache holds ``n_slots`` rows (the engine's maximum number of concurrent sequences).
+Running sequences occupy rows ``0 .. n-1`` (kept compact: a finished sequence's row is filled
+by moving the last row into it), so a decode step attends over a plain slice of the buffers
+and never gathers. New sequences are prefilled into rows ``n ..`` (a window of fresh rows; right padding
+is trimmed off afterwards with :meth:`trim`). Buffers start small and grow as
+positions are written (:meth:`moelab.models.KVCache.reserve`).
+
+Our choice (vLLM pages its cache in fixed blocks; we do not): contiguous per-row buffers are
+enough for the short contexts of moelab's models and keep attention a single SDPA call; the
+price is that every row is sized for the longest running sequence.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from moelab.models import KVCache, MoETransformer
+
+
+class SlotKVCache(KVCache):
+    """``n_slots`` independent sequences in one set of buffers, each row at its own length.
+
+    The model writes into the current *window* of rows ``[lo, hi)`` (:meth:`select`); a call
+    with an int ``start_pos`` writes every window row at that position (a prefill), a call
+    with an int64 ``[hi-lo]`` tensor writes row ``i`` at ``start_pos[i]`` (a decode step).
+    Each row must continue exactly at its own cached length (no gaps, no rewinds).
+
+    Attributes:
+        lengths: host list, positions cached per row (0 for a free row).
+    """
+
+    def __init__(self, model: MoETransformer, n_slots: int, *, initial_len: int = 64) -> None:
+        cfg = model.cfg
+        p = model.embed.weight
+        super().__init__(
+            cfg.n_layers,
+            n_slots,
+            cfg.n_kv_heads,
+            cfg.max_seq_len,
+            cfg.head_dim,
+            dtype=p.dtype,
+            device=p.device,
+            initial_len=initial_len,
+        )
+        self.lengths = [0] * n_slots
+        self._lo, self._hi = 0, n_slots
+        self._end = 0
+        self._rows = torch.arange(n_slots, device=p.device)
+
+    @property
+    def n_slots(self) -> int:
+        return self.batch_size
+
+    def select(self, lo: int, hi: int) -> None:
+        """Make rows ``[lo, hi)`` the window the next forward pass reads and writes."""
+        if not 0 <= lo < hi <= self.n_slots:
+            raise ValueError(f"rows: need 0 <= lo < hi <= {self.n_slots}, got [{lo}, {hi})")
+        self._lo, self._hi = lo, hi
+
+    def release(self, row: int) -> None:
+        """Free ``row`` (its positions become unattendable; the buffers are reused)."""
+        self.key_mask[row] = False
+        self.lengths[row] = 0
+
+    def trim(self, row: int, length: int) -> None:
+        """Forget the positions of ``row`` from ``length`` on (e.g. the right padding of a
+        batched prefill); the next write continues at ``length``."""
+        self.key_mask[row, length:] = False
+        self.lengths[row] = length
+        self.length = max(self.lengths)
+
+    def move(self, src: int, dst: int) -> None:
+        """Copy row ``src`` (keys, values, mask, length) into row ``dst`` and free ``src``."""
+        if src == dst:
+            return
+        n = self.lengths[src]
+        for k, v in zip(self.k, self.v, strict=True):
+            k[dst, :, :n] = k[src, :, :n]
+            v[dst, :, :n] = v[src, :, :n]
+        self.key_mask[dst] = self.key_mask[src]
+        self.lengths[dst] = n
+        self.release(src)
+
+    # ------------------------------------------------ the protocol the model calls
+    def check(self, batch_size: int, start_pos: int | Tensor, num_new: int) -> None:
+        """Raise ``ValueError`` unless the window continues every row at its length."""
+        lo, hi = self._lo, self._hi
+        if batch_size != hi - lo:
+            raise ValueError(f"kv_cache: the window holds {hi - lo} rows, got batch {batch_size}")
+        have = self.lengths[lo:hi]
+        starts = start_pos.tolist() if isinstance(start_pos, Tensor) else [start_pos] * (hi - lo)
+        if starts != have:
+            raise ValueError(
+                f"start_pos: rows must continue at their cached lengths {have}, got {starts}"
+            )
+        if max(starts) + num_new > self.max_len:
+            raise ValueError(
+                f"kv_cache: positions up to {max(starts) + num_new - 1} exceed its "
+                f"max_len={self.max_len}"
+            )
+
+    def advance(self, start_pos: int | Tensor, mask: Tensor | None, num_new: int) -> Tensor:
+        """Record ``num_new`` positions per window row; return its key mask ``[n, L]``."""
+        lo, hi = self._lo, self._hi
+        starts = self.lengths[lo:hi]
+        self._end = max(starts) + num_new
+        self.reserve(self._end)
+        if isinstance(start_pos, int):
+            s = start_pos
+            self.key_mask[lo:hi, s : s + num_new] = True if mask is None else mask
+        elif num_new == 1 and mask is None:
+            self.key_mask[self._rows[lo:hi], start_pos] = True
+        else:
+            for i, s in enumerate(starts):
+                self.key_mask[lo + i, s : s + num_new] = True if mask is None else mask[i]
+        self.lengths[lo:hi] = [s + num_new for s in starts]
+        self.length = max(self.lengths)
+        return self.key_mask[lo:hi, : self._end]
+
+    def update(
+        self, layer: int, start_pos: int | Tensor, k: Tensor, v: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Write ``k, v [n, Hkv, S, hd]`` at each window row's position; return the window's
+        keys/values ``[n, Hkv, L, hd]`` (``L`` = the longest row; shorter rows' tails are
+        masked out by :meth:`advance`'s key mask)."""
+        lo, hi = self._lo, self._hi
+        kb, vb = self.k[layer], self.v[layer]
+        S = k.shape[2]
+        if isinstance(start_pos, int):
+            kb[lo:hi, :, start_pos : start_pos + S] = k
+            vb[lo:hi, :, start_pos : start_pos + S] = v
+        elif S == 1:
+            rows = self._rows[lo:hi]
+            kb[rows, :, start_pos] = k[:, :, 0]
+            vb[rows, :, start_pos] = v[:, :, 0]
+        else:
+            for i, s in enumerate(start_pos.tolist()):
+                kb[lo + i, :, s : s + S] = k[i]
+                vb[lo + i, :, s : s + S] = v[i]
+        return kb[lo:hi, :, : self._end], vb[lo:hi, :, : self._end]

@@ -1,0 +1,189 @@
+"""The continuous-batching engine against single-sequence generation and recomputation."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from moelab.data import ByteTokenizer
+from moelab.models import ModelConfig, MoETransformer
+from moelab.serve import Engine, FinishEvent, QueueFullError, SamplingParams, TokenEvent
+from moelab.serve.generate import generate_ids
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return MoETransformer(ModelConfig.tiny(vocab_size=61, max_seq_len=48, n_kv_heads=2)).eval()
+
+
+def _greedy_reference(model, prompt, n):
+    """Greedy continuation by recomputing the whole prefix (no cache at all)."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+PROMPTS = [[3, 7, 1], [5], [9, 9, 9, 9, 2, 4, 8], [1, 2], [40, 30, 20, 10, 5], [7] * 11]
+
+
+def test_batched_greedy_equals_single_and_recomputation(model):
+    engine = Engine(model, max_batch=8)
+    params = SamplingParams(max_tokens=9, temperature=0)
+    seqs = [engine.submit(p, params) for p in PROMPTS]
+    while engine.has_work():
+        engine.step()
+    for p, s in zip(PROMPTS, seqs, strict=True):
+        single = list(generate_ids(model, p, max_new_tokens=9, temperature=0))
+        assert s.output_ids == single == _greedy_reference(model, p, 9)
+        assert s.finish_reason == "length"
+
+
+def test_batched_sampling_equals_single_for_same_seed(model):
+    engine = Engine(model, max_batch=4)
+    params = [SamplingParams(max_tokens=12, temperature=1.3, top_k=20, seed=s) for s in range(6)]
+    seqs = [engine.submit(p, q) for p, q in zip(PROMPTS, params, strict=True)]
+    while engine.has_work():
+        engine.step()
+    for p, q, s in zip(PROMPTS, params, seqs, strict=True):
+        alone = Engine(model, max_batch=1).generate(p, q)
+        assert s.output_ids == alone.output_ids
+    # different seeds give different samples (so the test above can fail)
+    assert len({tuple(s.output_ids) for s in seqs}) > 1
+
+
+def test_continuous_batching_admits_while_others_decode(model):
+    engine = Engine(model, max_batch=4)
+    events = []
+    long = engine.submit([1, 2, 3], SamplingParams(max_tokens=20, temperature=0),
+                         lambda ev: events.append(("long", ev)))  # fmt: skip
+    for _ in range(5):
+        engine.step()
+    assert len(long.output_ids) == 6 and engine.num_running == 1
+    short = engine.submit([4, 5], SamplingParams(max_tokens=3, temperature=0),
+                          lambda ev: events.append(("short", ev)))  # fmt: skip
+    engine.step()  # admitted (prefill) and decoded together with the long one
+    assert engine.num_running == 2 and len(short.output_ids) == 2
+    while engine.has_work():
+        engine.step()
+    order = [who for who, ev in events if isinstance(ev, FinishEvent)]
+    assert order == ["short", "long"]
+    # joining mid-flight changed nothing for either sequence
+    assert long.output_ids == _greedy_reference(model, [1, 2, 3], 20)
+    assert short.output_ids == _greedy_reference(model, [4, 5], 3)
+
+
+def test_max_batch_bounds_running_and_queue_bounds_waiting(model):
+    engine = Engine(model, max_batch=2, max_queue=3)
+    params = SamplingParams(max_tokens=4, temperature=0)
+    seqs = [engine.submit([i + 1], params) for i in range(3)]
+    with pytest.raises(QueueFullError, match="max_queue=3"):
+        engine.submit([1], params)
+    engine.step()
+    assert engine.num_running == 2 and engine.num_waiting == 1
+    while engine.has_work():
+        engine.step()
+        assert engine.num_running <= 2
+    assert all(s.finish_reason == "length" and len(s.output_ids) == 4 for s in seqs)
+
+
+def test_cancel_frees_the_row_and_others_continue(model):
+    engine = Engine(model, max_batch=3)
+    params = SamplingParams(max_tokens=15, temperature=0)
+    a, b, c = (engine.submit(p, params) for p in ([1, 2], [3, 4, 5], [6]))
+    for _ in range(3):
+        engine.step()
+    b.cancel()
+    engine.step()
+    assert b.finish_reason == "cancelled" and engine.num_running == 2
+    assert engine.cache.lengths[2] == 0  # the last row moved into b's row and was freed
+    d = engine.submit([7, 8], params)  # takes the freed row
+    while engine.has_work():
+        engine.step()
+    for s, p in ((a, [1, 2]), (c, [6]), (d, [7, 8])):
+        assert s.output_ids == _greedy_reference(model, p, 15)
+    assert engine.cache.lengths == [0, 0, 0]
+
+
+def test_stop_ids_stop_strings_context_and_timeout(model):
+    tok = ByteTokenizer()
+    torch.manual_seed(1)
+    byte_model = MoETransformer(ModelConfig.tiny(vocab_size=256, max_seq_len=16)).eval()
+    engine = Engine(byte_model, tok, max_batch=2)
+    free = engine.generate([65, 66], SamplingParams(max_tokens=10, temperature=0))
+    first = free.output_ids[0]
+    stopped = engine.generate([65, 66], SamplingParams(max_tokens=10, temperature=0,
+                                                       stop_ids=(free.output_ids[3],)))  # fmt: skip
+    k = free.output_ids.index(free.output_ids[3])
+    assert stopped.output_ids == free.output_ids[:k] and stopped.finish_reason == "stop"
+    # a stop string made of the 2nd and 3rd generated characters cuts the text before it
+    text = free.text
+    cut = engine.generate([65, 66], SamplingParams(max_tokens=10, temperature=0, stop=(text[1:3],)))
+    assert cut.finish_reason == "stop" and cut.text == text[: text.index(text[1:3])]
+    assert first == cut.output_ids[0]
+    # 16 positions: 2 prompt + 14 fed back, plus the token predicted at the last position
+    full = engine.generate([65, 66], SamplingParams(max_tokens=100, temperature=0))
+    assert len(full.output_ids) == 15 and full.finish_reason == "length"
+    slow = engine.submit([65], SamplingParams(max_tokens=10, timeout_s=0.01))
+    time.sleep(0.02)
+    engine.step()
+    assert slow.finish_reason == "timeout" and not slow.output_ids
+
+
+def test_events_carry_text_and_routing(model):
+    tok = ByteTokenizer()
+    torch.manual_seed(2)
+    byte_model = MoETransformer(ModelConfig.tiny(vocab_size=256, max_seq_len=32)).eval()
+    engine = Engine(byte_model, tok, max_batch=2)
+    events = []
+    seq = engine.submit(tok.encode("hi"), SamplingParams(max_tokens=5, temperature=0, routing=True),
+                        events.append)  # fmt: skip
+    plain = engine.submit(tok.encode("hi"), SamplingParams(max_tokens=5, temperature=0))
+    while engine.has_work():
+        engine.step()
+    toks = [e for e in events if isinstance(e, TokenEvent)]
+    assert [e.token_id for e in toks] == seq.output_ids == plain.output_ids
+    assert "".join(e.text for e in events) == seq.text == tok.decode(seq.output_ids)
+    k, E = byte_model.cfg.moe.router.top_k, byte_model.cfg.moe.router.num_experts
+    # the experts reported for token i are those routed at the position that produced it
+    ids = tok.encode("hi") + seq.output_ids
+    with torch.no_grad():
+        out = byte_model(torch.tensor([ids[:-1]]))
+    moe = [r for r in out.records if r is not None]
+    for i, ev in enumerate(toks):
+        pos = len(tok.encode("hi")) - 1 + i
+        assert len(ev.experts) == len(moe)
+        for layer, rec in enumerate(moe):
+            want = rec.all_expert_idx[rec.all_token_idx == pos].tolist()
+            assert ev.experts[layer] == want and len(want) == k
+            assert all(0 <= e < E for e in want)
+    assert sum(sum(c) for c in engine.stats.expert_counts) == 2 * len(moe) * k * (2 + 4) * 1
+
+
+def test_cache_is_not_preallocated_for_the_whole_context():
+    torch.manual_seed(3)
+    model = MoETransformer(ModelConfig.tiny(vocab_size=61, max_seq_len=1024)).eval()
+    engine = Engine(model, max_batch=2)
+    engine.generate([1, 2, 3], SamplingParams(max_tokens=5, temperature=0))
+    assert engine.cache.capacity == 64 and engine.cache.k[0].shape[2] == 64
+    engine.generate([1] * 70, SamplingParams(max_tokens=3, temperature=0))
+    assert engine.cache.capacity == 128  # grown on demand
+
+
+def test_padded_batched_prefill_counts_only_real_tokens(model):
+    engine = Engine(model, max_batch=4)
+    prompts = [[1] * 9, [2, 3], [4, 5, 6, 7]]
+    seqs = [engine.submit(p, SamplingParams(max_tokens=3, temperature=0)) for p in prompts]
+    engine.step()  # one padded prefill of all three (9 positions each), then one decode step
+    assert engine.cache.lengths[:3] == [10, 3, 5] and engine.stats.prompt_tokens == 15
+    while engine.has_work():
+        engine.step()
+    k, layers = model.cfg.moe.router.top_k, model.cfg.n_layers
+    fed = 15 + 3 * 2  # prompt tokens plus two fed-back tokens per sequence
+    assert [sum(c) for c in engine.stats.expert_counts] == [fed * k] * layers
+    for s, p in zip(seqs, prompts, strict=True):
+        assert s.output_ids == _greedy_reference(model, p, 3)
