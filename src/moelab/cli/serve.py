@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from moelab.cli._app import Opt, app, console, guarded
-from moelab.cli._common import load_run
+from moelab.cli._offload import CacheMb, OffloadFlag, Policy, StorageMbps, load_for_inference
 from moelab.errors import InvalidValueError
 
 
@@ -61,6 +61,28 @@ def _chat_template(run: Path):
     )
 
 
+def _offload_stats(model):
+    """``/metrics`` gauges of an offloaded model's expert cache (hit rates per tier, bytes
+    read, decode seconds)."""
+    from moelab.serve.offload import offload_engine
+
+    engine = offload_engine(model)
+
+    def stats() -> dict[str, float]:
+        s = engine.snapshot()
+        req = max(s.requests, 1)
+        return {
+            "expert_requests": float(s.requests),
+            "expert_cache_hit_rate_full": s.hits_full / req,
+            "expert_cache_hit_rate_sign_mantissa": s.hits_sm / req,
+            "expert_cache_miss_rate": s.misses / req,
+            "expert_bytes_read": float(s.bytes_read),
+            "expert_decode_seconds": s.decode_s,
+        }
+
+    return stats
+
+
 @app.command()
 def serve(
     run: Annotated[
@@ -83,6 +105,10 @@ def serve(
     ] = 600.0,
     max_body_kb: Annotated[int, Opt(help="Largest request body in KiB (then 413).")] = 1024,
     grace: Annotated[float, Opt(help="Seconds in-flight requests get on SIGTERM/Ctrl-C.")] = 30.0,
+    offload: OffloadFlag = False,
+    cache_mb: CacheMb = None,
+    policy: Policy = "zipmoe",
+    storage_mbps: StorageMbps = None,
 ) -> None:
     """Serve a model over HTTP with the OpenAI API (completions, chat, streaming).
 
@@ -93,6 +119,7 @@ def serve(
     Examples:
       moelab serve runs/main --port 8000 --max-batch 16
       moelab serve runs/smollm2-moe --host 0.0.0.0 --api-key secret
+      moelab serve runs/main-zip --offload --cache-mb 8      # experts from a lossless store
       curl localhost:8000/v1/completions -H 'Content-Type: application/json' \\
         -d '{"model": "main", "prompt": "ROMEO:", "max_tokens": 40}'
     """
@@ -103,11 +130,8 @@ def serve(
     from moelab.serve.server import ServerConfig, build_app, uvicorn_server
 
     guarded(_check, port, max_batch, max_queue, timeout, max_body_kb)
-    model, tokenizer = guarded(load_run, run)
-    # Offloaded experts (ZipMoE, issue 14) plug in here: `--offload --cache-mb N` replaces
-    # `model`'s expert banks with the offloaded ones and passes the cache's statistics as
-    # `offload_stats` to build_app (exported under /metrics). The engine takes the model as is.
-    offload_stats = None
+    model, tokenizer = guarded(load_for_inference, run, offload, cache_mb, policy, storage_mbps)
+    offload_stats = _offload_stats(model) if offload else None
     name = model_name or run.resolve().name
     template = guarded(_chat_template, run)
     engine = guarded(Engine, model, tokenizer, max_batch=max_batch, max_queue=max_queue)
