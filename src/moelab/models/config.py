@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moelab.core.config import ExpertsConfig, MoEConfig, RouterConfig
+from moelab.core.latent_moe import LatentMoEConfig
 
 
 def _check(cond: bool, name: str, msg: str) -> None:
@@ -63,6 +64,8 @@ class ModelConfig:
         init_std: std of the normal weight initialisation (residual output projections use
             ``init_std / sqrt(2·n_layers)``; see :meth:`MoETransformer.reset_parameters`).
         moe: the config of every MoE layer, or ``None`` for a dense model.
+        latent_moe: Multi-Head LatentMoE instead of dense FFNs in layers
+            ``>= first_dense_layers`` (:mod:`moelab.core.latent_moe`); needs ``moe=None``.
 
     Raises:
         ValueError: naming the offending field and the accepted range.
@@ -84,6 +87,7 @@ class ModelConfig:
     dense_ffn_size: int | None = None
     init_std: float = 0.02
     moe: MoEConfig | None = field(default_factory=MoEConfig)
+    latent_moe: LatentMoEConfig | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len"):
@@ -165,6 +169,13 @@ class ModelConfig:
                 hs == self.d_model,
                 "moe.experts.hidden_size",
                 f"must equal d_model={self.d_model}, got {hs}",
+            )
+
+        if self.latent_moe is not None:
+            _check(
+                isinstance(self.latent_moe, LatentMoEConfig) and self.moe is None,
+                "latent_moe",
+                "must be a LatentMoEConfig, with moe=None (one kind of sparse FFN per model)",
             )
 
     # ------------------------------------------------------------------ helpers

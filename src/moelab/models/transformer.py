@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from moelab.core.latent_moe import MultiHeadLatentMoE
 from moelab.core.layer import MoELayer
 from moelab.core.losses import CrossLayerLoss
 from moelab.core.plan import RoutingPlan
@@ -140,6 +141,8 @@ class MoETransformer(nn.Module):
                 nn.init.normal_(block.ffn.w_gate.weight, 0.0, std)
                 nn.init.normal_(block.ffn.w_up.weight, 0.0, std)
                 nn.init.normal_(block.ffn.w_down.weight, 0.0, resid_std)
+            elif isinstance(block.ffn, MultiHeadLatentMoE):
+                block.ffn.reset_parameters(std, resid_std)
             elif isinstance(block.ffn, MoELayer):
                 for name, p in block.ffn.named_parameters():
                     if p.dim() < 2:
