@@ -34,7 +34,8 @@ def _entry(rank: int, world: int, port: int, fn, out: str, kwargs: dict) -> None
         result = fn(rank, world, **kwargs)
         torch.save(result, Path(out) / f"rank{rank}.pt")
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():  # moelab.train.loop.train shuts the group down itself
+            dist.destroy_process_group()
 
 
 def run_ranks(fn, world: int, timeout: float = 120.0, **kwargs) -> list:

@@ -96,3 +96,138 @@ def remote_zero(rank, world):
         "local_weight_grad_min": plan.weight.grad[local].abs().min().item(),
         "calls": recv.calls,
     }
+
+
+# ---------------------------------------------------------------- training under EP × DP
+def tiny_lm_config(num_experts=4, latent=False):
+    from moelab.core.latent_moe import LatentMoEConfig
+    from moelab.models import ModelConfig
+
+    base = dict(vocab_size=40, d_model=16, n_layers=2, n_heads=2, max_seq_len=16, init_std=0.1)
+    if latent:
+        lat = LatentMoEConfig(
+            num_heads=4, head_dim=4, num_experts=4, top_k=2, expert_size=8, init_std=0.1
+        )
+        return ModelConfig(moe=None, latent_moe=lat, **base)
+    moe = MoEConfig(
+        router=RouterConfig(
+            num_experts=num_experts, top_k=2, expert_bias=True, bias_update_rate=0.01
+        ),
+        experts=ExpertsConfig(hidden_size=16, ffn_hidden_size=8),
+        losses=LossConfig(load_balance="global", aux_loss_coeff=0.1, z_loss_coeff=0.01),
+    )
+    return ModelConfig(moe=moe, **base)
+
+
+def batch(step: int, rank: int, B: int = 2, S: int = 12):
+    """A learnable stream: ``x_{t+1} = (3·x_t + 1) mod 40`` from a random start."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randint(0, 40, (B, 1), generator=g)
+    cols = [x]
+    for _ in range(S):
+        cols.append((3 * cols[-1] + 1) % 40)
+    ids = torch.cat(cols, 1)
+    return ids[:, :-1], ids[:, 1:]
+
+
+def train_steps(model, steps, world, rank, parallel=None):
+    """Plain AdamW steps; returns the global mean loss of every step."""
+    from moelab.core.routers import update_expert_bias
+    from moelab.train.loop import moe_layers
+
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-2, weight_decay=0.1, foreach=False)
+    losses = []
+    for step in range(steps):
+        if parallel is None:  # single process: the concatenation of every rank's batch
+            parts = [batch(step, r) for r in range(world)]
+            ids, tgt = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        else:
+            ids, tgt = batch(step, rank)
+        out = model.loss(ids, tgt)
+        out.loss.backward()
+        if parallel is None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        else:
+            parallel.sync_gradients(model)
+            parallel.clip_grad_norm(model, 0.5)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        records = [r for r in out.output.records if r is not None]
+        for layer, rec in zip(moe_layers(model), records, strict=True):
+            update_expert_bias(layer.router, rec.counts)
+            layer.reset_loss_state()
+        for m in model.modules():
+            if hasattr(m, "update_bias"):
+                m.update_bias()
+        loss = out.loss.detach().clone()
+        if parallel is not None:
+            dist.all_reduce(loss)
+            loss /= world
+        losses.append(loss.item())
+    return losses, opt
+
+
+def ep_dp_training(rank, world, ep, fsdp=(False,), latent=False, steps=20):
+    """Train one model per entry of ``fsdp``; returns their losses and rank 0's full state."""
+    from moelab.models import MoETransformer
+    from moelab.parallel import ExpertParallel
+
+    runs = []
+    for use_fsdp in fsdp:
+        torch.manual_seed(0)
+        model = MoETransformer(tiny_lm_config(latent=latent)).double()
+        parallel = ExpertParallel(ep, fsdp=use_fsdp)
+        parallel.prepare(model)
+        losses, _ = train_steps(model, steps, world, rank, parallel)
+        full = parallel_full_state(model, parallel)
+        runs.append({"losses": losses, "state": full if rank == 0 else None})
+    return runs
+
+
+def parallel_full_state(model, parallel):
+    from moelab.parallel import full_state_dict
+
+    return full_state_dict(model, parallel.sharded, parallel.groups)
+
+
+# ------------------------------------------------------------------ sharded checkpoints
+def save_at(rank, world, ep, folder):
+    from moelab.models import MoETransformer
+    from moelab.parallel import ExpertParallel
+
+    torch.manual_seed(0)
+    model = MoETransformer(tiny_lm_config())
+    parallel = ExpertParallel(ep)
+    parallel.prepare(model)
+    _, opt = train_steps(model, 2, world, rank, parallel)
+    parallel.save_checkpoint(folder, model, opt, {"step": 2}, 2)
+    return _full_model_and_optim(model, opt, parallel)
+
+
+def load_at(rank, world, ep, folder):
+    from moelab.models import MoETransformer
+    from moelab.parallel import ExpertParallel
+
+    torch.manual_seed(123)  # other weights: everything must come from the checkpoint
+    model = MoETransformer(tiny_lm_config())
+    parallel = ExpertParallel(ep)
+    parallel.prepare(model)
+    from moelab.parallel.checkpoint import latest_sharded_dir, load_sharded
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ckpt = latest_sharded_dir(folder)
+    state = load_sharded(ckpt, model, parallel.sharded, parallel.groups, opt)
+    out = _full_model_and_optim(model, opt, parallel)
+    out["trainer_state"] = state
+    return out
+
+
+def _full_model_and_optim(model, opt, parallel):
+    from moelab.parallel.shard import full_tensor
+
+    keep = set(parallel.sharded)
+    avg = {
+        n: full_tensor(opt.state[p]["exp_avg"], n, keep, parallel.groups)
+        for n, p in model.named_parameters()
+    }
+    return {"model": parallel_full_state(model, parallel), "exp_avg": avg}

@@ -2,7 +2,15 @@
 options and calls library functions. Importing this package registers every command on
 :data:`app`."""
 
-from moelab.cli import analyze, convert, evaluate, generate, train, upcycle  # noqa: F401
+from moelab.cli import (  # noqa: F401
+    analyze,
+    consolidate,
+    convert,
+    evaluate,
+    generate,
+    train,
+    upcycle,
+)
 from moelab.cli._app import app
 from moelab.cli.train import build_configs
 

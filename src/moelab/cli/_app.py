@@ -7,6 +7,7 @@ and keeps its traceback.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -38,10 +39,12 @@ USER_ERRORS = (
 
 
 def fail(exc: BaseException) -> None:
-    """Print ``exc``'s first line as an error and exit with code 2."""
-    err_console.print(
-        f"[bold red]error:[/] {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-    )
+    """Print ``exc``'s first line as an error and exit with code 2 (under torchrun every rank
+    exits, only rank 0 prints)."""
+    if os.environ.get("RANK", "0") == "0":
+        err_console.print(
+            f"[bold red]error:[/] {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        )
     raise typer.Exit(code=2)
 
 

@@ -184,6 +184,10 @@ def train(
     time_budget: Annotated[float | None, Opt(help="Stop after this many seconds.")] = None,
     seed: Annotated[int | None, Opt(help="Random seed.")] = None,
     progress: Annotated[bool, Opt(help="Show the progress bar.")] = True,
+    expert_parallel: Annotated[
+        int | None, Opt(help="Ranks per expert-parallel group (torchrun; world = DP × EP).")
+    ] = None,
+    fsdp: Annotated[bool, Opt(help="FSDP2 for the non-expert parameters (torchrun).")] = False,
 ) -> None:
     """Train an MoE language model on real text.
 
@@ -195,6 +199,7 @@ def train(
       moelab train --router usmoe --usmoe-budget 0.86
       moelab train --spec-loss --cross-loss --spec-coeff 0.01 --cross-coeff 0.01
       torchrun --nproc-per-node 2 -m moelab.cli train --steps 100
+      torchrun --nproc-per-node 4 -m moelab.cli train --expert-parallel 2 --fsdp
     """
     from moelab.train.loop import train as train_run
 
@@ -233,7 +238,20 @@ def train(
     model_cfg, train_cfg = (
         (None, None) if resume else guarded(build_configs, config, model_flags, train_flags, dense)
     )
-    result = guarded(train_run, model_cfg, train_cfg, run_dir, resume=resume, progress=progress)
+    parallel = None
+    if expert_parallel is not None or fsdp:
+        from moelab.parallel import ExpertParallel
+
+        parallel = guarded(ExpertParallel, expert_parallel or 1, fsdp)
+    result = guarded(
+        train_run,
+        model_cfg,
+        train_cfg,
+        run_dir,
+        resume=resume,
+        progress=progress,
+        parallel=parallel,
+    )
     if result is None:
         return
     if result.interrupted:

@@ -92,7 +92,9 @@ class LocalDispatcher:
 
     def dispatch(self, x_TD: Tensor, plan: RoutingPlan) -> Dispatched:
         if plan.top_k is not None:
-            return dispatch_uniform(x_TD, plan.expert_idx, plan.weight, plan.num_experts, plan.top_k)
+            return dispatch_uniform(
+                x_TD, plan.expert_idx, plan.weight, plan.num_experts, plan.top_k
+            )
         order = torch.argsort(plan.expert_idx, stable=True)
         counts = torch.bincount(plan.expert_idx, minlength=plan.num_experts)
         token_idx = plan.token_idx[order]

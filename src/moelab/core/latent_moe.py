@@ -108,7 +108,9 @@ class LatentMoEConfig:
         """Weights one token uses: ``2·D·H·d_h + H·(d_h·E + k·2·d_h·m)`` (projections,
         routers, k experts per head)."""
         H, dh = self.num_heads, self.head_dim
-        return 2 * d_model * H * dh + H * (dh * self.num_experts + self.top_k * 2 * dh * self.expert_size)
+        return 2 * d_model * H * dh + H * (
+            dh * self.num_experts + self.top_k * 2 * dh * self.expert_size
+        )
 
 
 class LocalHeadDispatcher:
@@ -188,7 +190,7 @@ class MultiHeadLatentMoE(nn.Module):
         """Keep only heads ``[start, start+count)`` of the router, bias and experts (Head
         Parallel); fc_mh and fc_mg stay whole. Raises ValueError for a bad range."""
         H_l, E = self.num_local_heads, self.config.num_experts
-        if not (0 <= start and count >= 1 and start + count <= H_l):
+        if not (start >= 0 and count >= 1 and start + count <= H_l):
             raise ValueError(f"heads: [{start}, {start + count}) is not inside [0, {H_l})")
         rows = slice(start * E, (start + count) * E)
         self.router = nn.Parameter(self.router[start : start + count].clone())

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from moelab.core.latent_moe import MultiHeadLatentMoE
 from moelab.core.layer import MoELayer
 from moelab.core.routers import update_expert_bias
 from moelab.data import (
@@ -67,6 +68,10 @@ class _LossModule(nn.Module):
     def forward(self, input_ids, targets):
         out = self.model.loss(input_ids, targets)
         return out.loss, out.ce, out.aux_loss, out.output.records
+
+
+def _clip(model: nn.Module, max_norm: float) -> float:
+    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()
 
 
 def moe_layers(model: nn.Module) -> list[MoELayer]:
@@ -192,6 +197,7 @@ def train(
     resume: bool = False,
     progress: bool = True,
     stop_after: int | None = None,
+    parallel: Any = None,
 ) -> TrainResult:
     """Train (or resume) a run in ``run_dir``.
 
@@ -204,6 +210,10 @@ def train(
         progress: show the rich progress bar (rank 0 only).
         stop_after: stop (as if interrupted, with a checkpoint) after this optimizer step;
             for tests of resume.
+        parallel: an expert-parallel plan (:class:`moelab.parallel.ExpertParallel`: its
+            ``prepare``, ``sync_gradients``, ``clip_grad_norm``, ``save_checkpoint``,
+            ``check_resume``, ``load_checkpoint`` and ``save_model`` replace DDP, clipping and
+            the checkpoint files; every rank validates and writes collectively). None = DDP.
     Returns:
         :class:`TrainResult`.
     Raises:
@@ -212,20 +222,20 @@ def train(
     run_dir = Path(run_dir)
     dist_info = init_distributed()
     try:
-        return _train(model_cfg, cfg, run_dir, resume, progress, stop_after, dist_info)
+        return _train(model_cfg, cfg, run_dir, resume, progress, stop_after, dist_info, parallel)
     finally:
         shutdown(dist_info)
 
 
 def _train(
-    model_cfg, cfg, run_dir, resume, progress, stop_after, dist_info: DistInfo
+    model_cfg, cfg, run_dir, resume, progress, stop_after, dist_info: DistInfo, parallel=None
 ) -> TrainResult:
     _check_run_dir(run_dir, resume)
     ckpt = None
     if resume:
         run_info = read_run_info(run_dir)
         cfg = TrainConfig.from_dict(run_info["train"])
-        ckpt = load_checkpoint(run_dir)
+        ckpt = load_checkpoint(run_dir) if parallel is None else None
     torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(run_dir) if resume else None
     model: MoETransformer | None = None
@@ -249,6 +259,10 @@ def _train(
         raise ConfigError(
             f"seq_len: {cfg.seq_len} exceeds the model's max_seq_len={model.cfg.max_seq_len}"
         )
+    if parallel is not None:  # validate the layout on every rank before anything is written
+        if resume:
+            parallel.check_resume(run_dir)
+        model = parallel.prepare(model)
     if dist_info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         if not resume:
@@ -260,7 +274,7 @@ def _train(
 
     layers = moe_layers(model)
     module = _LossModule(model)
-    step_fn = DDP(module) if dist_info.enabled else module
+    step_fn = DDP(module) if dist_info.enabled and parallel is None else module
     optimizer = torch.optim.AdamW(
         _param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps
     )
@@ -276,6 +290,17 @@ def _train(
         elapsed_before = float(ckpt.state["elapsed_s"])
         if dist_info.is_main:
             metrics.truncate_after(start_step)
+    elif (
+        parallel is not None
+        and resume
+        and (state := parallel.load_checkpoint(run_dir, model, optimizer))
+    ):
+        torch.set_rng_state(state["torch_rng"])
+        generator.set_state(state["generator"][dist_info.rank])
+        start_step, tokens_seen = int(state["step"]), int(state["tokens_seen"])
+        elapsed_before = float(state["elapsed_s"])
+        if dist_info.is_main:
+            metrics.truncate_after(start_step)
     elif resume and dist_info.is_main:
         metrics.truncate_after(0)
 
@@ -284,22 +309,24 @@ def _train(
         if dist_info.enabled:
             gens = [torch.empty_like(gens[0]) for _ in range(dist_info.world_size)]
             torch.distributed.all_gather(gens, generator.get_state())
-        if dist_info.is_main:
-            state = {
-                "step": step,
-                "optimizer": optimizer.state_dict(),
-                "torch_rng": torch.get_rng_state(),
-                "generator": gens,
-                "tokens_seen": tokens_seen,
-                "elapsed_s": elapsed_before + time.perf_counter() - t0,
-            }
-            save_checkpoint(run_dir, model, state, step)
+        state = {
+            "step": step,
+            "torch_rng": torch.get_rng_state(),
+            "generator": gens,
+            "tokens_seen": tokens_seen,
+            "elapsed_s": elapsed_before + time.perf_counter() - t0,
+        }
+        if parallel is not None:
+            parallel.save_checkpoint(run_dir, model, optimizer, state, step)
+        elif dist_info.is_main:
+            save_checkpoint(run_dir, model, {**state, "optimizer": optimizer.state_dict()}, step)
         barrier(dist_info)
 
     def validate(step: int) -> EvalResult | None:
-        """Score the validation streams on rank 0 and log them."""
+        """Score the validation streams on rank 0 (on every rank when the model is sharded:
+        its forward is collective) and log them."""
         result = None
-        if dist_info.is_main:
+        if dist_info.is_main or parallel is not None:
             result = evaluate(
                 model,
                 val_streams,
@@ -307,11 +334,12 @@ def _train(
                 batch_size=cfg.batch_size,
                 max_tokens=cfg.eval_tokens,
             )
+        if dist_info.is_main:
             rec = _eval_record(step, result)
             metrics.write(rec)
             bar.set_val(result.overall.bits_per_byte)
         barrier(dist_info)
-        return result
+        return result if dist_info.is_main else None
 
     tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * dist_info.world_size
     bar = TrainProgress(cfg.steps, enabled=progress and dist_info.is_main, start=start_step)
@@ -342,7 +370,7 @@ def _train(
             n_bytes = 0
             for micro in range(cfg.grad_accum):
                 batch = sample_batch(train_stream, cfg.batch_size, cfg.seq_len, generator)
-                sync = micro == cfg.grad_accum - 1 or not dist_info.enabled
+                sync = micro == cfg.grad_accum - 1 or step_fn is module
                 ctx = nullcontext() if sync else step_fn.no_sync()
                 with ctx:
                     loss, ce, aux, records = step_fn(batch.input_ids, batch.targets)
@@ -354,17 +382,19 @@ def _train(
                     c += rec.counts
             if not math.isfinite(ce_sum):
                 raise FloatingPointError(f"step {step}: training loss is not finite")
-            grad_norm = (
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
-                if cfg.grad_clip > 0
-                else math.nan
-            )
+            if parallel is not None:
+                parallel.sync_gradients(model)
+            clip = parallel.clip_grad_norm if parallel is not None else _clip
+            grad_norm = clip(model, cfg.grad_clip) if cfg.grad_clip > 0 else math.nan
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             for layer, c in zip(layers, counts, strict=True):
                 if layer.router.config.expert_bias:
                     update_expert_bias(layer.router, c)
                 layer.reset_loss_state()
+            for m in model.modules():
+                if isinstance(m, MultiHeadLatentMoE):
+                    m.update_bias()
             step += 1
             tokens_seen += tokens_per_step
             dt = time.perf_counter() - t_step
@@ -409,7 +439,9 @@ def _train(
             if stopping:
                 interrupted = stop.stop or (stop_after is not None and step >= stop_after)
                 break
-    if dist_info.is_main and not interrupted:
+    if parallel is not None and not interrupted:
+        parallel.save_model(model, run_dir)
+    elif dist_info.is_main and not interrupted:
         save_model(model, run_dir)
     barrier(dist_info)
     return TrainResult(
