@@ -231,3 +231,36 @@ def _full_model_and_optim(model, opt, parallel):
         for n, p in model.named_parameters()
     }
     return {"model": parallel_full_state(model, parallel), "exp_avg": avg}
+
+
+# ------------------------------------------------------------------------ Head Parallel
+def hp_send_sizes(rank, world, ks=(1, 2, 4, 8)):
+    """Per k: bytes this rank sent in one MH-LatentMoE forward under HP with routing skewed
+    toward experts 0 and 1 of every head, and the HP-vs-local differences of y and dx."""
+    from moelab.core.latent_moe import LatentMoEConfig, MultiHeadLatentMoE
+
+    groups = build_groups(world)
+    out = {}
+    for k in ks:
+        torch.manual_seed(0)
+        cfg = LatentMoEConfig(num_heads=8, head_dim=4, num_experts=8, top_k=k, expert_size=8)
+        ref = MultiHeadLatentMoE(cfg, 16).double()
+        with torch.no_grad():
+            ref.expert_bias[:, :2] = 5.0  # skew: experts 0 and 1 of every head win
+        layer = _Wrap(copy.deepcopy(ref))
+        shard_model(layer, groups)
+        g = torch.Generator().manual_seed(rank)
+        x = torch.randn(3, 5, 16, generator=g, dtype=torch.float64)
+        xr, xh = x.clone().requires_grad_(), x.clone().requires_grad_()
+        y_ref, y_hp = ref(xr), layer.layer(xh)
+        (y_ref.square().sum()).backward()
+        (y_hp.square().sum()).backward()
+        stats = layer.layer.head_dispatcher.stats
+        out[k] = {
+            "bytes": stats.per_call[-1],
+            "metadata": stats.metadata_bytes,
+            "y": (y_hp - y_ref).abs().max().item(),
+            "dx": (xh.grad - xr.grad).abs().max().item(),
+            "heads": layer.layer.num_local_heads,
+        }
+    return out

@@ -55,7 +55,7 @@ class HeadParallelDispatcher:
     def scatter(self, s_THd: Tensor) -> Tensor:
         """``[T, H, d_h]`` (all heads of my tokens) → ``[W·T, H/W, d_h]`` (my heads of every
         rank's tokens, grouped by source rank)."""
-        T, H, dh = s_THd.shape
+        T, _, dh = s_THd.shape
         W, Hl = self.world, self.local_heads
         send = s_THd.view(T, W, Hl * dh).transpose(0, 1).reshape(W * T, Hl * dh)
         recv = all_to_all(send, [T] * W, [T] * W, self.group)
