@@ -264,3 +264,46 @@ def hp_send_sizes(rank, world, ks=(1, 2, 4, 8)):
             "heads": layer.layer.num_local_heads,
         }
     return out
+
+
+# --------------------------------------------------------------- the training loop (CLI)
+def write_corpus(folder):
+    from pathlib import Path
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    text = "the quick brown fox jumps over the lazy dog; pack my box with five dozen jugs. "
+    for i in range(4):
+        (folder / f"doc{i}.txt").write_text((text * (20 + 5 * i)).replace("fox", f"fox{i}"))
+    return folder
+
+
+def loop_train_config(corpus):
+    from moelab.train.config import TrainConfig
+
+    return TrainConfig(
+        data=str(corpus), max_bytes_per_domain=None, val_fraction=0.25, seq_len=16,
+        batch_size=2, steps=6, warmup_steps=1, eval_every=3, eval_tokens=64,
+        checkpoint_every=2, log_every=1, lr=3e-3, seed=0,
+    )  # fmt: skip
+
+
+def loop_train(rank, world, run_dir, corpus, ep, stop_after=None, resume=False):
+    from moelab.models import ModelConfig
+    from moelab.parallel import ExpertParallel
+    from moelab.train.loop import train
+
+    moe = MoEConfig(
+        router=RouterConfig(num_experts=4, top_k=2, expert_bias=True, bias_update_rate=0.01),
+        experts=ExpertsConfig(hidden_size=32, ffn_hidden_size=32),
+        losses=LossConfig(load_balance="global"),
+    )
+    model_cfg = ModelConfig(
+        vocab_size=256, d_model=32, n_layers=2, n_heads=4, max_seq_len=32, moe=moe
+    )
+    cfg = None if resume else loop_train_config(corpus)
+    result = train(
+        None if resume else model_cfg, cfg, run_dir, resume=resume, progress=False,
+        stop_after=stop_after, parallel=ExpertParallel(ep),
+    )  # fmt: skip
+    return {"step": result.step, "interrupted": result.interrupted}

@@ -19,6 +19,7 @@ their DP group (:mod:`moelab.parallel.head_parallel`).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +43,12 @@ class ExpertParallel:
             experts of every MoE layer and the heads of every Multi-Head LatentMoE layer).
         fsdp: shard the non-expert parameters with FSDP2 over the world.
     Raises:
-        ValueError: a bad EP (at :meth:`prepare`, once the world size is known).
+        ValueError: EP is not an int >= 1 dividing the world size (``WORLD_SIZE``).
     """
 
     def __init__(self, expert_parallel: int = 1, fsdp: bool = False) -> None:
-        check_expert_parallel(expert_parallel, expert_parallel)
+        # torchrun's WORLD_SIZE lets a bad EP fail before any data is loaded
+        check_expert_parallel(expert_parallel, int(os.environ.get("WORLD_SIZE", "1")))
         self.ep = expert_parallel
         self.fsdp = fsdp
         self.groups = ParallelGroups()

@@ -90,6 +90,11 @@ def load_checkpoint(run_dir: Path) -> Checkpoint | None:
     folder = latest_checkpoint_dir(run_dir)
     if folder is None:
         return None
+    if (folder / "layout.json").exists():
+        raise CheckpointError(
+            f"{folder}: a sharded (DCP) checkpoint of an expert-parallel run; resume it under "
+            "torchrun with --expert-parallel (or --fsdp), or convert it with `moelab consolidate`"
+        )
     model = load_model(folder)
     path = folder / STATE_FILE
     try:
