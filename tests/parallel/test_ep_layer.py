@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from parallel_ranks import run_ranks
 from parallel_workers import E, ep_forward_backward, remote_zero
 
+from moelab.parallel.launch import spawn_ranks as run_ranks
 
+
+@pytest.mark.slow
 @pytest.mark.parametrize("world,ep", [(2, 2), (4, 4), (4, 2)])
 def test_ep_forward_backward_equals_single_process(world, ep):
     results = run_ranks(ep_forward_backward, world, ep=ep)
@@ -17,6 +19,7 @@ def test_ep_forward_backward_equals_single_process(world, ep):
             assert r[key] < 1e-6, (key, r[key])
 
 
+@pytest.mark.slow
 def test_remote_expert_slots_contribute_exactly_zero():
     for r in run_ranks(remote_zero, 2):
         assert r["n_remote_tokens"] > 0

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from parallel_ranks import run_ranks
 from parallel_workers import ep_dp_training, load_at, save_at, tiny_lm_config, train_steps
 
 from moelab.models import MoETransformer, load_model
 from moelab.parallel import ParallelGroups, consolidate, load_sharded
 from moelab.parallel.checkpoint import latest_sharded_dir
+from moelab.parallel.launch import spawn_ranks as run_ranks
 
 
 def _single_process(world, steps=20, latent=False):

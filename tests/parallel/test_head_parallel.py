@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from parallel_ranks import run_ranks
+import pytest
 from parallel_workers import hp_send_sizes
 
+from moelab.parallel.launch import spawn_ranks as run_ranks
 
+
+@pytest.mark.slow
 def test_hp_send_sizes_identical_across_ranks_and_k():
     world, T, H, dh = 4, 15, 8, 4
     results = run_ranks(hp_send_sizes, world)

@@ -10,12 +10,13 @@ import sys
 
 import pytest
 import torch
-from parallel_ranks import free_port, run_ranks
 from parallel_workers import loop_train, write_corpus
 from typer.testing import CliRunner
 
 from moelab.cli import app
 from moelab.models import load_model
+from moelab.parallel.launch import free_port
+from moelab.parallel.launch import spawn_ranks as run_ranks
 
 runner = CliRunner()
 
@@ -51,9 +52,12 @@ def test_resume_at_another_ep_matches_uninterrupted_run(tmp_path):
         res = runner.invoke(app, ["train", "--out", str(part), "--resume", *extra])
         assert res.exit_code == 2, res.output
         assert res.output.strip().startswith("error:") and len(res.output.strip().splitlines()) == 1
-    assert "written by 2 ranks" in runner.invoke(
-        app, ["train", "--out", str(part), "--resume", "--expert-parallel", "1"]
-    ).output
+    assert (
+        "written by 2 ranks"
+        in runner.invoke(
+            app, ["train", "--out", str(part), "--resume", "--expert-parallel", "1"]
+        ).output
+    )
     assert _snapshot(part) == before
     # same world, EP 2 -> 1 (the weights reshard; data order and optimizer state carry over)
     run_ranks(loop_train, 2, run_dir=str(part), corpus=None, ep=1, resume=True)
