@@ -45,14 +45,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from moelab.core.config import ExpertsConfig
+from moelab.core.config import ExpertsConfig, _check
 from moelab.core.dispatch import LocalDispatcher, dispatch_uniform
 from moelab.core.experts import ExpertBank
-
-
-def _check(cond: bool, name: str, msg: str) -> None:
-    if not cond:
-        raise ValueError(f"{name}: {msg}")
 
 
 @dataclass

@@ -101,6 +101,16 @@ class CommStats:
         self.payload_bytes = self.metadata_bytes = self.calls = 0
         self.per_call = []
 
+    def add(self, payload: int, metadata: int = 0, new_call: bool = True) -> None:
+        """Count one exchange; ``new_call=False`` adds it to the current layer call."""
+        self.payload_bytes += payload
+        self.metadata_bytes += metadata
+        if new_call:
+            self.calls += 1
+            self.per_call.append(payload + metadata)
+        else:
+            self.per_call[-1] += payload + metadata
+
 
 def sent_bytes(splits: list[int], row_bytes: int, my_rank: int) -> int:
     """Bytes of an all-to-all send with ``splits`` rows per destination, self excluded."""

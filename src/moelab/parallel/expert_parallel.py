@@ -105,7 +105,7 @@ class AllToAllDispatcher:
         row_bytes = x_TD.shape[-1] * x_TD.element_size()
         meta = sent_bytes([E_l] * ep, counts_E.element_size(), self.rank)
         payload = sent_bytes(send_splits, row_bytes, self.rank)
-        self._count(payload, meta)
+        self.stats.add(payload, meta)
         return EPDispatched(
             x=permute_rows(x_recv, perm, inverse),
             counts=recv.sum(0),
@@ -122,15 +122,5 @@ class AllToAllDispatcher:
         y_recv = permute_rows(y_RD, d.inverse, d.perm)
         y_home = all_to_all(y_recv, d.send_splits, d.recv_splits, self.group)
         row_bytes = y_RD.shape[-1] * y_RD.element_size()
-        self._count(sent_bytes(d.recv_splits, row_bytes, self.rank), 0, new_call=False)
+        self.stats.add(sent_bytes(d.recv_splits, row_bytes, self.rank), new_call=False)
         return self.local.combine(y_home, d.local, num_tokens)
-
-    def _count(self, payload: int, meta: int, new_call: bool = True) -> None:
-        s = self.stats
-        s.payload_bytes += payload
-        s.metadata_bytes += meta
-        if new_call:
-            s.calls += 1
-            s.per_call.append(payload + meta)
-        else:
-            s.per_call[-1] += payload + meta

@@ -75,10 +75,5 @@ class HeadParallelDispatcher:
         return self.dp_group
 
     def _count(self, rows: Tensor, T: int, new_call: bool) -> None:
-        n = sent_bytes([T] * self.world, rows.shape[-1] * rows.element_size(), self.rank)
-        self.stats.payload_bytes += n
-        if new_call:
-            self.stats.calls += 1
-            self.stats.per_call.append(n)
-        else:
-            self.stats.per_call[-1] += n
+        row_bytes = rows.shape[-1] * rows.element_size()
+        self.stats.add(sent_bytes([T] * self.world, row_bytes, self.rank), new_call=new_call)
