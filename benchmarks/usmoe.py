@@ -87,9 +87,12 @@ class _BudgetedTopK(Router):
 
 
 def _usmoe(base: RouterConfig, f: float, **kw) -> RouterConfig:
+    # Sequence scope (the training-free code's): it looks at future tokens, so these losses are
+    # not causal LM scores (see the README); kept so the quoted table stays reproducible.
     return RouterConfig(
-        num_experts=base.num_experts, top_k=base.top_k, kind="usmoe", budget_fraction=f, **kw
-    )
+        num_experts=base.num_experts, top_k=base.top_k, kind="usmoe", budget_fraction=f,
+        selection_scope="sequence", **kw,
+    )  # fmt: skip
 
 
 def main() -> None:

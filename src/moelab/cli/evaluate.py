@@ -21,6 +21,9 @@ def eval_cmd(
     tokens: Annotated[int, Opt(help="Maximum tokens to score.")] = 262_144,
     batch_size: Annotated[int, Opt(help="Sequences per batch.")] = 16,
     as_json: Annotated[bool, Opt("--json", help="Print JSON.")] = False,
+    allow_noncausal_routing: Annotated[
+        bool, Opt(help="Score a model whose routing looks at future tokens (not a causal LM).")
+    ] = False,
 ) -> None:
     """Loss, perplexity and bits per byte of a run (per domain for the mix corpus).
 
@@ -28,25 +31,41 @@ def eval_cmd(
       moelab eval runs/main
       moelab eval runs/main --data kjv --json
     """
-    result = guarded(_evaluate_run, run, data, tokens, batch_size)
+    result, noncausal = guarded(
+        _evaluate_run, run, data, tokens, batch_size, allow_noncausal_routing
+    )
+    note = (
+        f"not a causal LM score: MoE layers {noncausal} route with USMoE scopes that look at "
+        "future tokens"
+        if noncausal
+        else None
+    )
     if as_json:
-        console.print_json(json.dumps(result.to_dict()))
+        console.print_json(json.dumps({**result.to_dict(), **({"note": note} if note else {})}))
     else:
-        console.print(
-            summary_table(f"{run}: {'validation split' if data is None else data}", result)
-        )
+        title = f"{run}: {'validation split' if data is None else data}"
+        console.print(summary_table(title + (f" ({note})" if note else ""), result))
 
 
-def _evaluate_run(run: Path, data: str | None, tokens: int, batch_size: int):
+def _evaluate_run(run: Path, data: str | None, tokens: int, batch_size: int, allow_noncausal: bool):
+    """(EvalResult, indices of MoE layers whose routing looks at future tokens)."""
     from moelab.data import TokenStream, load_corpus
     from moelab.train.evaluate import evaluate
     from moelab.train.loop import prepare_data, run_train_config
 
     model, tokenizer = load_run(run)
+    noncausal = model.noncausal_routing_layers()
+    if noncausal and not allow_noncausal:
+        raise ValueError(
+            f"router: MoE layers {noncausal} route with a USMoE scope that looks at future "
+            "tokens, so bits/byte would not be a causal LM score; pass "
+            "--allow-noncausal-routing to score it anyway"
+        )
     cfg = run_train_config(run)
     seq_len = min(cfg.seq_len, model.cfg.max_seq_len)
     if data is None:
         _, _, streams = prepare_data(cfg, tokenizer)
     else:
         streams = {data: TokenStream.from_documents(load_corpus(data), tokenizer, name=data)}
-    return evaluate(model, streams, seq_len=seq_len, batch_size=batch_size, max_tokens=tokens)
+    result = evaluate(model, streams, seq_len=seq_len, batch_size=batch_size, max_tokens=tokens)
+    return result, noncausal

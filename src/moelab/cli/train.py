@@ -71,6 +71,7 @@ def build_configs(
     model_dict = merge(model_dict, _model_overrides(**model_flags), skip_none=True)
     if isinstance(model_dict.get("moe"), dict):
         model_dict["moe"].setdefault("experts", {})["hidden_size"] = model_dict.get("d_model")
+        _usmoe_without_balancing(model_dict["moe"], file_cfg, model_flags)
     if (
         isinstance(model_dict.get("max_seq_len"), int)
         and train_cfg.seq_len > model_dict["max_seq_len"]
@@ -83,6 +84,20 @@ def build_configs(
     if dense:
         model_cfg = dense_twin_config(model_cfg)
     return model_cfg, _absolute_paths(train_cfg)
+
+
+def _usmoe_without_balancing(moe: dict, file_cfg: dict, model_flags: dict) -> None:
+    """Training-based USMoE as released uses no load-balancing loss (its configured gate is
+    never built; see :mod:`moelab.core.routers.usmoe`): the default unless one is given."""
+    file_losses = ((file_cfg.get("model") or {}).get("moe") or {}).get("losses") or {}
+    router = moe.get("router")
+    if (
+        isinstance(router, dict)
+        and router.get("kind") == "usmoe"
+        and model_flags.get("aux_loss") is None
+        and "load_balance" not in file_losses
+    ):
+        moe.setdefault("losses", {})["load_balance"] = "none"
 
 
 def _absolute_paths(cfg):
@@ -134,7 +149,8 @@ def train(
     ] = None,
     usmoe_rate: Annotated[float | None, Opt(help="USMoE: r of the unified score.")] = None,
     usmoe_scope: Annotated[
-        str | None, Opt(help="USMoE selection: sequence, batch or causal_prefix.")
+        str | None,
+        Opt(help="USMoE selection: position (default), causal_prefix, sequence or batch."),
     ] = None,
     usmoe_weight_norm: Annotated[
         str | None, Opt(help="USMoE combine weights: none, all_experts or selected.")
@@ -183,6 +199,9 @@ def train(
     max_bytes_per_domain: Annotated[int | None, Opt(help="Cap per corpus domain, bytes.")] = None,
     time_budget: Annotated[float | None, Opt(help="Stop after this many seconds.")] = None,
     seed: Annotated[int | None, Opt(help="Random seed.")] = None,
+    allow_noncausal_routing: Annotated[
+        bool | None, Opt(help="Allow USMoE scopes that look at future tokens (not a causal LM).")
+    ] = None,
     progress: Annotated[bool, Opt(help="Show the progress bar.")] = True,
     expert_parallel: Annotated[
         int | None, Opt(help="Ranks per expert-parallel group (torchrun; world = DP × EP).")
@@ -220,6 +239,7 @@ def train(
         bpe_vocab_size=bpe_vocab_size, max_bytes_per_domain=max_bytes_per_domain,
         time_budget_s=time_budget, seed=seed, init_from=init_from, val_fraction=val_fraction,
         min_lr_ratio=min_lr_ratio, beta1=beta1, beta2=beta2, eps=adam_eps,
+        allow_noncausal_routing=allow_noncausal_routing,
     )  # fmt: skip
     given = [k for k, v in {**model_flags, **train_flags}.items() if v is not None]
     if resume and (given or config or dense):

@@ -7,12 +7,13 @@ from typing import Literal
 
 ScoreFunc = Literal["softmax", "sigmoid"]
 RouterKind = Literal["token_choice", "expert_choice", "usmoe"]
-USMoEScore = Literal["sigmoid_scaled", "softmax_over_tokens"]
-SelectionScope = Literal["sequence", "batch", "causal_prefix"]
-USMoEWeightNorm = Literal["none", "all_experts", "selected"]
+USMoEScore = Literal["sigmoid_scaled", "softmax_over_tokens", "paper_expert_choice"]
+SelectionScope = Literal["position", "sequence", "batch", "causal_prefix"]
+CAUSAL_SCOPES = ("position", "causal_prefix")
+USMoEWeightNorm = Literal["auto", "none", "all_experts", "selected"]
 USMoEConstraint = Literal["global", "per_token", "per_expert"]
 SpecPenalty = Literal["square", "cos", "relu"]
-CrossLayerVariant = Literal["pathway", "token"]
+CrossLayerVariant = Literal["joint_topk", "pathway", "token"]
 DropPolicy = Literal["probs", "position"]
 Activation = Literal["swiglu", "gelu"]
 BalanceLoss = Literal["switch", "seq", "global", "none"]
@@ -56,15 +57,22 @@ class RouterConfig:
         usmoe_rate: USMoE only (``kind="usmoe"``; arXiv 2503.22996): r of the unified score
             ``w = (1−r)·softmax_E(ℓ) + r·f_alt(ℓ)``; the authors' code uses 0.5.
         usmoe_expert_score: f_alt: ``"sigmoid_scaled"`` = ``(2/E)·sigmoid(ℓ)`` (the released
-            code) or ``"softmax_over_tokens"`` (softmax of ℓ over the selection group's tokens,
-            the code's commented-out alternative).
+            code), ``"softmax_over_tokens"`` (softmax of ℓ over the selection group's tokens,
+            each token's row then renormalised over experts: the code's commented-out
+            alternative) or ``"paper_expert_choice"`` (the paper's EC-style expert-dimension
+            score as a secondary source gives it: the token softmax without renormalisation).
         budget_fraction: USMoE only: routed pairs per selection group =
             ``round(budget_fraction · k · T_group)`` (half up), met exactly; in (0, E/k].
         selection_scope: USMoE only: the group whose (token, expert) table is ranked:
-            ``"sequence"`` (each row of the layer input's ``(B, S)``, the authors' code),
-            ``"batch"`` (all T tokens) or ``"causal_prefix"`` (token t routed by the prefix
-            0..t only; causal, so usable for generation; budget met on average, not exactly).
-        usmoe_weight_norm: USMoE combine weights: ``"none"`` (w itself, the released code with
+            ``"position"`` (default: one time position across the batch, budget B·k — the
+            authors' training-based code on ``[time, batch, D]`` tensors; causal),
+            ``"sequence"`` (each row of the layer input's ``(B, S)``, the training-free code;
+            looks at future tokens), ``"batch"`` (all T tokens; looks at future tokens) or
+            ``"causal_prefix"`` (token t routed by the prefix 0..t only; causal; budget met on
+            average, not exactly). Only :data:`CAUSAL_SCOPES` give a causal LM.
+        usmoe_weight_norm: USMoE combine weights: ``"auto"`` (default: ``"none"``, except that
+            :func:`moelab.models.with_router` picks ``"selected"`` for a model trained with
+            normalised top-k weights so the swap keeps the output scale), ``"none"`` (w itself, the released code with
             ``norm_topk_prob=False``, which all three of its backbones use), ``"all_experts"``
             (w / Σ_e w, the code's ``norm_topk_prob`` branch) or ``"selected"`` (w / Σ over
             the token's selected experts; ours, matching a model trained with normalised top-k).
@@ -90,8 +98,8 @@ class RouterConfig:
     usmoe_rate: float = 0.5
     usmoe_expert_score: USMoEScore = "sigmoid_scaled"
     budget_fraction: float = 1.0
-    selection_scope: SelectionScope = "sequence"
-    usmoe_weight_norm: USMoEWeightNorm = "none"
+    selection_scope: SelectionScope = "position"
+    usmoe_weight_norm: USMoEWeightNorm = "auto"
     usmoe_constraint: USMoEConstraint = "global"
 
     def __post_init__(self) -> None:
@@ -152,8 +160,8 @@ class RouterConfig:
                 "usmoe_rate": 0.5,
                 "usmoe_expert_score": "sigmoid_scaled",
                 "budget_fraction": 1.0,
-                "selection_scope": "sequence",
-                "usmoe_weight_norm": "none",
+                "selection_scope": "position",
+                "usmoe_weight_norm": "auto",
                 "usmoe_constraint": "global",
             }
             for name, default in defaults.items():
@@ -167,9 +175,11 @@ class RouterConfig:
             0.0 <= self.usmoe_rate <= 1.0, "usmoe_rate", f"must be in [0, 1], got {self.usmoe_rate}"
         )
         _check(
-            self.usmoe_expert_score in ("sigmoid_scaled", "softmax_over_tokens"),
+            self.usmoe_expert_score
+            in ("sigmoid_scaled", "softmax_over_tokens", "paper_expert_choice"),
             "usmoe_expert_score",
-            f"must be sigmoid_scaled or softmax_over_tokens, got {self.usmoe_expert_score!r}",
+            "must be sigmoid_scaled, softmax_over_tokens or paper_expert_choice, "
+            f"got {self.usmoe_expert_score!r}",
         )
         _check(
             0.0 < self.budget_fraction <= E / k,
@@ -177,14 +187,14 @@ class RouterConfig:
             f"must be in (0, E/k={E / k:g}], got {self.budget_fraction}",
         )
         _check(
-            self.selection_scope in ("sequence", "batch", "causal_prefix"),
+            self.selection_scope in ("position", "sequence", "batch", "causal_prefix"),
             "selection_scope",
-            f"must be sequence, batch or causal_prefix, got {self.selection_scope!r}",
+            f"must be position, sequence, batch or causal_prefix, got {self.selection_scope!r}",
         )
         _check(
-            self.usmoe_weight_norm in ("none", "all_experts", "selected"),
+            self.usmoe_weight_norm in ("auto", "none", "all_experts", "selected"),
             "usmoe_weight_norm",
-            f"must be none, all_experts or selected, got {self.usmoe_weight_norm!r}",
+            f"must be auto, none, all_experts or selected, got {self.usmoe_weight_norm!r}",
         )
         _check(
             self.usmoe_constraint in ("global", "per_token", "per_expert"),
@@ -272,8 +282,10 @@ class LossConfig:
             layers (:mod:`moelab.core.losses.cross_layer`), reported as ``"cross_layer"``;
             computed by the model, not the layer.
         cross_layer_coeff: its coefficient.
-        cross_layer_variant: ``"pathway"`` (batch joint routing distribution; default) or
-            ``"token"`` (per-token joint top-k probability).
+        cross_layer_variant: ``"joint_topk"`` (default; the best available reading of the
+            paper's Eq. 7: per token, the product of the two adjacent layers' top-k
+            probability masses, maximised), or this project's variants ``"pathway"`` (batch
+            joint routing distribution) and ``"token"`` (−log of the per-token product).
     """
 
     load_balance: BalanceLoss = "switch"
@@ -285,7 +297,7 @@ class LossConfig:
     specialization_penalty: SpecPenalty = "square"
     cross_layer: bool = False
     cross_layer_coeff: float = 1e-2
-    cross_layer_variant: CrossLayerVariant = "pathway"
+    cross_layer_variant: CrossLayerVariant = "joint_topk"
 
     def __post_init__(self) -> None:
         _check(
@@ -308,9 +320,9 @@ class LossConfig:
             f"must be square, cos or relu, got {self.specialization_penalty!r}",
         )
         _check(
-            self.cross_layer_variant in ("pathway", "token"),
+            self.cross_layer_variant in ("joint_topk", "pathway", "token"),
             "cross_layer_variant",
-            f"must be pathway or token, got {self.cross_layer_variant!r}",
+            f"must be joint_topk, pathway or token, got {self.cross_layer_variant!r}",
         )
 
 
@@ -321,3 +333,12 @@ class MoEConfig:
     router: RouterConfig = field(default_factory=RouterConfig)
     experts: ExpertsConfig = field(default_factory=ExpertsConfig)
     losses: LossConfig = field(default_factory=LossConfig)
+
+    def __post_init__(self) -> None:
+        # arXiv 2602.14159 defines R_sp on the SwiGLU intermediate silu(x·W_g) ⊙ (x·W_u).
+        _check(
+            not self.losses.specialization or self.experts.activation == "swiglu",
+            "losses.specialization",
+            "is defined on SwiGLU expert activations (arXiv 2602.14159); "
+            f"the experts use {self.experts.activation!r}",
+        )

@@ -13,6 +13,7 @@ from moelab.core.experts import ExpertBank, SharedExpert
 from moelab.core.losses import SpecializationLoss, build_balance_loss, router_z_loss
 from moelab.core.plan import RoutingPlan
 from moelab.core.routers import build_router
+from moelab.core.routers.usmoe import PrefixState
 from moelab.core.telemetry import RoutingRecord
 
 
@@ -92,7 +93,17 @@ class MoELayer(nn.Module):
                     f"mask: expected shape {tuple(x.shape[:-1])}, got {tuple(mask.shape)}"
                 )
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> MoEOutput:
+    @property
+    def needs_prefix_state(self) -> bool:
+        """True when incremental decoding must carry router state (causal-prefix USMoE)."""
+        cfg = self.config.router
+        return cfg.kind == "usmoe" and cfg.selection_scope == "causal_prefix"
+
+    def forward(
+        self, x: Tensor, mask: Tensor | None = None, prefix_state: PrefixState | None = None
+    ) -> MoEOutput:
+        """``x [..., D]`` → :class:`MoEOutput`. ``mask [...]`` bool marks real tokens;
+        ``prefix_state`` carries causal-prefix USMoE routing across decoding calls."""
         self._check(x, mask)
         batch_shape = tuple(x.shape[:-1])
         x_TD = x.reshape(-1, x.shape[-1])
@@ -103,7 +114,8 @@ class MoELayer(nn.Module):
             else torch.ones(T, dtype=torch.bool, device=x.device)
         )
         if self.router.uses_batch_shape:
-            plan = self.router(x_TD, batch_shape=batch_shape, token_mask=token_mask)
+            kw = {"prefix_state": prefix_state} if prefix_state is not None else {}
+            plan = self.router(x_TD, batch_shape=batch_shape, token_mask=token_mask, **kw)
         else:
             plan = self.router(x_TD)
         dispatched = self.dispatcher.dispatch(x_TD, plan)

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from moelab.core.routers.usmoe import PrefixState
 from moelab.models.norm import RMSNorm
 from moelab.models.rope import RotaryEmbedding
 
@@ -51,6 +52,8 @@ class KVCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.key_mask = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)
         self.length = 0
+        # Per MoE layer: router state that later positions need (causal-prefix USMoE).
+        self.routing_states: dict[int, PrefixState] = {}
 
     @property
     def batch_size(self) -> int:
@@ -68,6 +71,7 @@ class KVCache:
         """Forget every cached position (buffers are kept)."""
         self.key_mask.zero_()
         self.length = 0
+        self.routing_states.clear()
 
     def check(self, batch_size: int, start_pos: int, num_new: int) -> None:
         """Raise ``ValueError`` unless ``num_new`` tokens can be written at ``start_pos``."""
@@ -94,6 +98,17 @@ class KVCache:
         self.key_mask[:, end:] = False
         self.length = end
         return self.key_mask[:, :end]
+
+    def routing_state(self, layer: int, router, start_pos: int) -> PrefixState:
+        """Layer ``layer``'s router state holding positions ``0..start_pos−1`` (created
+        empty by ``router.new_prefix_state`` on first use; later positions are forgotten
+        when the cache is rewound)."""
+        state = self.routing_states.get(layer)
+        if state is None:
+            state = router.new_prefix_state(self.batch_size, self.key_mask.device)
+            self.routing_states[layer] = state
+        state.truncate(start_pos)
+        return state
 
     def update(self, layer: int, start_pos: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write ``k, v [B, Hkv, S, hd]`` at ``start_pos``; return all keys/values so far,

@@ -73,7 +73,12 @@ class DecoderBlock(nn.Module):
             self.attn_norm(x), attn_mask=attn_mask, kv_cache=kv_cache, start_pos=start_pos
         )
         if self.is_moe:
-            out = self.ffn(self.ffn_norm(h), mask=mask)
+            state = (
+                kv_cache.routing_state(self.layer_idx, self.ffn.router, start_pos)
+                if kv_cache is not None and self.ffn.needs_prefix_state
+                else None
+            )
+            out = self.ffn(self.ffn_norm(h), mask=mask, prefix_state=state)
             if return_plan:
                 return h + out.hidden_states, dict(out.aux_losses), out.record, out.plan
             return h + out.hidden_states, dict(out.aux_losses), out.record

@@ -27,6 +27,10 @@ def with_router(
     (``model.cfg.moe.router`` and each layer's) name the new router, so a saved copy reloads
     with it. The original model is not modified.
 
+    A USMoE config with ``usmoe_weight_norm="auto"`` takes ``"selected"`` when the trained
+    router renormalised its top-k weights (``norm_topk_prob`` with k > 1: its experts saw
+    weights summing to 1) and ``"none"`` otherwise, so the swap keeps the output scale.
+
     Raises:
         ValueError: the model has no MoE layer, or the new router's E differs.
     """
@@ -38,7 +42,7 @@ def with_router(
         old = layer.router
         D = old.weight.shape[1]
         if isinstance(router, RouterConfig):
-            cfg = router
+            cfg = _resolve_weight_norm(router, old.config)
             fresh = build_router(cfg, D)
         else:
             fresh = router(old.config, D)
@@ -57,5 +61,18 @@ def with_router(
         layer.router = fresh
         layer.config = dataclasses.replace(layer.config, router=cfg)
     if new.cfg.moe is not None and isinstance(router, RouterConfig):
-        new.cfg.moe = dataclasses.replace(new.cfg.moe, router=router)
+        new.cfg.moe = dataclasses.replace(
+            new.cfg.moe, router=_resolve_weight_norm(router, new.cfg.moe.router)
+        )
     return new
+
+
+def _resolve_weight_norm(new: RouterConfig, trained: RouterConfig) -> RouterConfig:
+    """``usmoe_weight_norm="auto"`` made concrete from the trained router's weighting."""
+    if new.kind != "usmoe" or new.usmoe_weight_norm != "auto":
+        return new
+    renormalised = trained.norm_topk_prob or (
+        trained.score_func == "softmax" and not trained.softmax_before_topk
+    )
+    normalised = trained.kind == "token_choice" and trained.top_k > 1 and renormalised
+    return dataclasses.replace(new, usmoe_weight_norm="selected" if normalised else "none")

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from moelab.core.config import CAUSAL_SCOPES
 from moelab.core.latent_moe import MultiHeadLatentMoE
 from moelab.core.layer import MoELayer
 from moelab.core.losses import CrossLayerLoss
@@ -84,9 +85,9 @@ class MoETransformer(nn.Module):
     Causality and caching hold exactly for dropless token-choice routing (each token's
     output depends on that token alone); expert-choice routing or capacity dropping couple
     tokens of a batch, so future tokens can then change past outputs. USMoE routing
-    (``kind="usmoe"``) selects over whole sequences, so the KV-cache path refuses it
-    (``ValueError``); its ``causal_prefix`` scope is causal and generates by recomputing the
-    prefix (:func:`moelab.serve.generate.generate_ids`).
+    (``kind="usmoe"``) with the ``sequence``/``batch`` scopes selects over whole sequences, so
+    the KV-cache path refuses it (``ValueError``); its ``position`` and ``causal_prefix``
+    scopes are causal and decode incrementally (the cache carries causal-prefix router state).
 
     With ``moe.losses.cross_layer`` the model adds the cross-layer dependency loss
     (:class:`moelab.core.losses.CrossLayerLoss`) over adjacent MoE layers' plans.
@@ -278,42 +279,29 @@ class MoETransformer(nn.Module):
             plans=plans,
         )
 
+    def noncausal_routing_layers(self) -> list[int]:
+        """Indices of MoE layers whose USMoE routing looks at future tokens (``sequence`` or
+        ``batch`` selection scope): with any of them the model is not a causal LM."""
+        return [
+            block.layer_idx
+            for block in self.blocks
+            if block.is_moe
+            and block.ffn.config.router.kind == "usmoe"
+            and block.ffn.config.router.selection_scope not in CAUSAL_SCOPES
+        ]
+
     def _check_cacheable(self) -> None:
-        """Refuse the KV-cache (incremental decoding) path for routers that look at other
-        positions of the sequence (USMoE). Raises ValueError."""
-        for block in self.blocks:
-            if block.is_moe and block.ffn.config.router.kind == "usmoe":
-                scope = block.ffn.config.router.selection_scope
-                hint = (
-                    "generate_ids recomputes the prefix for it instead of using the cache"
-                    if scope == "causal_prefix"
-                    else "swap in selection_scope='causal_prefix' (moelab.models.with_router) "
-                    "or a token-choice router to generate"
-                )
-                raise ValueError(
-                    f"kv_cache: layer {block.layer_idx} routes with USMoE "
-                    f"(selection_scope={scope!r}), which ranks (token, expert) pairs over the "
-                    "whole sequence, so one new token cannot be routed on its own; " + hint
-                )
-
-    def needs_full_prefix(self) -> bool:
-        """True when generation must recompute the prefix (a causal_prefix USMoE layer).
-
-        Raises:
-            ValueError: a USMoE layer with a non-causal scope (it cannot generate at all).
-        """
-        full = False
-        for block in self.blocks:
-            if block.is_moe and block.ffn.config.router.kind == "usmoe":
-                scope = block.ffn.config.router.selection_scope
-                if scope != "causal_prefix":
-                    raise ValueError(
-                        f"generate: layer {block.layer_idx} routes with USMoE over the whole "
-                        f"sequence (selection_scope={scope!r}), which looks at future tokens and "
-                        "is not valid for causal generation; use selection_scope='causal_prefix'"
-                    )
-                full = True
-        return full
+        """Refuse the KV-cache (incremental decoding) path for routers that look at future
+        positions of the sequence (USMoE ``sequence``/``batch`` scopes). Raises ValueError."""
+        bad = self.noncausal_routing_layers()
+        if bad:
+            scope = self.blocks[bad[0]].ffn.config.router.selection_scope
+            raise ValueError(
+                f"kv_cache: layer {bad[0]} routes with USMoE over the whole sequence "
+                f"(selection_scope={scope!r}), which looks at future tokens and is not valid for "
+                "causal generation; swap in selection_scope='position' or 'causal_prefix' "
+                "(moelab.models.with_router) or a token-choice router to generate"
+            )
 
     def loss(
         self,

@@ -28,9 +28,8 @@ def generate_ids(
     A prompt longer than the context keeps its last ``max_seq_len - 1`` tokens; generation
     stops at ``max_seq_len`` positions, after ``max_new_tokens`` or at ``stop_id``.
 
-    A model with USMoE routing must use ``selection_scope="causal_prefix"``; it is decoded
-    by recomputing the whole prefix at every step (its routing of token t depends on the
-    router scores of tokens 0..t, which the KV cache does not hold).
+    USMoE routing must be causal (``selection_scope`` ``"position"`` or ``"causal_prefix"``;
+    the KV cache carries the causal-prefix router state between steps).
 
     Raises:
         ValueError: empty prompt, max_new_tokens < 0, bad sampling settings, or a USMoE
@@ -40,7 +39,7 @@ def generate_ids(
         raise ValueError("prompt: must encode to at least one token")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens: must be >= 0, got {max_new_tokens}")
-    full_prefix = model.needs_full_prefix()
+    model._check_cacheable()
     was_training = model.training
     model.eval()
     try:
@@ -54,10 +53,7 @@ def generate_ids(
         for _ in range(max_new_tokens):
             if pos + x.shape[1] > limit:
                 break
-            if full_prefix:
-                logits = model(torch.tensor([ids], device=device)).logits[:, -1]
-            else:
-                logits = model(x, kv_cache=cache, start_pos=pos).logits[:, -1]
+            logits = model(x, kv_cache=cache, start_pos=pos).logits[:, -1]
             pos += x.shape[1]
             nxt = sample_next(
                 logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator

@@ -47,6 +47,9 @@ class TrainConfig:
         seed: seeds the model init, the data split and the batch order.
         init_from: a model folder (e.g. from ``moelab upcycle``) whose weights and tokenizer
             start the run instead of a random init.
+        allow_noncausal_routing: train a model whose routing looks at future tokens (USMoE
+            ``sequence``/``batch`` selection scopes); refused otherwise, since such a model is
+            not a causal LM and its losses are not causal LM losses.
     """
 
     data: str = "mix"
@@ -73,6 +76,7 @@ class TrainConfig:
     time_budget_s: float | None = None
     seed: int = 0
     init_from: str | None = None
+    allow_noncausal_routing: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -125,7 +129,7 @@ class TrainConfig:
         return cls(**d)
 
 
-_TYPES = {"int": (int,), "float": (int, float), "str": (str,)}
+_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
 
 
 def _check_type(name: str, value: Any, annotation: str) -> None:
@@ -134,7 +138,7 @@ def _check_type(name: str, value: Any, annotation: str) -> None:
     if value is None and "None" in kinds:
         return
     allowed = tuple(t for k in kinds for t in _TYPES.get(k, ()))
-    if isinstance(value, bool) or not isinstance(value, allowed):
+    if (isinstance(value, bool) and "bool" not in kinds) or not isinstance(value, allowed):
         want = " or ".join(k for k in kinds if k != "None")
         raise ConfigError(f"{name}: expected {want}, got {value!r} ({type(value).__name__})")
 

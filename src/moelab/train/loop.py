@@ -255,6 +255,13 @@ def _train(
         raise ConfigError(
             f"vocab_size: the model has {model.cfg.vocab_size} tokens, the tokenizer {tokenizer.vocab_size}"
         )
+    noncausal = model.noncausal_routing_layers()
+    if noncausal and not cfg.allow_noncausal_routing:
+        raise ConfigError(
+            f"router: MoE layers {noncausal} route with a USMoE scope that looks at future "
+            "tokens, so the model is not a causal LM; use --usmoe-scope position or "
+            "causal_prefix, or pass --allow-noncausal-routing"
+        )
     if model.cfg.max_seq_len < cfg.seq_len:
         raise ConfigError(
             f"seq_len: {cfg.seq_len} exceeds the model's max_seq_len={model.cfg.max_seq_len}"

@@ -8,7 +8,12 @@ from moelab.core.losses.balance import (
     build_balance_loss,
     switch_balance_loss,
 )
-from moelab.core.losses.cross_layer import CrossLayerLoss, pathway_loss, token_joint_loss
+from moelab.core.losses.cross_layer import (
+    CrossLayerLoss,
+    joint_topk_loss,
+    pathway_loss,
+    token_joint_loss,
+)
 from moelab.core.losses.specialization import (
     SpecializationLoss,
     coactivated_pairs,
@@ -24,6 +29,7 @@ __all__ = [
     "SwitchBalanceLoss",
     "build_balance_loss",
     "coactivated_pairs",
+    "joint_topk_loss",
     "pathway_loss",
     "router_z_loss",
     "specialization_loss",

@@ -8,23 +8,27 @@ Follows the paper (abstract): the loss *maximises the joint top-k routing probab
 adjacent layers*, building coherent expert pathways through depth; it does not change the
 router; gradients reach both layers' routers.
 
-The exact formula is not public; both formulations here are our reading:
+``"joint_topk"`` (default) is the best available reading of the paper's Eq. 7 (a third-party
+implementation that cites it; the paper's method section was not reachable): per token, the
+product of the two adjacent layers' routed probability masses,
+``m_l(t) = Σ_{i∈K_l(t)} p^l_i(t)``, with no log, maximised:
+``L = 1 − mean_l mean_t m_l(t)·m_{l+1}(t)`` (the constant 1 keeps L in [0, 1]; the gradient is
+that of −mean m_l·m_{l+1}). The product couples the layers: each layer's gradient is scaled by
+the other layer's mass.
 
-- ``"pathway"`` (default). The batch joint routing distribution of layers l and l+1,
+This project's variants (not the paper's):
+
+- ``"pathway"``. The batch joint routing distribution of layers l and l+1,
   ``J = (1/T) Σ_t p^l(t) p^{l+1}(t)ᵀ`` (``[E_l, E_{l+1}]``, sums to 1), and
   ``L = 1 − Σ_i Σ_{j ∈ top-k of row i} J_ij``: the probability mass that does *not* flow
-  from a layer-l expert to one of its k most frequent layer-(l+1) successors. It is 0 iff
-  every layer-l expert hands its tokens to at most k successors — coherent pathways.
-- ``"token"``. ``L = −mean_t log(Σ_{i∈K_l(t)} p^l_i(t) · Σ_{j∈K_{l+1}(t)} p^{l+1}_j(t))``,
-  the per-token joint probability of the two chosen top-k sets (as if independent).
+  from a layer-l expert to one of its k most frequent layer-(l+1) successors. Note that it is
+  also 0 when layer l+1 collapses onto any k experts (only the balancing loss opposes that).
+- ``"token"``. ``L = −mean_t log(m_l(t) · m_{l+1}(t))``. The log splits into two per-layer
+  terms, so this variant has no cross-layer term: it only sharpens each router.
 
-Why pathway is the default: the log of the per-token product splits into two separate
-per-layer terms, so the "token" variant has no cross-layer term at all — it only sharpens each
-router — while the paper's stated purpose is coupling adjacent layers into stable pathways,
-which only the joint distribution over (layer-l expert, layer-(l+1) expert) expresses.
-
-Both are averaged over the L−1 adjacent pairs of MoE layers (over valid tokens), and use k =
-the top_k of layer l+1 (pathway) / each layer's own routed experts (token).
+All are averaged over the L−1 adjacent pairs of MoE layers (over valid tokens), and use each
+layer's own routed experts (``joint_topk``, ``token``) / k = the top_k of layer l+1
+(``pathway``).
 """
 
 from __future__ import annotations
@@ -65,6 +69,20 @@ def _selected_mass(plan: RoutingPlan) -> Tensor:
     return torch.zeros(T, dtype=sel.dtype, device=sel.device).index_add(0, plan.token_idx, sel)
 
 
+def joint_topk_loss(
+    plan_a: RoutingPlan, plan_b: RoutingPlan, token_mask: Tensor | None = None
+) -> Tensor:
+    """``1 − mean_t m_a(t)·m_b(t)`` over valid tokens, ``m`` the routed probability mass
+    (the reading of arXiv 2602.14159 Eq. 7; float32 scalar in [0, 1], 0 when no token is
+    valid)."""
+    m = _selected_mass(plan_a) * _selected_mass(plan_b)
+    if token_mask is not None:
+        m = m[token_mask]
+    if m.numel() == 0:
+        return plan_a.probs.sum() * 0.0
+    return 1.0 - m.mean()
+
+
 def token_joint_loss(
     plan_a: RoutingPlan, plan_b: RoutingPlan, token_mask: Tensor | None = None
 ) -> Tensor:
@@ -82,9 +100,9 @@ def token_joint_loss(
 class CrossLayerLoss:
     """Model-level loss over the MoE layers' plans in depth order."""
 
-    def __init__(self, variant: str = "pathway") -> None:
-        if variant not in ("pathway", "token"):
-            raise ValueError(f"variant: must be pathway or token, got {variant!r}")
+    def __init__(self, variant: str = "joint_topk") -> None:
+        if variant not in ("joint_topk", "pathway", "token"):
+            raise ValueError(f"variant: must be joint_topk, pathway or token, got {variant!r}")
         self.variant = variant
 
     def __call__(
@@ -113,6 +131,9 @@ class CrossLayerLoss:
             a, b = plans[idx], plans[idx + 1]
             if self.variant == "token":
                 total = total + token_joint_loss(a, b, token_mask)
+                continue
+            if self.variant == "joint_topk":
+                total = total + joint_topk_loss(a, b, token_mask)
                 continue
             if top_k is None:
                 k = max(1, round(b.num_pairs / max(T, 1)))

@@ -10,13 +10,16 @@ Follows the paper (abstract): penalise the cosine similarity between the SwiGLU 
 process the *same* token; shared experts are excluded; router and architecture unchanged;
 added to the load-balancing loss.
 
-Our reading: a secondary summary of the paper gives ``R_sp(x) = Σ_l Σ_{e≠ν ∈ A(x)} cos²(z_e,
-z_ν)``, so the default penalty is ``cos²`` (``penalty="square"``; ``"cos"`` and ``"relu"``
-= max(cos, 0) are options). We *average* over the co-activated unordered pairs of the valid
-tokens of one layer (instead of summing over ordered pairs), so the value lies in [0, 1]
-(identical activations give 1, orthogonal ones 0) and the coefficient does not depend on T or
-k; the model sums the per-layer values like every other aux loss. Only activations the layer
-computes anyway are used; with one expert per token the loss is 0.
+Follows the paper's R_sp as a secondary summary gives it: ``R_sp(x) = Σ_{e≠ν ∈ A(x)}
+φ(cos(a_e(x), a_ν(x)))`` over the *ordered* pairs of co-activated routed experts of token x,
+then averaged over the layer's valid tokens (a token with one expert contributes 0); the
+model sums the per-layer values like every other aux loss. φ defaults to cos²
+(``penalty="square"``; ``"cos"`` and ``"relu"`` = max(cos, 0) are options). Only activations
+the layer computes anyway are used.
+
+Coefficient conversion: moelab before this form averaged φ over unordered pairs. At fixed k a
+token has k(k−1) ordered pairs, so this value is k(k−1) times that mean (2× at k=2): a
+coefficient λ_old of the old form corresponds to λ_old / (k(k−1)) here.
 """
 
 from __future__ import annotations
@@ -62,7 +65,8 @@ def specialization_loss(
     penalty: str = "square",
     eps: float = 1e-8,
 ) -> Tensor:
-    """Mean ``φ(cos(a_i, a_j))`` over pairs of rows of the same (valid) token.
+    """``R_sp``: per token, ``Σ φ(cos(a_i, a_j))`` over ordered pairs of its rows; mean over
+    valid tokens.
 
     Args:
         act_NF: ``[N, F]`` expert activations, one row per routed (token, expert) pair.
@@ -70,8 +74,8 @@ def specialization_loss(
         token_mask: ``[T]`` bool valid tokens (padding excluded); None = all valid.
         penalty: ``"square"`` (cos²), ``"cos"`` or ``"relu"`` (max(cos, 0)).
     Returns:
-        float32 scalar in [0, 1] (``"cos"``: [-1, 1]); 0 (attached to the graph) when no token
-        has two experts.
+        float32 scalar in ``[0, n(n−1)]`` for tokens of at most n experts (``"cos"`` may be
+        negative); 0 (attached to the graph) when no token has two experts.
     Raises:
         ValueError: unknown penalty or mismatched shapes.
     """
@@ -88,6 +92,9 @@ def specialization_loss(
         i, j = i[keep], j[keep]
     if i.numel() == 0:
         return act_NF.float().sum() * 0.0
+    n_tokens = (
+        token_mask.sum().clamp_min(1) if token_mask is not None else token_idx_N.unique().numel()
+    )
     a = act_NF.float()
     cos = F.cosine_similarity(a[i], a[j], dim=-1, eps=eps)
     if penalty == "square":
@@ -96,7 +103,8 @@ def specialization_loss(
         phi = cos.clamp_min(0.0)
     else:
         phi = cos
-    return phi.mean()
+    # Each unordered pair stands for the two ordered pairs (e, ν) and (ν, e).
+    return 2.0 * phi.sum() / n_tokens
 
 
 class SpecializationLoss:
