@@ -288,7 +288,7 @@ def loop_train_config(corpus):
     )  # fmt: skip
 
 
-def loop_train(rank, world, run_dir, corpus, ep, stop_after=None, resume=False):
+def loop_train(rank, world, run_dir, corpus, ep, stop_after=None, resume=False, fsdp=False):
     from moelab.models import ModelConfig
     from moelab.parallel import ExpertParallel
     from moelab.train.loop import train
@@ -304,6 +304,6 @@ def loop_train(rank, world, run_dir, corpus, ep, stop_after=None, resume=False):
     cfg = None if resume else loop_train_config(corpus)
     result = train(
         None if resume else model_cfg, cfg, run_dir, resume=resume, progress=False,
-        stop_after=stop_after, parallel=ExpertParallel(ep),
+        stop_after=stop_after, parallel=ExpertParallel(ep, fsdp=fsdp),
     )  # fmt: skip
     return {"step": result.step, "interrupted": result.interrupted}

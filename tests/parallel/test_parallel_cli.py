@@ -36,7 +36,7 @@ def _snapshot(folder):
 
 
 @pytest.mark.slow
-def test_resume_at_another_ep_matches_uninterrupted_run(tmp_path):
+def test_resume_at_another_layout_matches_uninterrupted_run(tmp_path):
     corpus = write_corpus(tmp_path / "corpus")
     full, part = tmp_path / "full", tmp_path / "part"
     run_ranks(loop_train, 2, run_dir=str(full), corpus=str(corpus), ep=2)
@@ -59,8 +59,9 @@ def test_resume_at_another_ep_matches_uninterrupted_run(tmp_path):
         ).output
     )
     assert _snapshot(part) == before
-    # same world, EP 2 -> 1 (the weights reshard; data order and optimizer state carry over)
-    run_ranks(loop_train, 2, run_dir=str(part), corpus=None, ep=1, resume=True)
+    # same world, EP 2 -> EP 1 with FSDP2 (model and AdamW state reshard from plain EP shards
+    # to FSDP2 DTensors; the data order carries over)
+    run_ranks(loop_train, 2, run_dir=str(part), corpus=None, ep=1, resume=True, fsdp=True)
     assert _train_losses(part) == pytest.approx(_train_losses(full), rel=1e-5)
     a, b = load_model(full).state_dict(), load_model(part).state_dict()
     for k in a:
