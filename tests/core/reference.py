@@ -15,7 +15,12 @@ def ref_token_choice(logits, cfg: RouterConfig, bias=None):
     out = []
     E = logits.shape[1]
     for row in logits.double():
-        scores = torch.softmax(row, 0) if cfg.score_func == "softmax" else torch.sigmoid(row)
+        if cfg.score_func == "softmax":
+            scores = torch.softmax(row, 0)
+        elif cfg.score_func == "sigmoid":
+            scores = torch.sigmoid(row)
+        else:  # sqrtsoftplus (DeepSeek-V4): sqrt(log(1 + e^x))
+            scores = torch.log1p(torch.exp(row)).sqrt()
         after = cfg.score_func == "softmax" and not cfg.softmax_before_topk
         sel = (row if after else scores).clone()
         if bias is not None:
@@ -26,7 +31,8 @@ def ref_token_choice(logits, cfg: RouterConfig, bias=None):
             gscore = []
             for g in range(cfg.n_group):
                 vals = sorted(sel[g * size : (g + 1) * size].tolist(), reverse=True)
-                gscore.append(sum(vals[: min(2, size)]))
+                best = 2 if cfg.group_score == "top2" else cfg.top_k // cfg.topk_group
+                gscore.append(sum(vals[: max(1, min(best, size))]))
             groups = sorted(range(cfg.n_group), key=lambda g: -gscore[g])[: cfg.topk_group]
             allowed = [e for e in range(E) if e // size in groups]
         chosen = sorted(allowed, key=lambda e: -sel[e].item())[: cfg.top_k]

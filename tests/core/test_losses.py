@@ -71,6 +71,7 @@ def test_global_loss_accumulates_counts_until_reset():
     loss = GlobalBalanceLoss()
     first = loss(plan_of([0, 1], [0, 0]), ALL, (2,))
     assert first.item() == pytest.approx(1.2)  # counts [2, 0]
+    loss.commit()  # the training loop commits once per micro-batch, outside forward
     second = loss(plan_of([0, 1], [1, 1]), ALL, (2,))
     assert second.item() == pytest.approx(1.0)  # accumulated counts [2, 2]
     loss.reset()

@@ -3,6 +3,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from moelab.core import checks
 from moelab.core.config import RouterConfig
 from moelab.core.routers import ExpertChoiceRouter, TopKRouter, update_expert_bias
 from moelab.core.routers.capacity import expert_capacity
@@ -32,8 +33,9 @@ def token_choice_cases(draw):
     cfg = RouterConfig(
         num_experts=E,
         top_k=k,
-        score_func=draw(st.sampled_from(["softmax", "sigmoid"])),
+        score_func=draw(st.sampled_from(["softmax", "sigmoid", "sqrtsoftplus"])),
         softmax_before_topk=draw(st.booleans()),
+        group_score=draw(st.sampled_from(["top2", "topk_per_group"])),
         norm_topk_prob=draw(st.booleans()),
         routed_scaling_factor=draw(st.sampled_from([1.0, 2.5])),
         n_group=n_group,
@@ -209,5 +211,5 @@ def test_jitter_only_in_training():
 
 def test_nan_input_is_rejected():
     router = TopKRouter(RouterConfig(num_experts=4, top_k=2), 3)
-    with pytest.raises(ValueError, match="NaN"):
+    with checks.enabled(), pytest.raises(ValueError, match="NaN"):
         router(torch.tensor([[0.0, float("nan"), 1.0]]))

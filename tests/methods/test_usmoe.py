@@ -378,3 +378,13 @@ def test_with_router_keeps_the_output_scale_of_a_normalised_model():
     cfg.moe.router = dataclasses.replace(cfg.moe.router, norm_topk_prob=False)
     unnorm = with_router(MoETransformer(cfg), _usmoe())
     assert unnorm.cfg.moe.router.usmoe_weight_norm == "none"
+
+
+def test_configs_written_with_the_old_defaults_still_load():
+    # before the per-position default, every router stored these USMoE-only fields
+    old = RouterConfig(selection_scope="sequence", usmoe_weight_norm="none")
+    assert (old.selection_scope, old.usmoe_weight_norm) == ("position", "auto")
+    assert old == RouterConfig()
+    with pytest.raises(ValueError, match="selection_scope: only used by kind='usmoe'"):
+        RouterConfig(selection_scope="batch")
+    assert _usmoe(selection_scope="sequence").selection_scope == "sequence"  # USMoE: kept

@@ -106,3 +106,21 @@ def test_two_process_data_parallel_run(corpus, tmp_path):
     ]
     assert steps == [1, 2, 3]
     assert (run / "model.safetensors").exists()
+
+
+def test_lora_run_trains_only_the_adapters(tmp_path, corpus):
+    from moelab.data import ByteTokenizer
+    from moelab.models import MoETransformer, save_model
+
+    base_dir = tmp_path / "base"
+    torch.manual_seed(0)
+    base = MoETransformer(tiny_model())
+    save_model(base, base_dir)
+    ByteTokenizer().save(base_dir)
+    cfg = tiny_train(corpus, steps=3, init_from=str(base_dir), lora_rank=2, checkpoint_every=0)
+    train(None, cfg, tmp_path / "run", progress=False)
+    tuned = load_model(tmp_path / "run")
+    assert tuned.cfg.moe.experts.lora_rank == 2
+    sd, ref = tuned.state_dict(), base.state_dict()
+    assert all(torch.equal(sd[k], v) for k, v in ref.items())  # base weights untouched
+    assert any(sd[k].abs().sum() > 0 for k in sd if "lora_B" in k)  # the adapters learned

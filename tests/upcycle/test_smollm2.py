@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 
-from moelab.models.pretrained import (
+from moelab.interop.pretrained import (
     PretrainedNotInstalledError,
     load_pretrained,
     pretrained_available,

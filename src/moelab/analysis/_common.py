@@ -30,7 +30,8 @@ def check_records(records: Sequence[RoutingRecord], name: str = "records") -> in
             raise ValueError(
                 f"{name}[{i}] has E={rec.num_experts} experts but {name}[0] has E={num_experts}"
             )
-    assert num_experts is not None
+    if num_experts is None:
+        raise ValueError(f"{name} must hold at least one RoutingRecord, got an empty list")
     return num_experts
 
 

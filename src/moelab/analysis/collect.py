@@ -14,6 +14,7 @@ from torch import Tensor
 from moelab.core.layer import MoELayer
 from moelab.core.telemetry import RoutingRecord
 from moelab.data import TokenStream, eval_batches, eval_coverage
+from moelab.errors import InvalidValueError
 from moelab.models import MoETransformer
 
 
@@ -67,10 +68,10 @@ def collect(
         ("sample_tokens", sample_tokens),
     ):
         if v < 1:
-            raise ValueError(f"{name}: must be >= 1, got {v}")
+            raise InvalidValueError(f"{name}: must be >= 1, got {v}")
     layers = [m for m in model.modules() if isinstance(m, MoELayer)]
     if not layers:
-        raise ValueError("model: has no MoE layer to analyse")
+        raise InvalidValueError("model: has no MoE layer to analyse")
     inputs: list[list[Tensor]] = [[] for _ in layers]
     hooks = [
         layer.register_forward_pre_hook(lambda mod, args, i=i: inputs[i].append(args[0].detach()))

@@ -8,6 +8,7 @@ from moelab.cli import (  # noqa: F401
     convert,
     evaluate,
     generate,
+    lora,
     train,
     upcycle,
 )

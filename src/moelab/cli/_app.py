@@ -1,8 +1,11 @@
 """The ``moelab`` Typer app, its consoles, and the one rule for errors.
 
-Every command module registers itself on :data:`app`. A user error (an exception whose type is in
-:data:`USER_ERRORS`) prints one red line and exits with code 2; anything else is an internal bug
-and keeps its traceback.
+Every command module registers itself on :data:`app`. A user error (a
+:class:`moelab.errors.UserError`, or an OS error about a user's path: an exception whose type is
+in :data:`USER_ERRORS`) prints one red line and exits with code 2; anything else — a plain
+``ValueError`` included — is an internal bug and keeps its traceback. ``moelab --debug ...``
+shows the traceback of user errors too and turns on the syncing value checks
+(:mod:`moelab.core.checks`).
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ import sys
 import typer
 from rich.console import Console
 
-from moelab.data import DataError
-from moelab.models import CheckpointError
+from moelab.core import checks
+from moelab.errors import UserError
 
 app = typer.Typer(
     add_completion=False,
@@ -26,21 +29,36 @@ err_console = Console(stderr=True, soft_wrap=True, highlight=False)
 Opt = typer.Option
 
 USER_ERRORS = (
-    DataError,
-    CheckpointError,
-    ValueError,
+    UserError,
     FileNotFoundError,
     FileExistsError,
     NotADirectoryError,
     IsADirectoryError,
     PermissionError,
-    FloatingPointError,
 )
+_DEBUG = False
+
+
+@app.callback()
+def _main(
+    debug: bool = typer.Option(
+        False, "--debug", help="Show tracebacks for user errors too; run the NaN/id-range checks."
+    ),
+) -> None:
+    """moelab: train, evaluate, analyse and serve Mixture-of-Experts language models."""
+    global _DEBUG
+    _DEBUG = debug
+    if debug:
+        checks.enable(True)
+    else:
+        checks.reset()
 
 
 def fail(exc: BaseException) -> None:
-    """Print ``exc``'s first line as an error and exit with code 2 (under torchrun every rank
-    exits, only rank 0 prints)."""
+    """Print ``exc``'s first line as an error and exit with code 2 (with ``--debug``, raise
+    it instead; under torchrun every rank exits, only rank 0 prints)."""
+    if _DEBUG:
+        raise exc
     if os.environ.get("RANK", "0") == "0":
         err_console.print(
             f"[bold red]error:[/] {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
@@ -53,6 +71,8 @@ def guarded(fn, *args, **kwargs):
     try:
         return fn(*args, **kwargs)
     except USER_ERRORS as exc:
+        if _DEBUG:
+            raise
         fail(exc)
     except KeyboardInterrupt:
         err_console.print("[yellow]aborted[/]")

@@ -19,8 +19,8 @@ def load_run(run: Path):
         CheckpointError: an unfinished run, or a corrupt folder.
     """
     from moelab.data import load_tokenizer
+    from moelab.interop.pretrained import PRETRAINED, load_pretrained
     from moelab.models import load_model
-    from moelab.models.pretrained import PRETRAINED, load_pretrained
 
     if not run.is_dir():
         if str(run) in PRETRAINED:

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from moelab.cli._app import Opt, app, console, fail, guarded
 from moelab.cli._common import load_run
+from moelab.errors import InvalidValueError
 
 
 @app.command()
@@ -38,7 +39,7 @@ def analyze(
     model, tokenizer = guarded(load_run, run)
     streams, cfg_seq_len = guarded(_analysis_streams, run, data, tokenizer)
     if seq_len is not None and seq_len < 1:
-        fail(ValueError(f"seq_len: must be >= 1, got {seq_len}"))
+        fail(InvalidValueError(f"seq_len: must be >= 1, got {seq_len}"))
     seq_len = min(seq_len or cfg_seq_len, model.cfg.max_seq_len)
     out = out or run / "analysis"
     if out.exists() and not out.is_dir():

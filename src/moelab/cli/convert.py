@@ -13,9 +13,8 @@ from typing import Annotated
 import typer
 
 from moelab.cli._app import app
-from moelab.interop.errors import InteropError
+from moelab.errors import InvalidValueError, UserError
 from moelab.interop.hf import convert
-from moelab.models import CheckpointError
 
 
 @app.command("convert")
@@ -46,11 +45,11 @@ def convert_command(
     """
     try:
         if to not in ("moelab", "hf"):
-            raise ValueError(f"--to: must be 'moelab' or 'hf', got {to!r}")
+            raise InvalidValueError(f"--to: must be 'moelab' or 'hf', got {to!r}")
         if layout not in ("per_expert", "fused"):
-            raise ValueError(f"--layout: must be 'per_expert' or 'fused', got {layout!r}")
+            raise InvalidValueError(f"--layout: must be 'per_expert' or 'fused', got {layout!r}")
         report = convert(src, dst, to, arch=arch, layout=layout, overwrite=overwrite)  # type: ignore[arg-type]
-    except (InteropError, CheckpointError, ValueError, OSError) as e:
+    except (UserError, OSError) as e:
         # the CLI's convention for user errors: one line, exit code 2
         typer.echo(f"error: {str(e).splitlines()[0]}", err=True)
         raise typer.Exit(2) from e

@@ -10,6 +10,7 @@ import typer
 
 from moelab.cli._app import Opt, app, console, guarded
 from moelab.cli._common import load_run, summary_table
+from moelab.errors import InvalidValueError
 
 
 @app.command("eval")
@@ -56,7 +57,7 @@ def _evaluate_run(run: Path, data: str | None, tokens: int, batch_size: int, all
     model, tokenizer = load_run(run)
     noncausal = model.noncausal_routing_layers()
     if noncausal and not allow_noncausal:
-        raise ValueError(
+        raise InvalidValueError(
             f"router: MoE layers {noncausal} route with a USMoE scope that looks at future "
             "tokens, so bits/byte would not be a causal LM score; pass "
             "--allow-noncausal-routing to score it anyway"
@@ -67,5 +68,12 @@ def _evaluate_run(run: Path, data: str | None, tokens: int, batch_size: int, all
         _, _, streams = prepare_data(cfg, tokenizer)
     else:
         streams = {data: TokenStream.from_documents(load_corpus(data), tokenizer, name=data)}
-    result = evaluate(model, streams, seq_len=seq_len, batch_size=batch_size, max_tokens=tokens)
+    result = evaluate(
+        model,
+        streams,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        max_tokens=tokens,
+        doc_masks=cfg.doc_masks,
+    )
     return result, noncausal

@@ -10,46 +10,87 @@ import typer
 
 from moelab.cli._app import Opt, app, console, fail, guarded
 from moelab.cli._common import summary_table
+from moelab.cli._options import ConfigOption, nested, option_parameters, with_options
+from moelab.errors import InvalidValueError
+from moelab.models import ModelConfig
+from moelab.train.config import TrainConfig
 
-
-def _model_overrides(**flags: Any) -> dict[str, Any]:
-    moe = {
-        "router": {
-            "num_experts": flags["experts"],
-            "top_k": flags["top_k"],
-            "kind": flags["router"],
-            "score_func": flags["score_func"],
-            "capacity_factor": flags["capacity_factor"],
-            "expert_bias": flags["expert_bias"],
-            "bias_update_rate": flags["bias_rate"],
-            "usmoe_rate": flags.get("usmoe_rate"),
-            "budget_fraction": flags.get("usmoe_budget"),
-            "selection_scope": flags.get("usmoe_scope"),
-            "usmoe_weight_norm": flags.get("usmoe_weight_norm"),
-        },
-        "experts": {
-            "ffn_hidden_size": flags["expert_ffn"],
-            "shared_expert_size": flags["shared_expert"],
-        },
-        "losses": {
-            "load_balance": flags["aux_loss"],
-            "aux_loss_coeff": flags["aux_coeff"],
-            "z_loss_coeff": flags["z_coeff"],
-            "specialization": flags.get("spec_loss"),
-            "specialization_coeff": flags.get("spec_coeff"),
-            "cross_layer": flags.get("cross_loss"),
-            "cross_layer_coeff": flags.get("cross_coeff"),
-            "cross_layer_variant": flags.get("cross_variant"),
-        },
-    }
-    return {
-        "d_model": flags["d_model"],
-        "n_layers": flags["layers"],
-        "n_heads": flags["heads"],
-        "n_kv_heads": flags["kv_heads"],
-        "first_dense_layers": flags["first_dense"],
-        "moe": moe,
-    }
+# One line per option: flag name, the config field it sets, help. Types come from the field.
+MODEL_OPTIONS = [
+    ConfigOption("d_model", "d_model", "Model width D."),
+    ConfigOption("layers", "n_layers", "Decoder layers."),
+    ConfigOption("heads", "n_heads", "Attention heads."),
+    ConfigOption("kv_heads", "n_kv_heads", "Key/value heads (GQA)."),
+    ConfigOption("first_dense", "first_dense_layers", "First n layers dense (DeepSeek style)."),
+    ConfigOption("moe_every", "moe_layer_step", "One MoE layer every N layers (HF decoder_sparse_step)."),
+    ConfigOption("experts", "moe.router.num_experts", "Routed experts E."),
+    ConfigOption("top_k", "moe.router.top_k", "Experts per token k."),
+    ConfigOption("router", "moe.router.kind", "Routing rule."),
+    ConfigOption("score_func", "moe.router.score_func", "Router scores."),
+    ConfigOption("norm_topk_prob", "moe.router.norm_topk_prob",
+                 "Renormalise the k combine weights to sum 1 (default: on for k > 1, off for k = 1)."),
+    ConfigOption("softmax_before_topk", "moe.router.softmax_before_topk",
+                 "Softmax over all experts before top-k (off: top-k on logits, then softmax)."),
+    ConfigOption("routed_scale", "moe.router.routed_scaling_factor", "Scale of the combine weights."),
+    ConfigOption("n_group", "moe.router.n_group", "Group-limited routing: expert groups."),
+    ConfigOption("topk_group", "moe.router.topk_group", "Group-limited routing: groups kept per token."),
+    ConfigOption("group_score", "moe.router.group_score",
+                 "Group score: top2 (DeepSeek-V3) or topk_per_group (Megatron)."),
+    ConfigOption("capacity_factor", "moe.router.capacity_factor", "Expert capacity factor (default dropless)."),
+    ConfigOption("drop_policy", "moe.router.drop_policy", "Which pairs an over-full expert keeps."),
+    ConfigOption("expert_bias", "moe.router.expert_bias", "Aux-loss-free bias balancing (DeepSeek-V3)."),
+    ConfigOption("bias_rate", "moe.router.bias_update_rate", "Bias update rate γ."),
+    ConfigOption("jitter", "moe.router.jitter_eps", "Router input jitter ε in training (0 = off)."),
+    ConfigOption("force_uniform", "moe.router.force_uniform",
+                 "Benchmarking: round-robin expert assignment (exact balance)."),
+    ConfigOption("usmoe_budget", "moe.router.budget_fraction",
+                 "USMoE: routed pairs as a fraction of T·k (per sequence)."),
+    ConfigOption("usmoe_rate", "moe.router.usmoe_rate", "USMoE: r of the unified score."),
+    ConfigOption("usmoe_scope", "moe.router.selection_scope", "USMoE selection group (default position)."),
+    ConfigOption("usmoe_weight_norm", "moe.router.usmoe_weight_norm", "USMoE combine weights."),
+    ConfigOption("expert_ffn", "moe.experts.ffn_hidden_size", "Hidden width F of each expert."),
+    ConfigOption("activation", "moe.experts.activation", "Expert activation."),
+    ConfigOption("shared_expert", "moe.experts.shared_expert_size", "Hidden width of a shared expert (0 = none)."),
+    ConfigOption("aux_loss", "moe.losses.load_balance", "Load-balancing loss."),
+    ConfigOption("aux_coeff", "moe.losses.aux_loss_coeff", "Load-balancing loss coefficient."),
+    ConfigOption("z_coeff", "moe.losses.z_loss_coeff", "Router z-loss coefficient."),
+    ConfigOption("spec_loss", "moe.losses.specialization", "Specialization loss between co-activated experts."),
+    ConfigOption("spec_coeff", "moe.losses.specialization_coeff", "Specialization loss coefficient."),
+    ConfigOption("cross_loss", "moe.losses.cross_layer", "Cross-layer dependency loss between adjacent MoE layers."),
+    ConfigOption("cross_coeff", "moe.losses.cross_layer_coeff", "Cross-layer loss coefficient."),
+    ConfigOption("cross_variant", "moe.losses.cross_layer_variant", "Cross-layer loss variant."),
+]  # fmt: skip
+TRAIN_OPTIONS = [
+    ConfigOption("data", "data", "Corpus: mix, stdlib, shakespeare, kjv, or a file/folder/glob."),
+    ConfigOption("init_from", "init_from", "Start from a model folder (e.g. made by `moelab upcycle`)."),
+    ConfigOption("steps", "steps", "Optimizer steps."),
+    ConfigOption("batch_size", "batch_size", "Sequences per micro-batch."),
+    ConfigOption("seq_len", "seq_len", "Context length."),
+    ConfigOption("grad_accum", "grad_accum", "Micro-batches per step."),
+    ConfigOption("lr", "lr", "Peak learning rate."),
+    ConfigOption("warmup_steps", "warmup_steps", "Warmup steps."),
+    ConfigOption("weight_decay", "weight_decay", "AdamW weight decay."),
+    ConfigOption("grad_clip", "grad_clip", "Gradient clipping norm (0 = off)."),
+    ConfigOption("eval_every", "eval_every", "Steps between validations."),
+    ConfigOption("eval_tokens", "eval_tokens", "Validation tokens per evaluation."),
+    ConfigOption("checkpoint_every", "checkpoint_every", "Steps between checkpoints."),
+    ConfigOption("log_every", "log_every", "Steps between metrics.jsonl lines."),
+    ConfigOption("val_fraction", "val_fraction", "Fraction of documents held out."),
+    ConfigOption("min_lr_ratio", "min_lr_ratio", "Final lr / peak lr of the cosine."),
+    ConfigOption("beta1", "beta1", "AdamW β1."),
+    ConfigOption("beta2", "beta2", "AdamW β2."),
+    ConfigOption("adam_eps", "eps", "AdamW ε."),
+    ConfigOption("tokenizer", "tokenizer", "Tokenizer."),
+    ConfigOption("bpe_vocab_size", "bpe_vocab_size", "BPE vocabulary size."),
+    ConfigOption("max_bytes_per_domain", "max_bytes_per_domain", "Cap per corpus domain, bytes."),
+    ConfigOption("time_budget", "time_budget_s", "Stop after this many seconds."),
+    ConfigOption("seed", "seed", "Random seed."),
+    ConfigOption("allow_noncausal_routing", "allow_noncausal_routing",
+                 "Allow USMoE scopes that look at future tokens (not a causal LM)."),
+    ConfigOption("lora_rank", "lora_rank", "Train only LoRA adapters of this rank on the experts."),
+    ConfigOption("lora_alpha", "lora_alpha", "LoRA scale α (the adapters add α/r·A·B)."),
+    ConfigOption("doc_masks", "doc_masks", "Attention and sequence losses per document in each window."),
+]  # fmt: skip
 
 
 def build_configs(
@@ -57,18 +98,22 @@ def build_configs(
 ):
     """defaults < ``--config`` file < explicit flags. Returns (ModelConfig, TrainConfig).
 
+    ``model_flags`` is keyed by flag name (:data:`MODEL_OPTIONS`), ``train_flags`` by flag
+    name or TrainConfig field; None or a missing key means "not given".
+
     Raises:
         ConfigError / ValueError: a bad file or value, naming the field.
     """
-    from moelab.models import ModelConfig, dense_twin_config
-    from moelab.train.config import ConfigError, TrainConfig, read_config_file
+    from moelab.models import dense_twin_config
+    from moelab.train.config import ConfigError, read_config_file
     from moelab.train.presets import default_model_dict, merge
 
     file_cfg = read_config_file(config_file) if config_file else {}
     train_dict = merge(TrainConfig().to_dict(), file_cfg.get("train", {}))
+    train_flags = nested(TRAIN_OPTIONS, train_flags) if _by_flag(train_flags) else train_flags
     train_cfg = TrainConfig.from_dict(merge(train_dict, train_flags, skip_none=True))
     model_dict = merge(default_model_dict(), file_cfg.get("model", {}))
-    model_dict = merge(model_dict, _model_overrides(**model_flags), skip_none=True)
+    model_dict = merge(model_dict, nested(MODEL_OPTIONS, model_flags), skip_none=True)
     if isinstance(model_dict.get("moe"), dict):
         model_dict["moe"].setdefault("experts", {})["hidden_size"] = model_dict.get("d_model")
         _usmoe_without_balancing(model_dict["moe"], file_cfg, model_flags)
@@ -113,11 +158,13 @@ def _absolute_paths(cfg):
     return dataclasses.replace(cfg, data=data, init_from=init_from)
 
 
-@app.command()
+def _by_flag(flags: dict[str, Any]) -> bool:
+    """True when ``flags`` uses flag names (``time_budget``) rather than field names."""
+    fields = {o.field for o in TRAIN_OPTIONS}
+    return any(k not in fields for k in flags) or not flags
+
+
 def train(
-    data: Annotated[
-        str | None, Opt(help="Corpus: mix, stdlib, shakespeare, kjv, or a file/folder/glob.")
-    ] = None,
     out: Annotated[Path | None, Opt(help="Run folder (default runs/<name>).")] = None,
     name: Annotated[str, Opt(help="Run name under runs/.")] = "main",
     config: Annotated[
@@ -129,84 +176,12 @@ def train(
     dense: Annotated[
         bool, Opt(help="Train the dense twin (same active parameters per token).")
     ] = False,
-    init_from: Annotated[
-        str | None, Opt(help="Start from a model folder (e.g. made by `moelab upcycle`).")
-    ] = None,
-    d_model: Annotated[int | None, Opt(help="Model width D.")] = None,
-    layers: Annotated[int | None, Opt(help="Decoder layers.")] = None,
-    heads: Annotated[int | None, Opt(help="Attention heads.")] = None,
-    kv_heads: Annotated[int | None, Opt(help="Key/value heads (GQA).")] = None,
-    experts: Annotated[int | None, Opt(help="Routed experts E.")] = None,
-    top_k: Annotated[int | None, Opt(help="Experts per token k.")] = None,
-    expert_ffn: Annotated[int | None, Opt(help="Hidden width F of each expert.")] = None,
-    shared_expert: Annotated[
-        int | None, Opt(help="Hidden width of a shared expert (0 = none).")
-    ] = None,
-    first_dense: Annotated[int | None, Opt(help="First n layers dense (DeepSeek style).")] = None,
-    router: Annotated[str | None, Opt(help="token_choice, expert_choice or usmoe.")] = None,
-    usmoe_budget: Annotated[
-        float | None, Opt(help="USMoE: routed pairs as a fraction of T·k (per sequence).")
-    ] = None,
-    usmoe_rate: Annotated[float | None, Opt(help="USMoE: r of the unified score.")] = None,
-    usmoe_scope: Annotated[
-        str | None,
-        Opt(help="USMoE selection: position (default), causal_prefix, sequence or batch."),
-    ] = None,
-    usmoe_weight_norm: Annotated[
-        str | None, Opt(help="USMoE combine weights: none, all_experts or selected.")
-    ] = None,
-    score_func: Annotated[str | None, Opt(help="softmax or sigmoid router scores.")] = None,
-    capacity_factor: Annotated[
-        float | None, Opt(help="Expert capacity factor (default dropless).")
-    ] = None,
-    aux_loss: Annotated[
-        str | None, Opt(help="Load-balancing loss: switch, seq, global or none.")
-    ] = None,
-    aux_coeff: Annotated[float | None, Opt(help="Load-balancing loss coefficient.")] = None,
-    z_coeff: Annotated[float | None, Opt(help="Router z-loss coefficient.")] = None,
-    expert_bias: Annotated[
-        bool | None, Opt(help="Aux-loss-free bias balancing (DeepSeek-V3).")
-    ] = None,
-    bias_rate: Annotated[float | None, Opt(help="Bias update rate γ.")] = None,
-    spec_loss: Annotated[
-        bool | None, Opt(help="Specialization loss between co-activated experts.")
-    ] = None,
-    spec_coeff: Annotated[float | None, Opt(help="Specialization loss coefficient.")] = None,
-    cross_loss: Annotated[
-        bool | None, Opt(help="Cross-layer dependency loss between adjacent MoE layers.")
-    ] = None,
-    cross_coeff: Annotated[float | None, Opt(help="Cross-layer loss coefficient.")] = None,
-    cross_variant: Annotated[str | None, Opt(help="Cross-layer loss: pathway or token.")] = None,
-    steps: Annotated[int | None, Opt(help="Optimizer steps.")] = None,
-    batch_size: Annotated[int | None, Opt(help="Sequences per micro-batch.")] = None,
-    seq_len: Annotated[int | None, Opt(help="Context length.")] = None,
-    grad_accum: Annotated[int | None, Opt(help="Micro-batches per step.")] = None,
-    lr: Annotated[float | None, Opt(help="Peak learning rate.")] = None,
-    warmup_steps: Annotated[int | None, Opt(help="Warmup steps.")] = None,
-    weight_decay: Annotated[float | None, Opt(help="AdamW weight decay.")] = None,
-    grad_clip: Annotated[float | None, Opt(help="Gradient clipping norm (0 = off).")] = None,
-    eval_every: Annotated[int | None, Opt(help="Steps between validations.")] = None,
-    eval_tokens: Annotated[int | None, Opt(help="Validation tokens per evaluation.")] = None,
-    checkpoint_every: Annotated[int | None, Opt(help="Steps between checkpoints.")] = None,
-    log_every: Annotated[int | None, Opt(help="Steps between metrics.jsonl lines.")] = None,
-    val_fraction: Annotated[float | None, Opt(help="Fraction of documents held out.")] = None,
-    min_lr_ratio: Annotated[float | None, Opt(help="Final lr / peak lr of the cosine.")] = None,
-    beta1: Annotated[float | None, Opt(help="AdamW β1.")] = None,
-    beta2: Annotated[float | None, Opt(help="AdamW β2.")] = None,
-    adam_eps: Annotated[float | None, Opt(help="AdamW ε.")] = None,
-    tokenizer: Annotated[str | None, Opt(help="byte or bpe.")] = None,
-    bpe_vocab_size: Annotated[int | None, Opt(help="BPE vocabulary size.")] = None,
-    max_bytes_per_domain: Annotated[int | None, Opt(help="Cap per corpus domain, bytes.")] = None,
-    time_budget: Annotated[float | None, Opt(help="Stop after this many seconds.")] = None,
-    seed: Annotated[int | None, Opt(help="Random seed.")] = None,
-    allow_noncausal_routing: Annotated[
-        bool | None, Opt(help="Allow USMoE scopes that look at future tokens (not a causal LM).")
-    ] = None,
     progress: Annotated[bool, Opt(help="Show the progress bar.")] = True,
     expert_parallel: Annotated[
         int | None, Opt(help="Ranks per expert-parallel group (torchrun; world = DP × EP).")
     ] = None,
     fsdp: Annotated[bool, Opt(help="FSDP2 for the non-expert parameters (torchrun).")] = False,
+    **flags: Any,
 ) -> None:
     """Train an MoE language model on real text.
 
@@ -216,6 +191,7 @@ def train(
       moelab train --config run.yaml --out runs/exp1
       moelab train --out runs/exp1 --resume
       moelab train --router usmoe --usmoe-budget 0.86
+      moelab train --top-k 1 --score-func sigmoid --norm-topk-prob
       moelab train --spec-loss --cross-loss --spec-coeff 0.01 --cross-coeff 0.01
       torchrun --nproc-per-node 2 -m moelab.cli train --steps 100
       torchrun --nproc-per-node 4 -m moelab.cli train --expert-parallel 2 --fsdp
@@ -223,35 +199,20 @@ def train(
     from moelab.train.loop import train as train_run
 
     run_dir = out or Path("runs") / name
-    model_flags = dict(
-        d_model=d_model, layers=layers, heads=heads, kv_heads=kv_heads, experts=experts, top_k=top_k,
-        expert_ffn=expert_ffn, shared_expert=shared_expert, first_dense=first_dense, router=router,
-        score_func=score_func, capacity_factor=capacity_factor, aux_loss=aux_loss, aux_coeff=aux_coeff,
-        z_coeff=z_coeff, expert_bias=expert_bias, bias_rate=bias_rate, usmoe_budget=usmoe_budget,
-        usmoe_rate=usmoe_rate, usmoe_scope=usmoe_scope, usmoe_weight_norm=usmoe_weight_norm,
-        spec_loss=spec_loss, spec_coeff=spec_coeff, cross_loss=cross_loss, cross_coeff=cross_coeff,
-        cross_variant=cross_variant,
-    )  # fmt: skip
-    train_flags = dict(
-        data=data, steps=steps, batch_size=batch_size, seq_len=seq_len, grad_accum=grad_accum, lr=lr,
-        warmup_steps=warmup_steps, weight_decay=weight_decay, grad_clip=grad_clip, eval_every=eval_every,
-        eval_tokens=eval_tokens, checkpoint_every=checkpoint_every, log_every=log_every, tokenizer=tokenizer,
-        bpe_vocab_size=bpe_vocab_size, max_bytes_per_domain=max_bytes_per_domain,
-        time_budget_s=time_budget, seed=seed, init_from=init_from, val_fraction=val_fraction,
-        min_lr_ratio=min_lr_ratio, beta1=beta1, beta2=beta2, eps=adam_eps,
-        allow_noncausal_routing=allow_noncausal_routing,
-    )  # fmt: skip
+    model_flags = {o.flag: flags.get(o.flag) for o in MODEL_OPTIONS}
+    train_flags = {o.flag: flags.get(o.flag) for o in TRAIN_OPTIONS}
     given = [k for k, v in {**model_flags, **train_flags}.items() if v is not None]
     if resume and (given or config or dense):
         fail(
-            ValueError(
+            InvalidValueError(
                 f"--resume continues with the run's saved settings; drop {_flag_names(given, config, dense)}"
             )
         )
     arch = [k for k, v in model_flags.items() if v is not None]
+    init_from = train_flags["init_from"]
     if init_from and (arch or dense):
         fail(
-            ValueError(
+            InvalidValueError(
                 f"--init-from takes the model from {init_from}; drop {_flag_names(arch, None, dense)}"
             )
         )
@@ -287,8 +248,16 @@ def train(
     console.print(f"run saved to {run_dir} ({result.elapsed_s:.0f} s)")
 
 
+train = app.command(name="train")(
+    with_options(
+        train,
+        option_parameters(ModelConfig, MODEL_OPTIONS),
+        option_parameters(TrainConfig, TRAIN_OPTIONS),
+    )
+)
+
+
 def _flag_names(names: list[str], config: Path | None, dense: bool) -> str:
-    """CLI spellings of the given option names (``time_budget_s`` is ``--time-budget``)."""
-    spelled = {"time_budget_s": "time_budget", "eps": "adam_eps"}
-    flags = ["--" + spelled.get(n, n).replace("_", "-") for n in names]
+    """CLI spellings of the given option names."""
+    flags = ["--" + n.replace("_", "-") for n in names]
     return " ".join(flags + (["--config"] if config else []) + (["--dense"] if dense else []))

@@ -21,15 +21,16 @@ from typing import Annotated, Any
 import torch
 
 from moelab.cli._app import Opt, app, console, fail, guarded
-from moelab.models.config import ModelConfig
-from moelab.models.dense_twin import count_params
-from moelab.models.io import CheckpointError, load_model, save_model
-from moelab.models.pretrained import (
+from moelab.errors import InvalidValueError
+from moelab.interop.pretrained import (
     PRETRAINED,
     PretrainedNotInstalledError,
     available_pretrained,
     load_pretrained,
 )
+from moelab.models.config import ModelConfig
+from moelab.models.dense_twin import count_params
+from moelab.models.io import CheckpointError, load_model, save_model
 from moelab.models.transformer import MoETransformer
 from moelab.train.upcycle import (
     ROUTER_INITS,
@@ -112,20 +113,22 @@ def load_dense_source(source: str | os.PathLike[str]) -> tuple[MoETransformer, A
     else:
         folder = Path(source)
         if not folder.is_dir():
-            raise ValueError(
+            raise InvalidValueError(
                 f"source: {name!r} is neither a pretrained model "
                 f"({', '.join(available_pretrained())}) nor an existing model folder"
             )
         try:
             model = load_model(folder)
         except CheckpointError as e:
-            raise ValueError(f"source: {folder} holds no loadable moelab model ({e})") from e
+            raise InvalidValueError(f"source: {folder} holds no loadable moelab model ({e})") from e
         try:
             tok = load_tokenizer(folder)
         except ValueError as e:
-            raise ValueError(f"source: {folder} holds no tokenizer ({e})") from e
+            raise InvalidValueError(f"source: {folder} holds no tokenizer ({e})") from e
     if model.cfg.moe is not None:
-        raise ValueError(f"source: {name!r} is already an MoE model; upcycling needs a dense one")
+        raise InvalidValueError(
+            f"source: {name!r} is already an MoE model; upcycling needs a dense one"
+        )
     return model.eval(), tok
 
 
@@ -137,11 +140,11 @@ def _check_args(experts: Any, top_k: Any, granularity: Any, seed: Any) -> None:
         ("granularity", granularity, 1),
     ):
         if not isinstance(v, int) or isinstance(v, bool) or v < low:
-            raise ValueError(f"{arg}: must be an int >= {low}, got {v!r}")
+            raise InvalidValueError(f"{arg}: must be an int >= {low}, got {v!r}")
     if top_k > experts:
-        raise ValueError(f"top_k: must be in [1, experts={experts}], got {top_k}")
+        raise InvalidValueError(f"top_k: must be in [1, experts={experts}], got {top_k}")
     if not isinstance(seed, int) or isinstance(seed, bool):
-        raise ValueError(f"seed: must be an int, got {seed!r}")
+        raise InvalidValueError(f"seed: must be an int, got {seed!r}")
 
 
 def upcycle_command(
@@ -159,7 +162,7 @@ def upcycle_command(
     """Upcycle ``source`` into an MoE model and write model + tokenizer to the run folder ``out``.
 
     Args:
-        source: ``"smollm2"`` (see :mod:`moelab.models.pretrained`) or a folder written by
+        source: ``"smollm2"`` (see :mod:`moelab.interop.pretrained`) or a folder written by
             ``save_model`` + ``Tokenizer.save`` holding a dense model.
         out: the run folder to write (created; parents too).
         experts: E, copies of each dense FFN; the MoE layers get E·granularity experts.
@@ -181,15 +184,15 @@ def upcycle_command(
     t0 = time.perf_counter()
     _check_args(experts, top_k, granularity, seed)
     if router_init not in ROUTER_INITS:
-        raise ValueError(f"router_init: must be one of {ROUTER_INITS}, got {router_init!r}")
+        raise InvalidValueError(f"router_init: must be one of {ROUTER_INITS}, got {router_init!r}")
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"out: {out} exists and is not a folder")
+        raise InvalidValueError(f"out: {out} exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise FileExistsError(f"out: {out} exists and is not empty; pass --force (force=True)")
     src_path = Path(source)
     if src_path.is_dir() and out.exists() and out.resolve() == src_path.resolve():
-        raise ValueError(f"out: must differ from the source folder {src_path}")
+        raise InvalidValueError(f"out: must differ from the source folder {src_path}")
 
     dense, tok = load_dense_source(source)
     spec = upcycle_spec(dense.cfg.dense_ffn_size, experts, top_k, granularity, None, router_init)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Literal
 
-ScoreFunc = Literal["softmax", "sigmoid"]
-RouterKind = Literal["token_choice", "expert_choice", "usmoe"]
+from moelab.errors import InvalidValueError
+
+ScoreFunc = Literal["softmax", "sigmoid", "sqrtsoftplus"]
+RouterKind = Literal["token_choice", "expert_choice", "usmoe", "sinkhorn"]
+GroupScore = Literal["top2", "topk_per_group"]
 USMoEScore = Literal["sigmoid_scaled", "softmax_over_tokens", "paper_expert_choice"]
 SelectionScope = Literal["position", "sequence", "batch", "causal_prefix"]
 CAUSAL_SCOPES = ("position", "causal_prefix")
@@ -15,14 +19,15 @@ USMoEConstraint = Literal["global", "per_token", "per_expert"]
 SpecPenalty = Literal["square", "cos", "relu"]
 CrossLayerVariant = Literal["joint_topk", "pathway", "token"]
 DropPolicy = Literal["probs", "position"]
-Activation = Literal["swiglu", "gelu"]
+Activation = Literal["swiglu", "gelu", "gelu_tanh", "geglu", "swiglu_clamped"]
+GATED_ACTIVATIONS = ("swiglu", "geglu", "swiglu_clamped")
 BalanceLoss = Literal["switch", "seq", "global", "none"]
 BalanceConvention = Literal["megatron", "hf"]
 
 
 def _check(cond: bool, name: str, msg: str) -> None:
     if not cond:
-        raise ValueError(f"{name}: {msg}")
+        raise InvalidValueError(f"{name}: {msg}")
 
 
 @dataclass
@@ -33,17 +38,28 @@ class RouterConfig:
         num_experts: E, routed experts (>= 1).
         top_k: k, experts per token for token choice (1 <= k <= E); for expert choice the
             average pairs per token, which sets capacity = ceil(T·k/E · capacity_factor).
-        kind: ``"token_choice"`` (each token picks k experts) or ``"expert_choice"`` (each
-            expert picks its top-capacity tokens; Zhou et al. 2022, arXiv 2202.09368).
-        score_func: ``"softmax"`` or ``"sigmoid"`` (DeepSeek-V3).
+        kind: ``"token_choice"`` (each token picks k experts), ``"expert_choice"`` (each
+            expert picks its top-capacity tokens; Zhou et al. 2022, arXiv 2202.09368),
+            ``"usmoe"`` or ``"sinkhorn"`` (token choice on Sinkhorn-balanced scores in
+            training; Megatron-Core's ``sinkhorn`` load balancing; :mod:`~moelab.core.routers.sinkhorn`).
+        score_func: ``"softmax"``, ``"sigmoid"`` (DeepSeek-V3) or ``"sqrtsoftplus"``
+            (``sqrt(softplus(ℓ))``, DeepSeek-V4; elementwise like sigmoid). Elementwise scores
+            are normalised in log space, so normalisation is exact for any finite logits.
         softmax_before_topk: softmax over all E then top-k (Mixtral/Qwen/OLMoE) when True;
             top-k on logits then softmax over the k selected logits when False (Megatron's
             default ``pre_softmax=False``; GPT-OSS). Softmax only.
         norm_topk_prob: renormalise the k selected weights to sum 1 (HF ``norm_topk_prob``).
+            ``None`` (default) means True for k > 1 and False for k = 1: a single normalised
+            weight is exactly 1 and the router would get no gradient from the task (Switch
+            Transformer uses the unnormalised top-1 probability).
         routed_scaling_factor: multiplies the combine weights (DeepSeek-V3 ``routed_scaling_factor``).
         n_group, topk_group: group-limited routing (DeepSeek-V3): experts split into n_group
-            equal groups, each scored by the sum of its two best scores; only the best
-            topk_group groups are eligible.
+            equal groups; only the best topk_group groups are eligible.
+        group_score: how a group is scored: ``"top2"`` = the sum of its two best scores
+            (DeepSeek-V3's code and transformers' ``DeepseekV3TopkRouter``) or
+            ``"topk_per_group"`` = the sum of its best ``top_k // topk_group`` scores
+            (Megatron-Core ``group_limited_topk``). They agree only when
+            ``top_k // topk_group == 2`` (DeepSeek-V3: k=8, topk_group=4).
         expert_bias: aux-loss-free balancing (DeepSeek-V3, arXiv 2412.19437 §2.1.2): a
             per-expert bias added to the scores for selection only.
         bias_update_rate: γ of the bias update ``b += γ·sign(mean load − load)``.
@@ -54,6 +70,15 @@ class RouterConfig:
             ``moe_token_drop_policy``.
         jitter_eps: multiplicative input jitter U(1−eps, 1+eps) in training (Switch
             Transformer); 0 disables it.
+        jitter_experts: the jittered input also feeds the experts, not only the router
+            (transformers' Mixtral ``router_jitter_noise`` multiplies the hidden states
+            before both); False = router only (Switch Transformer, Megatron).
+        force_uniform: benchmarking only: replace the learned selection by a round-robin
+            assignment (token t takes experts ``(t·k + j) mod E``, j < k), so every expert gets
+            the same number of pairs (±1). Combine weights still come from the router's
+            scores at those experts. Megatron's ``moe_router_force_load_balancing`` uses random
+            logits instead (balanced only in expectation); ours is exactly balanced and
+            deterministic. Token choice only.
         usmoe_rate: USMoE only (``kind="usmoe"``; arXiv 2503.22996): r of the unified score
             ``w = (1−r)·softmax_E(ℓ) + r·f_alt(ℓ)``; the authors' code uses 0.5.
         usmoe_expert_score: f_alt: ``"sigmoid_scaled"`` = ``(2/E)·sigmoid(ℓ)`` (the released
@@ -86,15 +111,18 @@ class RouterConfig:
     kind: RouterKind = "token_choice"
     score_func: ScoreFunc = "softmax"
     softmax_before_topk: bool = True
-    norm_topk_prob: bool = True
+    norm_topk_prob: bool | None = None
     routed_scaling_factor: float = 1.0
     n_group: int | None = None
     topk_group: int | None = None
+    group_score: GroupScore = "top2"
     expert_bias: bool = False
     bias_update_rate: float = 1e-3
     capacity_factor: float | None = None
     drop_policy: DropPolicy = "probs"
     jitter_eps: float = 0.0
+    jitter_experts: bool = False
+    force_uniform: bool = False
     usmoe_rate: float = 0.5
     usmoe_expert_score: USMoEScore = "sigmoid_scaled"
     budget_fraction: float = 1.0
@@ -111,15 +139,47 @@ class RouterConfig:
             f"must be in [1, num_experts={E}], got {k!r}",
         )
         _check(
-            self.kind in ("token_choice", "expert_choice", "usmoe"),
+            self.kind in ("token_choice", "expert_choice", "usmoe", "sinkhorn"),
             "kind",
-            f"unknown router kind {self.kind!r}",
+            f"must be token_choice, expert_choice, usmoe or sinkhorn, got {self.kind!r}",
         )
         _check(
-            self.score_func in ("softmax", "sigmoid"),
+            self.score_func in ("softmax", "sigmoid", "sqrtsoftplus"),
             "score_func",
-            f"must be softmax or sigmoid, got {self.score_func!r}",
+            f"must be softmax, sigmoid or sqrtsoftplus, got {self.score_func!r}",
         )
+        if self.norm_topk_prob is None:
+            self.norm_topk_prob = k > 1
+        _check(
+            isinstance(self.norm_topk_prob, bool),
+            "norm_topk_prob",
+            f"must be a bool or None, got {self.norm_topk_prob!r}",
+        )
+        _check(
+            self.group_score in ("top2", "topk_per_group"),
+            "group_score",
+            f"must be top2 or topk_per_group, got {self.group_score!r}",
+        )
+        _check(
+            not self.force_uniform or self.kind == "token_choice",
+            "force_uniform",
+            f"needs kind='token_choice', got {self.kind!r}",
+        )
+        if (
+            k == 1
+            and E > 1
+            and self.kind == "token_choice"
+            and (
+                self.norm_topk_prob
+                or (self.score_func == "softmax" and not self.softmax_before_topk)
+            )
+        ):
+            warnings.warn(
+                "top_k=1 with normalised top-k weights: the single weight is exactly 1, so the "
+                "router gets no gradient from the task loss (only from aux losses); set "
+                "norm_topk_prob=False (softmax_before_topk=True) as Switch Transformer does",
+                stacklevel=3,
+            )
         _check(
             self.drop_policy in ("probs", "position"),
             "drop_policy",
@@ -134,15 +194,15 @@ class RouterConfig:
                 "capacity_factor",
                 f"must be > 0 or None, got {self.capacity_factor}",
             )
-        if self.kind == "expert_choice":
+        if self.kind in ("expert_choice", "sinkhorn"):
             _check(
                 self.n_group is None and not self.expert_bias,
                 "kind",
-                "expert choice takes no group limits or expert bias",
+                f"{self.kind} routing takes no group limits or expert bias",
             )
         self._check_usmoe()
         if (self.n_group is None) != (self.topk_group is None):
-            raise ValueError("n_group, topk_group: set both or neither")
+            raise InvalidValueError("n_group, topk_group: set both or neither")
         if self.n_group is not None:
             G, g = self.n_group, self.topk_group
             _check(G >= 1 and E % G == 0, "n_group", f"must divide num_experts={E}, got {G}")
@@ -164,6 +224,11 @@ class RouterConfig:
                 "usmoe_weight_norm": "auto",
                 "usmoe_constraint": "global",
             }
+            # Configs written before these defaults changed stored the old ones for every
+            # router; on a non-USMoE router they mean "unset", so read them as the new ones.
+            for name, old in (("selection_scope", "sequence"), ("usmoe_weight_norm", "none")):
+                if getattr(self, name) == old:
+                    setattr(self, name, defaults[name])
             for name, default in defaults.items():
                 _check(
                     getattr(self, name) == default,
@@ -226,7 +291,17 @@ class ExpertsConfig:
     Attributes:
         hidden_size: D, model width.
         ffn_hidden_size: F, each routed expert's hidden width (Megatron ``moe_ffn_hidden_size``).
-        activation: ``"swiglu"`` (gate/up/down) or ``"gelu"`` (up/down MLP).
+        activation: ``"swiglu"`` (gate/up/down), ``"gelu"`` (up/down MLP, exact erf GELU),
+            ``"gelu_tanh"`` (up/down MLP, tanh-approximate GELU: HF ``gelu_pytorch_tanh``),
+            ``"geglu"`` (gated, ``gelu_tanh(gate) ⊙ up``) or ``"swiglu_clamped"`` (GPT-OSS:
+            ``(clamp(up, ±limit) + 1) ⊙ g·sigmoid(α·g)`` with ``g = min(gate, limit)``).
+        swiglu_limit, swiglu_alpha: ``limit`` (7.0) and ``α`` (1.702) of ``"swiglu_clamped"``.
+        bias: the routed experts' projections have biases (GPT-OSS ``gate_up_proj_bias``,
+            ``down_proj_bias``): ``b_gate_up``/``b_up`` ``[E, width]`` and ``b_down [E, D]``.
+        lora_rank: r of LoRA adapters on both stacked expert weights (Hu et al. 2021, arXiv
+            2106.09685): ``W_e + (α/r)·A_e B_e`` per expert; 0 = none. See
+            :mod:`moelab.models.lora`.
+        lora_alpha: α of the LoRA scale ``α/r``.
         shared_expert_size: hidden width of an always-on shared expert (0 = none). Several
             DeepSeek-style shared experts are one shared expert of their summed width.
         shared_expert_gate: scale the shared expert by ``sigmoid(x·w)`` (Qwen2-MoE).
@@ -239,6 +314,11 @@ class ExpertsConfig:
     shared_expert_size: int = 0
     shared_expert_gate: bool = False
     init_std: float = 0.02
+    swiglu_limit: float = 7.0
+    swiglu_alpha: float = 1.702
+    bias: bool = False
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
 
     def __post_init__(self) -> None:
         _check(self.hidden_size >= 1, "hidden_size", f"must be >= 1, got {self.hidden_size}")
@@ -248,10 +328,17 @@ class ExpertsConfig:
             f"must be >= 1, got {self.ffn_hidden_size}",
         )
         _check(
-            self.activation in ("swiglu", "gelu"),
+            self.activation in ("swiglu", "gelu", "gelu_tanh", "geglu", "swiglu_clamped"),
             "activation",
-            f"must be swiglu or gelu, got {self.activation!r}",
+            f"must be swiglu, gelu, gelu_tanh, geglu or swiglu_clamped, got {self.activation!r}",
         )
+        _check(self.swiglu_limit > 0, "swiglu_limit", f"must be > 0, got {self.swiglu_limit}")
+        _check(
+            isinstance(self.lora_rank, int) and self.lora_rank >= 0,
+            "lora_rank",
+            f"must be an int >= 0, got {self.lora_rank!r}",
+        )
+        _check(self.lora_alpha > 0, "lora_alpha", f"must be > 0, got {self.lora_alpha}")
         _check(self.shared_expert_size >= 0, "shared_expert_size", "must be >= 0")
         _check(
             not self.shared_expert_gate or self.shared_expert_size > 0,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from moelab.core.plan import RoutingPlan
+from moelab.core.plan import RoutingPlan, expert_counts
 
 
 class _GatherTokens(torch.autograd.Function):
@@ -96,7 +96,7 @@ class LocalDispatcher:
                 x_TD, plan.expert_idx, plan.weight, plan.num_experts, plan.top_k
             )
         order = torch.argsort(plan.expert_idx, stable=True)
-        counts = torch.bincount(plan.expert_idx, minlength=plan.num_experts)
+        counts = expert_counts(plan.expert_idx, plan.num_experts)
         token_idx = plan.token_idx[order]
         return Dispatched(
             x=x_TD[token_idx],
@@ -143,7 +143,7 @@ def dispatch_uniform(
         :class:`Dispatched` for :meth:`LocalDispatcher.combine` (gather-only backwards).
     """
     order = torch.argsort(expert_idx, stable=True)
-    counts = torch.bincount(expert_idx, minlength=num_experts)
+    counts = expert_counts(expert_idx, num_experts)
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(order.shape[0], device=order.device)
     token_idx = torch.div(order, k, rounding_mode="floor")

@@ -48,6 +48,7 @@ from torch import Tensor, nn
 from moelab.core.config import ExpertsConfig, _check
 from moelab.core.dispatch import LocalDispatcher, dispatch_uniform
 from moelab.core.experts import ExpertBank
+from moelab.errors import InvalidTypeError, InvalidValueError
 
 
 @dataclass
@@ -155,7 +156,7 @@ class MultiHeadLatentMoE(nn.Module):
     ) -> None:
         super().__init__()
         if not isinstance(config, LatentMoEConfig):
-            raise TypeError(f"config: expected LatentMoEConfig, got {type(config).__name__}")
+            raise InvalidTypeError(f"config: expected LatentMoEConfig, got {type(config).__name__}")
         self.config = config
         self.d_model = d_model
         H, dh, E = config.num_heads, config.head_dim, config.num_experts
@@ -186,7 +187,7 @@ class MultiHeadLatentMoE(nn.Module):
         Parallel); fc_mh and fc_mg stay whole. Raises ValueError for a bad range."""
         H_l, E = self.num_local_heads, self.config.num_experts
         if not (start >= 0 and count >= 1 and start + count <= H_l):
-            raise ValueError(f"heads: [{start}, {start + count}) is not inside [0, {H_l})")
+            raise InvalidValueError(f"heads: [{start}, {start + count}) is not inside [0, {H_l})")
         rows = slice(start * E, (start + count) * E)
         self.router = nn.Parameter(self.router[start : start + count].clone())
         self.expert_bias = self.expert_bias[start : start + count].clone()
@@ -208,7 +209,9 @@ class MultiHeadLatentMoE(nn.Module):
         x = s_SHd.to(torch.promote_types(s_SHd.dtype, torch.float32))
         logits = torch.einsum("shd,hed->she", x, self.router.to(x.dtype))
         if not torch.isfinite(logits).all():
-            raise ValueError("router logits are not finite: the layer input contains NaN or Inf")
+            raise InvalidValueError(
+                "router logits are not finite: the layer input contains NaN or Inf"
+            )
         idx = (logits + self.expert_bias.to(logits.dtype)).topk(self.config.top_k, dim=-1).indices
         gates = logits.gather(-1, idx).softmax(dim=-1)
         return logits, gates, idx
@@ -230,7 +233,7 @@ class MultiHeadLatentMoE(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         D = self.d_model
         if x.dim() < 1 or x.shape[-1] != D:
-            raise ValueError(f"x: expected shape [..., {D}], got {tuple(x.shape)}")
+            raise InvalidValueError(f"x: expected shape [..., {D}], got {tuple(x.shape)}")
         cfg = self.config
         x_TD = x.reshape(-1, D)
         s = self.fc_mh(x_TD).view(-1, cfg.num_heads, cfg.head_dim)

@@ -10,7 +10,12 @@ from torch import Tensor, nn
 from moelab.core.config import MoEConfig
 from moelab.core.dispatch import LocalDispatcher
 from moelab.core.experts import ExpertBank, SharedExpert
-from moelab.core.losses import SpecializationLoss, build_balance_loss, router_z_loss
+from moelab.core.losses import (
+    SpecializationLoss,
+    build_balance_loss,
+    global_token_normalised,
+    router_z_loss,
+)
 from moelab.core.plan import RoutingPlan
 from moelab.core.routers import build_router
 from moelab.core.routers.usmoe import PrefixState
@@ -50,9 +55,18 @@ class MoELayer(nn.Module):
             the weighted combine in float32.
         mask: ``[...]`` bool, True for real tokens; padded tokens are still computed but
             excluded from losses and telemetry. None = all real.
+        loss_div_factor: the number of real tokens of the whole batch (over micro-batches,
+            and ranks if the gradients are summed; OLMo-core's ``loss_div_factor``). Given,
+            every aux loss, a mean over this call's n real tokens, is rescaled to
+            ``n · loss / loss_div_factor`` (:func:`moelab.core.losses.global_token_normalised`),
+            so summing the micro-batches' losses weighs every real token of the batch
+            equally, whatever the padding and micro-batch sizes.
+        segment_ids: ``[T]`` int64 in ``[0, T)``, the sequence (packed document) of every
+            token for the sequence-level balance loss (:mod:`moelab.models.packing`).
     Raises:
-        ValueError: x's last dimension is not D, the mask's shape or dtype is wrong, or the
-            input contains NaN/Inf.
+        ValueError: x's last dimension is not D, the mask's shape or dtype is wrong, or (only
+            with :mod:`moelab.core.checks` enabled: the check syncs) the input contains
+            NaN/Inf.
     """
 
     def __init__(self, config: MoEConfig, dispatcher: LocalDispatcher | None = None) -> None:
@@ -79,6 +93,13 @@ class MoELayer(nn.Module):
         if hasattr(self.balance_loss, "reset"):
             self.balance_loss.reset()
 
+    def end_micro_batch(self) -> None:
+        """Commit the last forward's routing counts to the step's accumulators (global-batch
+        loss); call once after each micro-batch's backward. Forward itself accumulates
+        nothing, so recomputation (activation checkpointing) cannot count tokens twice."""
+        if hasattr(self.balance_loss, "commit"):
+            self.balance_loss.commit()
+
     def _check(self, x: Tensor, mask: Tensor | None) -> None:
         D = self.config.experts.hidden_size
         if x.dim() < 1 or x.shape[-1] != D:
@@ -100,10 +121,16 @@ class MoELayer(nn.Module):
         return cfg.kind == "usmoe" and cfg.selection_scope == "causal_prefix"
 
     def forward(
-        self, x: Tensor, mask: Tensor | None = None, prefix_state: PrefixState | None = None
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        prefix_state: PrefixState | None = None,
+        loss_div_factor: float | Tensor | None = None,
+        segment_ids: Tensor | None = None,
     ) -> MoEOutput:
         """``x [..., D]`` → :class:`MoEOutput`. ``mask [...]`` bool marks real tokens;
-        ``prefix_state`` carries causal-prefix USMoE routing across decoding calls."""
+        ``prefix_state`` carries causal-prefix USMoE routing across decoding calls;
+        ``loss_div_factor`` and ``segment_ids`` as in the class docstring."""
         self._check(x, mask)
         batch_shape = tuple(x.shape[:-1])
         x_TD = x.reshape(-1, x.shape[-1])
@@ -113,9 +140,16 @@ class MoELayer(nn.Module):
             if mask is not None
             else torch.ones(T, dtype=torch.bool, device=x.device)
         )
+        rc = self.config.router
+        if self.training and rc.jitter_experts and rc.jitter_eps > 0:
+            # transformers' Mixtral: the jittered hidden states feed the router and the experts
+            noise = torch.empty_like(x_TD).uniform_(1.0 - rc.jitter_eps, 1.0 + rc.jitter_eps)
+            x_TD = x_TD * noise
         if self.router.uses_batch_shape:
             kw = {"prefix_state": prefix_state} if prefix_state is not None else {}
             plan = self.router(x_TD, batch_shape=batch_shape, token_mask=token_mask, **kw)
+        elif self.router.masks_padding and mask is not None:
+            plan = self.router(x_TD, token_mask=token_mask)
         else:
             plan = self.router(x_TD)
         dispatched = self.dispatcher.dispatch(x_TD, plan)
@@ -133,8 +167,9 @@ class MoELayer(nn.Module):
         losses = self.config.losses
         aux: dict[str, Tensor] = {}
         if want_losses and self.balance_loss is not None and losses.aux_loss_coeff > 0:
+            extra = {} if segment_ids is None else {"segment_ids": segment_ids}
             aux["load_balance"] = losses.aux_loss_coeff * self.balance_loss(
-                plan, token_mask, batch_shape
+                plan, token_mask, batch_shape, **extra
             )
         if want_losses and losses.z_loss_coeff > 0:
             aux["z_loss"] = losses.z_loss_coeff * router_z_loss(plan.logits, token_mask)
@@ -142,6 +177,8 @@ class MoELayer(nn.Module):
             aux["specialization"] = losses.specialization_coeff * self.specialization_loss(
                 acts, dispatched.token_idx, token_mask
             )
+        if loss_div_factor is not None and aux:
+            aux = global_token_normalised(aux, token_mask, loss_div_factor)
         return MoEOutput(
             hidden_states=y.to(x.dtype).reshape(x.shape),
             aux_losses=aux,

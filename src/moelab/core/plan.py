@@ -75,7 +75,17 @@ class RoutingPlan:
 
     def counts(self, token_mask: Tensor | None = None) -> Tensor:
         """Pairs per expert, ``[E]`` int64; with ``token_mask`` ``[T]`` bool only valid tokens."""
-        experts = self.expert_idx
-        if token_mask is not None:
-            experts = experts[token_mask[self.token_idx]]
-        return torch.bincount(experts, minlength=self.num_experts)
+        keep = None if token_mask is None else token_mask[self.token_idx]
+        return expert_counts(self.expert_idx, self.num_experts, keep)
+
+
+def expert_counts(expert_idx: Tensor, num_experts: int, keep: Tensor | None = None) -> Tensor:
+    """``[E]`` int64 number of entries of ``expert_idx`` ``[N]`` per expert (only where
+    ``keep`` ``[N]`` bool is True).
+
+    A scatter-add into E fixed slots rather than ``bincount``/boolean indexing, whose output
+    shapes depend on the data: no host sync, and ``torch.compile`` traces it in one graph.
+    """
+    ones = torch.ones_like(expert_idx) if keep is None else keep.to(expert_idx.dtype)
+    out = torch.zeros(num_experts, dtype=torch.int64, device=expert_idx.device)
+    return out.scatter_add_(0, expert_idx, ones.to(torch.int64))

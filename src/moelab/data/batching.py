@@ -22,6 +22,7 @@ from torch import Tensor
 from moelab.data.corpora import Document
 from moelab.data.errors import CorpusError
 from moelab.data.tokenizer import Tokenizer
+from moelab.errors import InvalidValueError
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class TokenStream:
         token_bytes: ``[vocab_size]`` int64 UTF-8 bytes per token id (0 for special tokens).
         n_bytes: UTF-8 bytes of the whole stream's text (documents plus newline separators).
         name: label used in error messages (e.g. ``"train"``, ``"val"``).
+        doc_index: ``[N]`` int64 ordinal of the document each token belongs to (its separator
+            included), for document masks on packed windows; None when unknown.
     """
 
     ids: Tensor
@@ -43,6 +46,7 @@ class TokenStream:
     token_bytes: Tensor
     n_bytes: int
     name: str = "stream"
+    doc_index: Tensor | None = None
 
     @classmethod
     def from_documents(
@@ -75,22 +79,26 @@ class TokenStream:
             else tuple(sorted({d.domain for d in docs}))
         )
         if len(names) > 256:
-            raise ValueError(f"at most 256 domains are supported, got {len(names)}")
+            raise InvalidValueError(f"at most 256 domains are supported, got {len(names)}")
         domain_id = {d: i for i, d in enumerate(names)}
         missing = sorted({d.domain for d in docs} - domain_id.keys())
         if missing:
-            raise ValueError(f"{name}: domains {missing} are not in domain_names {list(names)}")
+            raise InvalidValueError(
+                f"{name}: domains {missing} are not in domain_names {list(names)}"
+            )
 
         eot = tokenizer.eot_id
         sep = np.asarray([eot] if eot is not None else tokenizer.encode("\n"), dtype=np.int64)
         sep_bytes = 0 if eot is not None else 1
         pieces: list[np.ndarray] = []
         dom_pieces: list[np.ndarray] = []
+        lengths: list[int] = []
         n_bytes = 0
         for doc, ids in zip(docs, tokenizer.encode_arrays(d.text for d in docs), strict=True):
             ids = np.concatenate([ids, sep])
             pieces.append(ids)
             dom_pieces.append(np.full(len(ids), domain_id[doc.domain], dtype=np.uint8))
+            lengths.append(len(ids))
             n_bytes += doc.n_bytes + sep_bytes
         return cls(
             ids=torch.from_numpy(np.concatenate(pieces)),
@@ -99,6 +107,7 @@ class TokenStream:
             token_bytes=torch.from_numpy(tokenizer.token_byte_lengths()),
             n_bytes=n_bytes,
             name=name,
+            doc_index=torch.from_numpy(np.repeat(np.arange(len(lengths)), lengths)),
         )
 
     def __len__(self) -> int:
@@ -124,20 +133,22 @@ class Batch:
         targets: ``[B, S]`` int64, ``targets[:, s]`` is the token after ``input_ids[:, s]``.
         domains: ``[B, S]`` int64 domain id of each *target* token.
         target_bytes: ``[B, S]`` int64 UTF-8 bytes each target token stands for.
+        doc_ids: ``[B, S]`` int64 document of each *input* token (for
+            ``MoETransformer(..., doc_ids=...)``: attention and sequence losses per
+            document), or None when the stream does not know its documents.
     """
 
     input_ids: Tensor
     targets: Tensor
     domains: Tensor
     target_bytes: Tensor
+    doc_ids: Tensor | None = None
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """The same batch on ``device``."""
+        fields = (self.input_ids, self.targets, self.domains, self.target_bytes, self.doc_ids)
         return Batch(
-            *(
-                t.to(device, non_blocking=non_blocking)
-                for t in (self.input_ids, self.targets, self.domains, self.target_bytes)
-            )
+            *(None if t is None else t.to(device, non_blocking=non_blocking) for t in fields)
         )
 
 
@@ -153,7 +164,7 @@ class EvalCoverage:
 
 def _check(stream: TokenStream, batch_size: int, seq_len: int) -> None:
     if batch_size < 1 or seq_len < 1:
-        raise ValueError(f"batch_size and seq_len must be >= 1, got {batch_size}, {seq_len}")
+        raise InvalidValueError(f"batch_size and seq_len must be >= 1, got {batch_size}, {seq_len}")
     if len(stream) < seq_len + 1:
         raise CorpusError(
             f"{stream.name}: text is {len(stream)} tokens long, too short for a context of "
@@ -170,6 +181,7 @@ def _windows(stream: TokenStream, starts: Tensor, seq_len: int) -> Batch:
         targets=targets,
         domains=stream.domains[idx[:, 1:]].to(torch.int64),
         target_bytes=stream.token_bytes[targets],
+        doc_ids=None if stream.doc_index is None else stream.doc_index[idx[:, :-1]],
     )
 
 
@@ -209,7 +221,7 @@ def eval_coverage(stream: TokenStream, seq_len: int, max_tokens: int | None = No
     n_windows = (len(stream) - 1) // seq_len
     if max_tokens is not None:
         if max_tokens < seq_len:
-            raise ValueError(f"max_tokens={max_tokens} is below seq_len={seq_len}")
+            raise InvalidValueError(f"max_tokens={max_tokens} is below seq_len={seq_len}")
         n_windows = min(n_windows, max_tokens // seq_len)
     n_tokens = n_windows * seq_len
     n_bytes = int(stream.token_bytes[stream.ids[1 : n_tokens + 1]].sum())

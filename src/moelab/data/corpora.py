@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moelab.data.errors import CorpusError, CorpusNotInstalledError
+from moelab.errors import InvalidValueError
 
 PACKAGED_CORPORA = ("stdlib", "shakespeare", "kjv", "mix")
 """Names ``load_corpus`` resolves to packaged corpora rather than to paths."""
@@ -95,7 +96,7 @@ def load_corpus(
     if max_bytes_per_domain is not None and (
         not isinstance(max_bytes_per_domain, int) or max_bytes_per_domain <= 0
     ):
-        raise ValueError(
+        raise InvalidValueError(
             f"max_bytes_per_domain must be a positive int, got {max_bytes_per_domain!r}"
         )
     if spec == "stdlib":

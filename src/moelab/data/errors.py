@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from moelab.errors import UserError
 
-class DataError(ValueError):
+
+class DataError(UserError, ValueError):
     """Base class of every error raised by :mod:`moelab.data`."""
 
 

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from moelab.data.corpora import Document
 from moelab.data.errors import CorpusError
+from moelab.errors import InvalidValueError
 
 
 def split_documents(
@@ -39,7 +40,7 @@ def split_documents(
         ValueError: ``val_fraction`` not in ``(0, 1)``.
     """
     if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
+        raise InvalidValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
     if not docs:
         raise CorpusError("cannot split an empty corpus")
     by_domain: dict[str, list[int]] = {}

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from moelab.data.errors import TokenizerError
+from moelab.errors import InvalidValueError
 from moelab.utils.atomic import atomic_write_text
 
 META_FILE = "tokenizer_meta.json"
@@ -138,7 +139,9 @@ class BPETokenizer(Tokenizer):
         from tokenizers import decoders, models, pre_tokenizers, trainers
 
         if vocab_size < 257:
-            raise ValueError(f"BPE vocab_size must be >= 257 (256 bytes + eot), got {vocab_size}")
+            raise InvalidValueError(
+                f"BPE vocab_size must be >= 257 (256 bytes + eot), got {vocab_size}"
+            )
         texts = list(texts)
         tok = HFTokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -247,6 +250,6 @@ def make_tokenizer(
         return ByteTokenizer()
     if kind == "bpe":
         if train_texts is None or vocab_size is None:
-            raise ValueError("kind='bpe' needs train_texts and vocab_size")
+            raise InvalidValueError("kind='bpe' needs train_texts and vocab_size")
         return BPETokenizer.train(train_texts, vocab_size)
-    raise ValueError(f"unknown tokenizer kind {kind!r} (expected 'byte' or 'bpe')")
+    raise InvalidValueError(f"unknown tokenizer kind {kind!r} (expected 'byte' or 'bpe')")

@@ -3,8 +3,10 @@ the tensor or config field at fault."""
 
 from __future__ import annotations
 
+from moelab.errors import UserError
 
-class InteropError(ValueError):
+
+class InteropError(UserError, ValueError):
     """A checkpoint cannot be converted; the message says which file, tensor or field."""
 
 

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from moelab.errors import InvalidValueError
 from moelab.models.config import ModelConfig
 from moelab.models.transformer import MoETransformer
 
@@ -85,7 +86,7 @@ class GGUFCheckpoint:
         if key in self.metadata:
             return self.metadata[key]
         if default is ...:
-            raise ValueError(f"{self.path}: GGUF metadata key {key!r} is missing")
+            raise InvalidValueError(f"{self.path}: GGUF metadata key {key!r} is missing")
         return default
 
 
@@ -99,11 +100,11 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFCheckpoint:
     gguf = _import_gguf()
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"{path}: GGUF file not found")
+        raise InvalidValueError(f"{path}: GGUF file not found")
     try:
         reader = gguf.GGUFReader(path)
     except Exception as e:  # gguf raises ValueError/struct.error/... on bad files
-        raise ValueError(f"{path}: not a readable GGUF file ({e})") from e
+        raise InvalidValueError(f"{path}: not a readable GGUF file ({e})") from e
     metadata: dict[str, Any] = {}
     for key, fld in reader.fields.items():
         try:
@@ -132,7 +133,9 @@ def permute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """
     out_dim = w.shape[0]
     if out_dim % (2 * n_heads):
-        raise ValueError(f"n_heads: {n_heads} heads with even head_dim must divide {out_dim} rows")
+        raise InvalidValueError(
+            f"n_heads: {n_heads} heads with even head_dim must divide {out_dim} rows"
+        )
     hd = out_dim // n_heads
     return w.reshape(n_heads, 2, hd // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
@@ -141,7 +144,9 @@ def unpermute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Inverse of :func:`permute_rope_rows`: interleaved-pair rows back to rotate-half rows."""
     out_dim = w.shape[0]
     if out_dim % (2 * n_heads):
-        raise ValueError(f"n_heads: {n_heads} heads with even head_dim must divide {out_dim} rows")
+        raise InvalidValueError(
+            f"n_heads: {n_heads} heads with even head_dim must divide {out_dim} rows"
+        )
     hd = out_dim // n_heads
     return w.reshape(n_heads, hd // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
@@ -157,7 +162,7 @@ def llama_config_from_gguf(ckpt: GGUFCheckpoint, max_seq_len: int | None = None)
     """
     arch = ckpt.meta("general.architecture")
     if arch != "llama":
-        raise ValueError(
+        raise InvalidValueError(
             f"{ckpt.path}: general.architecture is {arch!r}; only 'llama' files are supported"
         )
     p = "llama."
@@ -167,15 +172,15 @@ def llama_config_from_gguf(ckpt: GGUFCheckpoint, max_seq_len: int | None = None)
     head_dim = d_model // n_heads
     rope_dim = int(ckpt.meta(p + "rope.dimension_count", head_dim))
     if rope_dim != head_dim:
-        raise ValueError(
+        raise InvalidValueError(
             f"{ckpt.path}: llama.rope.dimension_count={rope_dim} differs from head_dim={head_dim} "
             "(partial rotary embeddings are not supported)"
         )
     if ckpt.meta(p + "rope.scaling.type", "none") not in ("none", None):
-        raise ValueError(f"{ckpt.path}: RoPE scaling is not supported")
+        raise InvalidValueError(f"{ckpt.path}: RoPE scaling is not supported")
     emb = ckpt.tensors.get("token_embd.weight")
     if emb is None:
-        raise ValueError(f"{ckpt.path}: tensor 'token_embd.weight' is missing")
+        raise InvalidValueError(f"{ckpt.path}: tensor 'token_embd.weight' is missing")
     vocab = int(ckpt.meta(p + "vocab_size", emb.shape[0]))
     ctx = int(ckpt.meta(p + "context_length"))
     return ModelConfig(
@@ -204,7 +209,7 @@ def llama_state_dict_from_gguf(ckpt: GGUFCheckpoint, cfg: ModelConfig) -> dict[s
 
     def get(name: str) -> torch.Tensor:
         if name not in t:
-            raise ValueError(f"{ckpt.path}: tensor {name!r} is missing")
+            raise InvalidValueError(f"{ckpt.path}: tensor {name!r} is missing")
         return torch.from_numpy(t[name].copy())
 
     sd: dict[str, torch.Tensor] = {
@@ -236,7 +241,7 @@ def llama_state_dict_from_gguf(ckpt: GGUFCheckpoint, cfg: ModelConfig) -> dict[s
             used.add(b + g_name)
     extra = sorted(n for n in t if n not in used and not n.endswith("rope_freqs.weight"))
     if extra:
-        raise ValueError(
+        raise InvalidValueError(
             f"{ckpt.path}: unsupported tensor(s) {extra[:5]}{'...' if len(extra) > 5 else ''} "
             "(biases or a non-llama variant?)"
         )
@@ -269,9 +274,9 @@ def load_gguf_model(
     expected = model.state_dict()
     for name, w in sd.items():
         if name not in expected:
-            raise ValueError(f"{ckpt.path}: no moelab parameter for {name!r}")
+            raise InvalidValueError(f"{ckpt.path}: no moelab parameter for {name!r}")
         if tuple(w.shape) != tuple(expected[name].shape):
-            raise ValueError(
+            raise InvalidValueError(
                 f"{ckpt.path}: tensor for {name!r} has shape {tuple(w.shape)}, the config "
                 f"needs {tuple(expected[name].shape)}"
             )
@@ -294,7 +299,7 @@ def build_gguf_tokenizer(ckpt: GGUFCheckpoint) -> Any:
 
     kind = ckpt.meta("tokenizer.ggml.model")
     if kind != "gpt2":
-        raise ValueError(
+        raise InvalidValueError(
             f"{ckpt.path}: tokenizer.ggml.model is {kind!r}; only byte-level BPE ('gpt2') "
             "is supported"
         )
@@ -304,12 +309,12 @@ def build_gguf_tokenizer(ckpt: GGUFCheckpoint) -> Any:
     pre = str(ckpt.meta("tokenizer.ggml.pre", "default"))
     vocab = {tok: i for i, tok in enumerate(tokens)}
     if len(vocab) != len(tokens):
-        raise ValueError(f"{ckpt.path}: tokenizer.ggml.tokens holds duplicate tokens")
+        raise InvalidValueError(f"{ckpt.path}: tokenizer.ggml.tokens holds duplicate tokens")
     merges = []
     for m in merges_raw:
         a, sep, b = m.partition(" ")
         if not sep:
-            raise ValueError(f"{ckpt.path}: malformed merge {m!r} in tokenizer.ggml.merges")
+            raise InvalidValueError(f"{ckpt.path}: malformed merge {m!r} in tokenizer.ggml.merges")
         merges.append((a, b))
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -320,7 +325,7 @@ def build_gguf_tokenizer(ckpt: GGUFCheckpoint) -> Any:
     elif pre in _PRE_PLAIN:
         tok.pre_tokenizer = byte_level
     else:
-        raise ValueError(
+        raise InvalidValueError(
             f"{ckpt.path}: tokenizer.ggml.pre {pre!r} is not supported "
             f"(known: {sorted(_PRE_DIGITS | _PRE_PLAIN)})"
         )
@@ -332,7 +337,7 @@ def build_gguf_tokenizer(ckpt: GGUFCheckpoint) -> Any:
     if user:
         tok.add_tokens(user)
     if tok.get_vocab_size(with_added_tokens=True) != len(tokens):
-        raise ValueError(f"{ckpt.path}: rebuilt vocabulary size differs from {len(tokens)}")
+        raise InvalidValueError(f"{ckpt.path}: rebuilt vocabulary size differs from {len(tokens)}")
     return tok
 
 

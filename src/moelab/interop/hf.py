@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
+from moelab.errors import InvalidValueError
 from moelab.interop.errors import ConfigMismatchError, InteropError
 from moelab.interop.files import (
     copy_tokenizer,
@@ -149,7 +150,7 @@ def hf_state(
     if not isinstance(model, MoETransformer):
         raise TypeError(f"model: expected MoETransformer, got {type(model).__name__}")
     if layout not in LAYOUTS:
-        raise ValueError(f"layout: must be one of {LAYOUTS}, got {layout!r}")
+        raise InvalidValueError(f"layout: must be one of {LAYOUTS}, got {layout!r}")
     arch = arch or infer_arch(model.cfg)
     hf = config_to_hf(model.cfg, arch)
     state = model.state_dict()
@@ -279,4 +280,4 @@ def convert(
         copied = [n for n in os.listdir(dst) if n not in ("config.json", "model.safetensors")]
         notes = [] if "tokenizer.json" in copied else [f"no tokenizer.json in {src}; none copied"]
         return ConvertReport(dst, direction, arch, layout, sorted(copied), notes)
-    raise ValueError(f"direction: must be 'moelab' or 'hf', got {direction!r}")
+    raise InvalidValueError(f"direction: must be 'moelab' or 'hf', got {direction!r}")

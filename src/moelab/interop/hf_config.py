@@ -187,11 +187,8 @@ def _check_unsupported(hf: dict[str, Any], spec: ArchSpec) -> None:
                 f"layer_types: only 'full_attention' layers are supported, got {lt!r}"
             )
         step = hf.get("decoder_sparse_step", 1)
-        if step != 1:
-            raise UnsupportedConfigError(
-                f"decoder_sparse_step: only 1 is supported (moelab's dense layers are a "
-                f"prefix, first_dense_layers), got {step!r}"
-            )
+        if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+            raise UnsupportedConfigError(f"decoder_sparse_step: must be an int >= 1, got {step!r}")
     if spec.name in ("qwen3_moe", "olmoe") and hf.get("attention_bias", False):
         raise UnsupportedConfigError(
             f"attention_bias: {spec.name} would bias o_proj too, which moelab's attention "
@@ -250,6 +247,7 @@ def config_from_hf(hf: dict[str, Any]) -> tuple[ModelConfig, ArchSpec]:
     if spec.name in ("qwen2_moe", "qwen3_moe"):
         first_dense = _first_dense_layers(hf, L)
         dense_ffn = hf.get("intermediate_size")
+    jitter = float(hf.get("router_jitter_noise", 0.0) or 0.0)
     moe = MoEConfig(
         router=RouterConfig(
             num_experts=E,
@@ -257,7 +255,9 @@ def config_from_hf(hf: dict[str, Any]) -> tuple[ModelConfig, ArchSpec]:
             score_func="softmax",
             softmax_before_topk=True,
             norm_topk_prob=norm_topk,
-            jitter_eps=float(hf.get("router_jitter_noise", 0.0) or 0.0),
+            jitter_eps=jitter,
+            # transformers' Mixtral multiplies the hidden states (router and experts' input)
+            jitter_experts=spec.name == "mixtral" and jitter > 0,
         ),
         experts=ExpertsConfig(
             hidden_size=D,
@@ -287,6 +287,7 @@ def config_from_hf(hf: dict[str, Any]) -> tuple[ModelConfig, ArchSpec]:
         attention_bias=bool(hf.get("qkv_bias", True)) if spec.name == "qwen2_moe" else False,
         qk_norm=spec.qk_norm,
         first_dense_layers=first_dense,
+        moe_layer_step=int(hf.get("decoder_sparse_step", 1) or 1),
         dense_ffn_size=dense_ffn,
         init_std=float(hf.get("initializer_range", 0.02)),
         moe=moe,
@@ -324,8 +325,8 @@ def config_to_hf(cfg: ModelConfig, arch: str, base: dict[str, Any] | None = None
         raise UnsupportedConfigError(f"arch: must be one of {sorted(ARCHS)}, got {arch!r}")
     spec = ARCHS[arch]
     moe = cfg.moe
-    _require(moe is not None, "moe", arch, "needs MoE layers (got a dense model)")
-    assert moe is not None
+    if moe is None:
+        raise UnsupportedConfigError(f"moe: {arch} needs MoE layers (got a dense model)")
     r, ex = moe.router, moe.experts
     _require(r.kind == "token_choice", "moe.router.kind", arch, "needs token_choice routing")
     _require(r.score_func == "softmax", "moe.router.score_func", arch, "needs softmax scores")
@@ -335,6 +336,8 @@ def config_to_hf(cfg: ModelConfig, arch: str, base: dict[str, Any] | None = None
     _require(not r.expert_bias, "moe.router.expert_bias", arch, "has no expert bias")
     _require(r.capacity_factor is None, "moe.router.capacity_factor", arch, "is dropless")
     _require(ex.activation == "swiglu", "moe.experts.activation", arch, "needs swiglu")
+    _require(not ex.bias, "moe.experts.bias", arch, "has no expert biases")
+    _require(not ex.lora_rank, "moe.experts.lora_rank", arch, "has no adapters (merge them first)")
     if arch == "mixtral":
         _require(r.norm_topk_prob, "moe.router.norm_topk_prob", arch, "always renormalises")
     _require(
@@ -357,6 +360,7 @@ def config_to_hf(cfg: ModelConfig, arch: str, base: dict[str, Any] | None = None
         _require(ex.shared_expert_size == 0, "moe.experts.shared_expert_size", arch, "has none")
     if arch in ("mixtral", "olmoe"):
         _require(cfg.first_dense_layers == 0, "first_dense_layers", arch, "has no dense layers")
+        _require(cfg.moe_layer_step == 1, "moe_layer_step", arch, "has no dense layers")
     if arch == "olmoe":
         _require(
             cfg.head_dim * cfg.n_heads == cfg.d_model,
@@ -394,7 +398,7 @@ def config_to_hf(cfg: ModelConfig, arch: str, base: dict[str, Any] | None = None
     if arch in ("qwen2_moe", "qwen3_moe"):
         hf.update(
             intermediate_size=cfg.dense_ffn_size,
-            decoder_sparse_step=1,
+            decoder_sparse_step=cfg.moe_layer_step,
             mlp_only_layers=list(range(cfg.first_dense_layers)),
             use_sliding_window=False,
         )

@@ -38,6 +38,7 @@ from moelab.interop.errors import (
     MissingTensorError,
     TensorShapeError,
     UnexpectedTensorError,
+    UnsupportedConfigError,
 )
 from moelab.models.config import ModelConfig
 
@@ -102,7 +103,11 @@ def to_hf(op: str, t: Tensor, n_sources: int) -> list[Tensor]:
         out = [half for e in t.transpose(1, 2).unbind(0) for half in e.chunk(2, dim=0)]
     else:  # pragma: no cover
         raise AssertionError(op)
-    assert len(out) == n_sources
+    if len(out) != n_sources:
+        raise TensorShapeError(
+            f"{op}: the moelab tensor of shape {tuple(t.shape)} splits into {len(out)} HF "
+            f"tensors, the config expects {n_sources}"
+        )
     return [x.contiguous() for x in out]
 
 
@@ -206,7 +211,8 @@ def moe_block_rules(
         )
     rules += _expert_rules(src, dst, d, layout, names)
     if arch == "qwen2_moe":
-        assert d.shared_ffn is not None
+        if d.shared_ffn is None:
+            raise UnsupportedConfigError("shared_expert_size: qwen2_moe needs a shared expert")
         rules += _mlp_rules(
             f"{src}shared_expert.", f"{dst}shared_expert.", d.hidden, d.shared_ffn, "shared"
         )
@@ -232,7 +238,8 @@ def model_rules(cfg: ModelConfig, arch: str, layout: str) -> list[Rule]:
 
     spec = ARCHS[arch]
     moe = cfg.moe
-    assert moe is not None
+    if moe is None:
+        raise UnsupportedConfigError(f"moe: {arch} needs MoE layers (got a dense model)")
     q_w, kv_w = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     d = Dims(
         vocab=("vocab_size", cfg.vocab_size),

@@ -41,8 +41,7 @@ class DecoderBlock(nn.Module):
         )
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.ffn: nn.Module
-        if self.is_moe:
-            assert cfg.moe is not None
+        if self.is_moe and cfg.moe is not None:  # is_moe_layer is False without cfg.moe
             self.ffn = MoELayer(cfg.moe)
         elif cfg.latent_moe is not None and layer_idx >= cfg.first_dense_layers:
             self.ffn = MultiHeadLatentMoE(cfg.latent_moe, cfg.d_model)  # returns a tensor
@@ -58,6 +57,8 @@ class DecoderBlock(nn.Module):
         kv_cache: KVCache | None = None,
         start_pos: int = 0,
         return_plan: bool = False,
+        loss_div_factor: float | Tensor | None = None,
+        segment_ids: Tensor | None = None,
     ) -> (
         tuple[Tensor, dict[str, Tensor], RoutingRecord | None]
         | tuple[Tensor, dict[str, Tensor], RoutingRecord | None, RoutingPlan | None]
@@ -67,7 +68,9 @@ class DecoderBlock(nn.Module):
         ``mask [B, S]`` bool (True = real token) goes to the MoE layer so padding is
         excluded from its losses and telemetry; ``attn_mask`` is the prebuilt attention mask.
         With ``return_plan`` a fourth item is the MoE layer's RoutingPlan (graph kept; None
-        for dense blocks), which model-level losses (cross-layer) read.
+        for dense blocks), which model-level losses (cross-layer) read. ``loss_div_factor``
+        goes to the MoE layer (aux losses normalised by the batch's real tokens), and so do
+        ``segment_ids`` (packed documents; :mod:`moelab.models.packing`).
         """
         h = x + self.attn(
             self.attn_norm(x), attn_mask=attn_mask, kv_cache=kv_cache, start_pos=start_pos
@@ -78,7 +81,13 @@ class DecoderBlock(nn.Module):
                 if kv_cache is not None and self.ffn.needs_prefix_state
                 else None
             )
-            out = self.ffn(self.ffn_norm(h), mask=mask, prefix_state=state)
+            out = self.ffn(
+                self.ffn_norm(h),
+                mask=mask,
+                prefix_state=state,
+                loss_div_factor=loss_div_factor,
+                segment_ids=segment_ids,
+            )
             if return_plan:
                 return h + out.hidden_states, dict(out.aux_losses), out.record, out.plan
             return h + out.hidden_states, dict(out.aux_losses), out.record

@@ -13,11 +13,12 @@ from typing import Any
 
 from moelab.core.config import ExpertsConfig, MoEConfig, RouterConfig
 from moelab.core.latent_moe import LatentMoEConfig
+from moelab.errors import InvalidValueError
 
 
 def _check(cond: bool, name: str, msg: str) -> None:
     if not cond:
-        raise ValueError(f"{name}: {msg}")
+        raise InvalidValueError(f"{name}: {msg}")
 
 
 def _is_int(v: Any) -> bool:
@@ -34,8 +35,8 @@ def default_dense_ffn_size(d_model: int) -> int:
 class ModelConfig:
     """A decoder-only transformer LM whose feed-forward layers are MoE layers.
 
-    Layer ``i`` is an MoE layer when ``moe is not None and i >= first_dense_layers``; every
-    other layer has one dense SwiGLU FFN of width ``dense_ffn_size``. ``moe=None`` is a fully
+    Layer ``i`` is an MoE layer when ``moe is not None``, ``i >= first_dense_layers`` and
+    ``(i + 1) % moe_layer_step == 0``; every other layer has one dense SwiGLU FFN of width ``dense_ffn_size``. ``moe=None`` is a fully
     dense model (what :func:`moelab.models.dense_twin.dense_twin_config` produces).
 
     Attributes:
@@ -59,6 +60,12 @@ class ModelConfig:
             ``k_norm [H_kv·hd]``). Uses ``norm_eps``.
         first_dense_layers: the first n layers use a dense FFN instead of MoE (DeepSeek-V2/V3
             ``first_k_dense_replace``); in ``[0, n_layers]``.
+        moe_layer_step: interleaved MoE layers: one MoE layer every ``moe_layer_step``
+            layers, at layers ``step-1, 2·step-1, ...`` (HF Qwen2/3-MoE
+            ``decoder_sparse_step``, Llama-4 ``interleave_moe_layer_step``); 1 = every layer.
+            Megatron's integer ``moe_layer_freq`` N puts MoE at layers ``0, N, 2N, ...``
+            instead; that is ``moe_layer_step=N`` shifted by one (ours follows the importable
+            checkpoints).
         dense_ffn_size: hidden width of every dense SwiGLU FFN; ``None`` means
             :func:`default_dense_ffn_size` (``8·D/3`` rounded up to a multiple of 8).
         init_std: std of the normal weight initialisation (residual output projections use
@@ -84,6 +91,7 @@ class ModelConfig:
     attention_bias: bool = False
     qk_norm: str = "none"
     first_dense_layers: int = 0
+    moe_layer_step: int = 1
     dense_ffn_size: int | None = None
     init_std: float = 0.02
     moe: MoEConfig | None = field(default_factory=MoEConfig)
@@ -146,6 +154,12 @@ class ModelConfig:
             "first_dense_layers",
             f"must be an int in [0, n_layers={self.n_layers}], got {fd!r}",
         )
+        step = self.moe_layer_step
+        _check(
+            _is_int(step) and 1 <= step <= self.n_layers,
+            "moe_layer_step",
+            f"must be an int in [1, n_layers={self.n_layers}], got {step!r}",
+        )
         if self.dense_ffn_size is None:
             self.dense_ffn_size = default_dense_ffn_size(self.d_model)
         _check(
@@ -181,7 +195,11 @@ class ModelConfig:
     # ------------------------------------------------------------------ helpers
     def is_moe_layer(self, i: int) -> bool:
         """True when layer ``i`` (0-based) is an MoE layer."""
-        return self.moe is not None and i >= self.first_dense_layers
+        return (
+            self.moe is not None
+            and i >= self.first_dense_layers
+            and (i + 1) % self.moe_layer_step == 0
+        )
 
     @property
     def num_moe_layers(self) -> int:
@@ -223,12 +241,14 @@ def _from_dict(cls: type, d: Any, where: str) -> Any:
     """Build dataclass ``cls`` from dict ``d``, recursing into dataclass-typed fields."""
     label = where or cls.__name__
     if not isinstance(d, dict):
-        raise ValueError(f"{label}: expected a dict for {cls.__name__}, got {type(d).__name__}")
+        raise InvalidValueError(
+            f"{label}: expected a dict for {cls.__name__}, got {type(d).__name__}"
+        )
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(d) - names)
     if unknown:
-        raise ValueError(f"{label}: unknown field(s) {unknown} for {cls.__name__}")
+        raise InvalidValueError(f"{label}: unknown field(s) {unknown} for {cls.__name__}")
     kwargs: dict[str, Any] = {}
     for key, value in d.items():
         sub = _dataclass_in(hints[key])

@@ -26,6 +26,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from moelab.errors import UserError
 from moelab.models.config import ModelConfig
 from moelab.models.transformer import MoETransformer
 from moelab.utils.atomic import atomic_write, atomic_write_json
@@ -37,7 +38,7 @@ WEIGHTS_FILE = "model.safetensors"
 MANIFEST_FILE = "manifest.json"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A model folder cannot be saved or loaded; the message names the file or tensor."""
 
 

@@ -9,17 +9,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from moelab.core import checks
 from moelab.core.config import CAUSAL_SCOPES
 from moelab.core.latent_moe import MultiHeadLatentMoE
 from moelab.core.layer import MoELayer
 from moelab.core.losses import CrossLayerLoss
 from moelab.core.plan import RoutingPlan
 from moelab.core.telemetry import RoutingRecord
+from moelab.errors import InvalidValueError
 from moelab.models.attention import KVCache, causal_mask
 from moelab.models.block import DecoderBlock
 from moelab.models.config import ModelConfig
 from moelab.models.ffn import SwiGLUFFN
 from moelab.models.norm import RMSNorm
+from moelab.models.packing import document_attention_mask, segment_ids
 from moelab.models.rope import RotaryEmbedding
 
 
@@ -55,14 +58,15 @@ class LMLoss:
         loss: ``ce + aux_loss``, the fp32 scalar to back-propagate.
         ce: mean next-token cross-entropy in nats per counted target token (fp32 scalar).
         aux_loss: fp32 scalar sum of the aux losses (see :class:`LMOutput`).
-        num_tokens: number of target tokens counted in ``ce``.
+        num_tokens: number of target tokens counted in ``ce``, a 0-d int64 tensor (reading
+            it with ``int()`` syncs with the device).
         output: the forward pass's :class:`LMOutput`.
     """
 
     loss: Tensor
     ce: Tensor
     aux_loss: Tensor
-    num_tokens: int
+    num_tokens: Tensor
     output: LMOutput
 
 
@@ -88,6 +92,12 @@ class MoETransformer(nn.Module):
     (``kind="usmoe"``) with the ``sequence``/``batch`` scopes selects over whole sequences, so
     the KV-cache path refuses it (``ValueError``); its ``position`` and ``causal_prefix``
     scopes are causal and decode incrementally (the cache carries causal-prefix router state).
+    Expert-choice routing is refused by the KV-cache path too: one token at a time, every
+    expert would take it (capacity 1), a different model from the one trained.
+
+    The forward pass reads no tensor value on the host (no device sync) unless
+    :mod:`moelab.core.checks` are enabled: then token ids are range-checked and router logits
+    checked for NaN/Inf.
 
     With ``moe.losses.cross_layer`` the model adds the cross-layer dependency loss
     (:class:`moelab.core.losses.CrossLayerLoss`) over adjacent MoE layers' plans.
@@ -146,8 +156,8 @@ class MoETransformer(nn.Module):
                 block.ffn.reset_parameters(std, resid_std)
             elif isinstance(block.ffn, MoELayer):
                 for name, p in block.ffn.named_parameters():
-                    if p.dim() < 2:
-                        continue
+                    if p.dim() < 2 or name.rsplit(".", 1)[-1].startswith(("b_", "lora_")):
+                        continue  # 1-D parameters, expert biases, LoRA keep the layer's init
                     is_down = "down" in name.rsplit(".", 1)[-1]
                     nn.init.normal_(p, 0.0, resid_std if is_down else std)
 
@@ -179,6 +189,8 @@ class MoETransformer(nn.Module):
         mask: Tensor | None = None,
         kv_cache: KVCache | None = None,
         start_pos: int = 0,
+        loss_div_factor: float | Tensor | None = None,
+        doc_ids: Tensor | None = None,
     ) -> LMOutput:
         """Next-token logits for ``input_ids`` at positions ``start_pos .. start_pos+S-1``.
 
@@ -191,10 +203,18 @@ class MoETransformer(nn.Module):
                 ``start_pos`` and attention also covers the cached positions before it.
             start_pos: absolute position of ``input_ids[:, 0]``; must be 0 without a cache
                 and ``<= kv_cache.length`` with one.
+            loss_div_factor: real tokens of the whole batch over micro-batches (OLMo-core);
+                the aux losses become sums over this call's real tokens divided by it
+                (:mod:`moelab.core.losses.normalise`). None = per-call means.
+            doc_ids: ``[B, S]`` integer document id of each position for packed sequences
+                (contiguous runs within a row): attention stays within a document and the
+                sequence-level balance loss is per document (:mod:`moelab.models.packing`).
+                Not with ``kv_cache``.
 
         Raises:
-            ValueError: bad shapes/dtypes, ids out of range, positions beyond
-                ``max_seq_len`` or the cache.
+            ValueError: bad shapes/dtypes, positions beyond ``max_seq_len`` or the cache,
+                ids out of range (only with :mod:`moelab.core.checks` enabled; otherwise the
+                embedding raises ``IndexError`` on CPU).
         """
         cfg = self.cfg
         if (
@@ -209,8 +229,10 @@ class MoETransformer(nn.Module):
         B, S = input_ids.shape
         if S < 1:
             raise ValueError("input_ids: needs at least one position")
-        if input_ids.numel() and (
-            int(input_ids.min()) < 0 or int(input_ids.max()) >= cfg.vocab_size
+        if (
+            checks.value_checks()
+            and input_ids.numel()
+            and (int(input_ids.min()) < 0 or int(input_ids.max()) >= cfg.vocab_size)
         ):
             raise ValueError(f"input_ids: ids must be in [0, vocab_size={cfg.vocab_size})")
         if mask is not None and (mask.shape != input_ids.shape or mask.dtype != torch.bool):
@@ -238,6 +260,17 @@ class MoETransformer(nn.Module):
             kv_cache.check(B, start_pos, S)
             key_mask = kv_cache.advance(start_pos, mask, S)
         attn_mask = causal_mask(S, start_pos, key_mask, input_ids.device)
+        segments = None
+        if doc_ids is not None:
+            if kv_cache is not None:
+                raise ValueError("doc_ids: packed documents cannot be decoded with a kv_cache")
+            if doc_ids.shape != input_ids.shape or doc_ids.is_floating_point():
+                raise ValueError(
+                    f"doc_ids: must be an integer tensor {tuple(input_ids.shape)}, got "
+                    f"{doc_ids.dtype} {tuple(doc_ids.shape)}"
+                )
+            attn_mask = document_attention_mask(doc_ids, attn_mask)
+            segments = segment_ids(doc_ids)
 
         x = self.embed(input_ids)
         aux_losses: dict[str, Tensor] = {}
@@ -251,6 +284,8 @@ class MoETransformer(nn.Module):
                 kv_cache=kv_cache,
                 start_pos=start_pos,
                 return_plan=True,
+                loss_div_factor=loss_div_factor,
+                segment_ids=segments,
             )
             for name, value in layer_aux.items():
                 v = value.float()
@@ -261,10 +296,13 @@ class MoETransformer(nn.Module):
             moe_plans = [p for p in plans if p is not None]
             token_mask = mask.reshape(-1) if mask is not None else None
             ks = [b.ffn.config.router.top_k for b in self.blocks if b.is_moe]
-            aux_losses["cross_layer"] = (
-                self.cfg.moe.losses.cross_layer_coeff
-                * self.cross_layer_loss(moe_plans, token_mask, ks)
+            cross = self.cfg.moe.losses.cross_layer_coeff * self.cross_layer_loss(
+                moe_plans, token_mask, ks
             )
+            if loss_div_factor is not None:
+                n = input_ids.numel() if mask is None else mask.sum()
+                cross = cross * n / loss_div_factor
+            aux_losses["cross_layer"] = cross
         h = self.norm(x)
         logits = self.lm_head(h)
         aux_loss = torch.zeros((), dtype=torch.float32, device=logits.device)
@@ -291,12 +329,22 @@ class MoETransformer(nn.Module):
         ]
 
     def _check_cacheable(self) -> None:
-        """Refuse the KV-cache (incremental decoding) path for routers that look at future
-        positions of the sequence (USMoE ``sequence``/``batch`` scopes). Raises ValueError."""
+        """Refuse the KV-cache (incremental decoding) path for routers that look at other
+        positions of the sequence (USMoE ``sequence``/``batch`` scopes, expert choice).
+        Raises ValueError."""
+        for block in self.blocks:
+            if block.is_moe and block.ffn.config.router.kind == "expert_choice":
+                raise InvalidValueError(
+                    f"kv_cache: layer {block.layer_idx} routes with expert choice, where each "
+                    "expert picks its tokens among all tokens of the batch; decoding one token "
+                    "at a time would give every expert a capacity of 1, a different model from "
+                    "the one trained; score such a model with full sequences (moelab eval) or "
+                    "swap in a token-choice router (moelab.models.with_router) to generate"
+                )
         bad = self.noncausal_routing_layers()
         if bad:
             scope = self.blocks[bad[0]].ffn.config.router.selection_scope
-            raise ValueError(
+            raise InvalidValueError(
                 f"kv_cache: layer {bad[0]} routes with USMoE over the whole sequence "
                 f"(selection_scope={scope!r}), which looks at future tokens and is not valid for "
                 "causal generation; swap in selection_scope='position' or 'causal_prefix' "
@@ -309,6 +357,8 @@ class MoETransformer(nn.Module):
         targets: Tensor,
         mask: Tensor | None = None,
         ignore_index: int = -100,
+        loss_div_factor: float | Tensor | None = None,
+        doc_ids: Tensor | None = None,
     ) -> LMLoss:
         """Cross-entropy of ``targets`` under the model, plus the aux losses.
 
@@ -318,6 +368,13 @@ class MoETransformer(nn.Module):
                 shifted by the caller); ``ignore_index`` entries are not counted.
             mask: ``[B, S]`` bool, True = real token; False positions are neither attended
                 to nor counted.
+            loss_div_factor: the counted target tokens of the whole batch over all
+                micro-batches (OLMo-core's ``loss_div_factor``): ``ce = Σ ce_t /
+                loss_div_factor`` and the aux losses are normalised the same way, so the
+                micro-batch losses *sum* to the full-batch loss (exactly for ce and z-loss,
+                see :mod:`moelab.core.losses.normalise`). None = means over this call.
+            doc_ids: packed documents (see :meth:`forward`); the caller masks the target
+                of each document's last position (it belongs to the next document).
 
         Returns:
             :class:`LMLoss`: ``ce`` in nats per counted token (fp32, 0 when none counted),
@@ -327,19 +384,19 @@ class MoETransformer(nn.Module):
             raise ValueError(
                 f"targets: must have shape {tuple(input_ids.shape)}, got {tuple(targets.shape)}"
             )
-        out = self(input_ids, mask=mask)
+        out = self(input_ids, mask=mask, loss_div_factor=loss_div_factor, doc_ids=doc_ids)
         tgt = targets.long()
         if mask is not None:
             tgt = tgt.masked_fill(~mask, ignore_index)
         counted = tgt != ignore_index
-        n = int(counted.sum())
+        n = counted.sum()
         ce_sum = F.cross_entropy(
             out.logits.float().flatten(0, 1),
             tgt.flatten(),
             ignore_index=ignore_index,
             reduction="sum",
         )
-        ce = ce_sum / max(n, 1)
+        ce = ce_sum / (n.clamp_min(1) if loss_div_factor is None else loss_div_factor)
         return LMLoss(
             loss=ce + out.aux_loss, ce=ce, aux_loss=out.aux_loss, num_tokens=n, output=out
         )

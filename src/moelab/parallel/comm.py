@@ -16,6 +16,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from moelab.errors import InvalidValueError
+
 
 @dataclass
 class ParallelGroups:
@@ -56,9 +58,9 @@ class ParallelGroups:
 
 
 def check_expert_parallel(ep: int, world_size: int) -> None:
-    """Raise ValueError unless ``ep`` is an int >= 1 dividing ``world_size``."""
+    """Raise InvalidValueError unless ``ep`` is an int >= 1 dividing ``world_size``."""
     if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1 or world_size % ep:
-        raise ValueError(
+        raise InvalidValueError(
             f"--expert-parallel: must be an int >= 1 dividing the world size {world_size}, "
             f"got {ep!r}"
         )

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from moelab.core.dispatch import Dispatched, LocalDispatcher, permute_rows
 from moelab.core.plan import RoutingPlan
+from moelab.errors import InvalidValueError
 from moelab.parallel.comm import CommStats, all_to_all, sent_bytes
 
 
@@ -74,7 +75,7 @@ class AllToAllDispatcher:
         self.ep = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         if num_experts % self.ep:
-            raise ValueError(
+            raise InvalidValueError(
                 f"--expert-parallel: {self.ep} does not divide the number of experts {num_experts}"
             )
         self.num_experts = num_experts
@@ -84,7 +85,7 @@ class AllToAllDispatcher:
 
     def dispatch(self, x_TD: Tensor, plan: RoutingPlan) -> EPDispatched:
         if plan.num_experts != self.num_experts:
-            raise ValueError(
+            raise InvalidValueError(
                 f"plan: routes to {plan.num_experts} experts, the dispatcher shards {self.num_experts}"
             )
         d = self.local.dispatch(x_TD, plan)

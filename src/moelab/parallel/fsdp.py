@@ -19,6 +19,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+from moelab.errors import InvalidValueError
 from moelab.parallel.comm import ParallelGroups
 
 
@@ -29,7 +30,9 @@ def apply_fsdp(model: nn.Module, sharded: set[str], groups: ParallelGroups) -> n
         ValueError: not running distributed.
     """
     if not groups.enabled:
-        raise ValueError("--fsdp: needs a distributed run (torchrun with 2 or more processes)")
+        raise InvalidValueError(
+            "--fsdp: needs a distributed run (torchrun with 2 or more processes)"
+        )
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     mesh = init_device_mesh(device, (groups.world_size,), mesh_dim_names=("fsdp",))
     ignored = {p for n, p in model.named_parameters() if n in sharded}

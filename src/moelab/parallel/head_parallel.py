@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch import Tensor
 
+from moelab.errors import InvalidValueError
 from moelab.parallel.comm import CommStats, all_to_all, sent_bytes
 
 
@@ -42,7 +43,7 @@ class HeadParallelDispatcher:
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         if num_heads % self.world:
-            raise ValueError(
+            raise InvalidValueError(
                 f"--expert-parallel: {self.world} ranks do not divide the {num_heads} heads "
                 "of the Multi-Head LatentMoE layers"
             )

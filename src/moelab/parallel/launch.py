@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from moelab.errors import InvalidValueError
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
@@ -50,7 +52,7 @@ def spawn_ranks(fn, world: int, timeout: float = 300.0, threads: int = 1, **kwar
         processes are killed). ``torch.multiprocessing.ProcessRaisedException``: a rank failed.
     """
     if isinstance(world, bool) or not isinstance(world, int) or world < 1:
-        raise ValueError(f"world: must be an int >= 1, got {world!r}")
+        raise InvalidValueError(f"world: must be an int >= 1, got {world!r}")
     with tempfile.TemporaryDirectory() as out:
         ctx = mp.spawn(
             _entry,

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from moelab.core.experts import ExpertBank
 from moelab.core.latent_moe import MultiHeadLatentMoE
 from moelab.core.layer import MoELayer
+from moelab.errors import InvalidValueError
 from moelab.parallel.comm import ParallelGroups
 from moelab.parallel.expert_parallel import AllToAllDispatcher
 from moelab.parallel.head_parallel import HeadParallelDispatcher
@@ -34,18 +35,18 @@ def check_shardable(model: nn.Module, ep: int) -> None:
         if isinstance(m, MoELayer):
             E = m.config.router.num_experts
             if E % ep:
-                raise ValueError(
+                raise InvalidValueError(
                     f"--expert-parallel: {ep} does not divide the {E} experts of layer {name}"
                 )
             if ep > 1 and m.specialization_loss is not None:
-                raise ValueError(
+                raise InvalidValueError(
                     "--expert-parallel: the specialization loss reads every pair's activations "
                     "on the token's rank and is not supported with expert parallelism"
                 )
         elif isinstance(m, MultiHeadLatentMoE):
             H = m.config.num_heads
             if H % ep:
-                raise ValueError(
+                raise InvalidValueError(
                     f"--expert-parallel: {ep} ranks do not divide the {H} heads of the "
                     f"Multi-Head LatentMoE layer {name}"
                 )

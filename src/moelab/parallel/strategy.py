@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from moelab.errors import InvalidValueError
 from moelab.models import CheckpointError, MoETransformer, save_model
 from moelab.parallel.checkpoint import latest_sharded_dir, load_sharded, read_layout, save_sharded
 from moelab.parallel.comm import ParallelGroups, build_groups, check_expert_parallel
@@ -63,7 +64,9 @@ class ExpertParallel:
         check_expert_parallel(self.ep, world)
         check_shardable(model, self.ep)
         if self.fsdp and world < 2:
-            raise ValueError("--fsdp: needs a distributed run (torchrun with 2 or more processes)")
+            raise InvalidValueError(
+                "--fsdp: needs a distributed run (torchrun with 2 or more processes)"
+            )
         self.groups = build_groups(self.ep)
         self.sharded = shard_model(model, self.groups)
         self._sharded_set = set(self.sharded)

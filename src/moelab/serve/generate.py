@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import torch
 
 from moelab.data import Tokenizer
+from moelab.errors import InvalidValueError
 from moelab.models import MoETransformer
 from moelab.serve.sampling import sample_next
 
@@ -29,16 +30,17 @@ def generate_ids(
     stops at ``max_seq_len`` positions, after ``max_new_tokens`` or at ``stop_id``.
 
     USMoE routing must be causal (``selection_scope`` ``"position"`` or ``"causal_prefix"``;
-    the KV cache carries the causal-prefix router state between steps).
+    the KV cache carries the causal-prefix router state between steps); expert-choice models
+    are refused (decoding one token at a time is not the routing they were trained with).
 
     Raises:
-        ValueError: empty prompt, max_new_tokens < 0, bad sampling settings, or a USMoE
-            router that looks at future tokens.
+        ValueError: empty prompt, max_new_tokens < 0, bad sampling settings, a USMoE
+            router that looks at future tokens, or expert-choice routing.
     """
     if not prompt_ids:
-        raise ValueError("prompt: must encode to at least one token")
+        raise InvalidValueError("prompt: must encode to at least one token")
     if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens: must be >= 0, got {max_new_tokens}")
+        raise InvalidValueError(f"max_new_tokens: must be >= 0, got {max_new_tokens}")
     model._check_cacheable()
     was_training = model.training
     model.eval()

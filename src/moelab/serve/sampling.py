@@ -7,6 +7,8 @@ import math
 import torch
 from torch import Tensor
 
+from moelab.errors import InvalidValueError
+
 
 def sample_next(
     logits: Tensor,
@@ -27,11 +29,11 @@ def sample_next(
         ValueError: temperature < 0, top_k < 1, or top_p outside (0, 1].
     """
     if not (math.isfinite(temperature) and temperature >= 0):
-        raise ValueError(f"temperature: must be a finite number >= 0, got {temperature}")
+        raise InvalidValueError(f"temperature: must be a finite number >= 0, got {temperature}")
     if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k: must be >= 1, got {top_k}")
+        raise InvalidValueError(f"top_k: must be >= 1, got {top_k}")
     if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p: must be in (0, 1], got {top_p}")
+        raise InvalidValueError(f"top_p: must be in (0, 1], got {top_p}")
     logits = logits.float()
     if temperature < 1e-6:
         return logits.argmax(dim=-1)

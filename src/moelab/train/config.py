@@ -11,13 +11,15 @@ from typing import Any
 
 import yaml
 
+from moelab.errors import UserError
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config file or value is invalid; the message names the file or field."""
 
 
@@ -47,6 +49,12 @@ class TrainConfig:
         seed: seeds the model init, the data split and the batch order.
         init_from: a model folder (e.g. from ``moelab upcycle``) whose weights and tokenizer
             start the run instead of a random init.
+        lora_rank: > 0 adds LoRA adapters of this rank to every expert bank (unless the
+            model has them) and trains only the adapters (:mod:`moelab.models.lora`).
+        lora_alpha: α of the adapters' scale α/r.
+        doc_masks: training windows cut across documents; with this each document attends
+            only to itself and the sequence-level balance loss is per document (packed
+            sequences, :mod:`moelab.models.packing`); validation does the same.
         allow_noncausal_routing: train a model whose routing looks at future tokens (USMoE
             ``sequence``/``batch`` selection scopes); refused otherwise, since such a model is
             not a causal LM and its losses are not causal LM losses.
@@ -76,6 +84,9 @@ class TrainConfig:
     time_budget_s: float | None = None
     seed: int = 0
     init_from: str | None = None
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    doc_masks: bool = False
     allow_noncausal_routing: bool = False
 
     def __post_init__(self) -> None:
@@ -114,6 +125,10 @@ class TrainConfig:
             math.isfinite(self.time_budget_s) and self.time_budget_s > 0
         ):
             raise ConfigError(f"time_budget_s: must be > 0 seconds, got {self.time_budget_s}")
+        if self.lora_rank < 0:
+            raise ConfigError(f"lora_rank: must be >= 0, got {self.lora_rank}")
+        if not (math.isfinite(self.lora_alpha) and self.lora_alpha > 0):
+            raise ConfigError(f"lora_alpha: must be a finite number > 0, got {self.lora_alpha}")
         if not self.data.strip():
             raise ConfigError("data: empty corpus name or path")
 

@@ -67,13 +67,15 @@ def evaluate(
     seq_len: int,
     batch_size: int,
     max_tokens: int | None = None,
+    doc_masks: bool = False,
 ) -> EvalResult:
     """Score each named stream with non-overlapping windows of ``seq_len`` tokens.
 
     Each stream (one per domain for the ``mix`` corpus) is scored up to ``max_tokens``
     tokens, so every domain is measured even when the budget is small. Bits per byte uses the
     exact UTF-8 bytes of every predicted token (``Batch.target_bytes``), so it is comparable
-    across tokenizers; ``overall`` pools all streams.
+    across tokenizers; ``overall`` pools all streams. With ``doc_masks`` each document of a
+    window attends only to itself (as a run trained with ``TrainConfig.doc_masks``).
 
     Raises:
         CorpusError: a stream is shorter than ``seq_len + 1`` tokens.
@@ -87,7 +89,8 @@ def evaluate(
             nats, tokens, n_bytes = 0.0, 0, 0
             for batch in eval_batches(stream, batch_size, seq_len, max_tokens):
                 batch = batch.to(device)
-                logits = model(batch.input_ids).logits.float()
+                doc_ids = batch.doc_ids if doc_masks else None
+                logits = model(batch.input_ids, doc_ids=doc_ids).logits.float()
                 ce = F.cross_entropy(logits.flatten(0, 1), batch.targets.flatten(), reduction="sum")
                 nats += ce.item()
                 tokens += batch.targets.numel()

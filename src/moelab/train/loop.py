@@ -32,7 +32,9 @@ from moelab.data import (
     sample_batch,
     split_documents,
 )
+from moelab.errors import TrainingDivergedError
 from moelab.models import ModelConfig, MoETransformer, load_model, save_model
+from moelab.models.lora import add_expert_lora, freeze_all_but_lora
 from moelab.train.checkpoint import load_checkpoint, save_checkpoint
 from moelab.train.config import ConfigError, TrainConfig
 from moelab.train.distributed import DistInfo, barrier, init_distributed, shutdown
@@ -65,8 +67,8 @@ class _LossModule(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, targets):
-        out = self.model.loss(input_ids, targets)
+    def forward(self, input_ids, targets, doc_ids=None):
+        out = self.model.loss(input_ids, targets, doc_ids=doc_ids)
         return out.loss, out.ce, out.aux_loss, out.output.records
 
 
@@ -251,6 +253,10 @@ def _train(
         model_cfg.vocab_size = tokenizer.vocab_size
         torch.manual_seed(cfg.seed)
         model = MoETransformer(model_cfg)
+    if cfg.lora_rank:
+        if model.cfg.moe is None or not model.cfg.moe.experts.lora_rank:
+            model = add_expert_lora(model, cfg.lora_rank, cfg.lora_alpha)
+        freeze_all_but_lora(model)
     if model.cfg.vocab_size != tokenizer.vocab_size:
         raise ConfigError(
             f"vocab_size: the model has {model.cfg.vocab_size} tokens, the tokenizer {tokenizer.vocab_size}"
@@ -340,6 +346,7 @@ def _train(
                 seq_len=cfg.seq_len,
                 batch_size=cfg.batch_size,
                 max_tokens=cfg.eval_tokens,
+                doc_masks=cfg.doc_masks,
             )
         if dist_info.is_main:
             rec = _eval_record(step, result)
@@ -380,15 +387,20 @@ def _train(
                 sync = micro == cfg.grad_accum - 1 or step_fn is module
                 ctx = nullcontext() if sync else step_fn.no_sync()
                 with ctx:
-                    loss, ce, aux, records = step_fn(batch.input_ids, batch.targets)
+                    doc_ids = batch.doc_ids if cfg.doc_masks else None
+                    loss, ce, aux, records = step_fn(batch.input_ids, batch.targets, doc_ids)
                     (loss / cfg.grad_accum).backward()
                 ce_sum += ce.item()
                 aux_sum += aux.item()
                 n_bytes += int(batch.target_bytes.sum())
+                for layer in layers:
+                    layer.end_micro_batch()
                 for c, rec in zip(counts, [r for r in records if r is not None], strict=True):
                     c += rec.counts
             if not math.isfinite(ce_sum):
-                raise FloatingPointError(f"step {step}: training loss is not finite")
+                raise TrainingDivergedError(
+                    f"step {step}: training loss is not finite; lower --lr or raise --warmup-steps"
+                )
             if parallel is not None:
                 parallel.sync_gradients(model)
             clip = parallel.clip_grad_norm if parallel is not None else _clip

@@ -43,10 +43,11 @@ def small_model_config(losses: LossConfig | None = None) -> ModelConfig:
 
 def default_model_dict() -> dict[str, Any]:
     """The default model as a dict, with the fields derived from others (``head_dim``,
-    ``dense_ffn_size``) left unset so they follow a changed ``d_model``/``n_heads``."""
+    ``dense_ffn_size``, ``norm_topk_prob``) left unset so they follow a changed ``d_model``/``n_heads``."""
     d = default_model_config().to_dict()
     d["head_dim"] = None
     d["dense_ffn_size"] = None
+    d["moe"]["router"]["norm_topk_prob"] = None  # follows top_k (off for k = 1)
     return d
 
 

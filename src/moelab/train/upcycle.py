@@ -50,6 +50,7 @@ from torch import Tensor
 
 from moelab.core.config import ExpertsConfig, LossConfig, MoEConfig, RouterConfig
 from moelab.core.layer import MoELayer
+from moelab.errors import InvalidValueError
 from moelab.models.config import ModelConfig
 from moelab.models.ffn import SwiGLUFFN
 from moelab.models.transformer import MoETransformer
@@ -103,37 +104,47 @@ def upcycle_spec(
             ``router_init``, or a ``router`` setting that cannot preserve the output.
     """
     if not _is_int(num_experts) or num_experts < 1:
-        raise ValueError(
+        raise InvalidValueError(
             f"num_experts: must be an int >= 1 (copies of the FFN), got {num_experts!r}"
         )
     if not _is_int(top_k) or not 1 <= top_k <= num_experts:
-        raise ValueError(f"top_k: must be an int in [1, num_experts={num_experts}], got {top_k!r}")
+        raise InvalidValueError(
+            f"top_k: must be an int in [1, num_experts={num_experts}], got {top_k!r}"
+        )
     if not _is_int(granularity) or granularity < 1:
-        raise ValueError(f"granularity: must be an int >= 1, got {granularity!r}")
+        raise InvalidValueError(f"granularity: must be an int >= 1, got {granularity!r}")
     if dense_ffn_size % granularity:
-        raise ValueError(
+        raise InvalidValueError(
             f"granularity: must divide the dense FFN width {dense_ffn_size}, got {granularity}"
         )
     if router_init not in ROUTER_INITS:
-        raise ValueError(f"router_init: must be one of {ROUTER_INITS}, got {router_init!r}")
+        raise InvalidValueError(f"router_init: must be one of {ROUTER_INITS}, got {router_init!r}")
     if router_init == "random" and granularity > 1:
-        raise ValueError(
+        raise InvalidValueError(
             "router_init: 'random' gives the G slices of a copy independent router rows, so "
             "top-k·G selection can take incomplete copies and change the output; use "
             "'virtual_group' with granularity > 1"
         )
-    r = router or RouterConfig(num_experts=num_experts * granularity, top_k=top_k * granularity)
+    r = router or RouterConfig(
+        num_experts=num_experts * granularity,
+        top_k=top_k * granularity,
+        norm_topk_prob=True,  # the copies reproduce the dense FFN only if the weights sum to 1
+    )
     if r.kind != "token_choice":
-        raise ValueError(f"router.kind: upcycling needs token_choice routing, got {r.kind!r}")
+        raise InvalidValueError(
+            f"router.kind: upcycling needs token_choice routing, got {r.kind!r}"
+        )
     if r.capacity_factor is not None:
-        raise ValueError(
+        raise InvalidValueError(
             "router.capacity_factor: must be None (dropping tokens changes the output)"
         )
     if r.n_group is not None:
-        raise ValueError("router.n_group: group-limited routing is not supported for upcycling")
+        raise InvalidValueError(
+            "router.n_group: group-limited routing is not supported for upcycling"
+        )
     normalised = r.norm_topk_prob or (r.score_func == "softmax" and not r.softmax_before_topk)
     if not normalised:
-        raise ValueError(
+        raise InvalidValueError(
             "router.norm_topk_prob: must be True (or softmax after top-k) so the top-k weights "
             "sum to 1 and the copies reproduce the dense FFN"
         )
@@ -165,7 +176,7 @@ def upcycle_ffn_weights(
     F_, D = ffn.w_gate.weight.shape
     G = granularity
     if F_ % G:
-        raise ValueError(f"granularity: must divide the dense FFN width {F_}, got {G}")
+        raise InvalidValueError(f"granularity: must divide the dense FFN width {F_}, got {G}")
     s = float(G if down_scale is None else down_scale)
     f = F_ // G
     gate = ffn.w_gate.weight.detach().reshape(G, f, D).transpose(1, 2)  # [G, D, f]
@@ -255,21 +266,21 @@ def upcycle(
         raise TypeError(f"dense_model: expected MoETransformer, got {type(dense_model).__name__}")
     cfg = dense_model.cfg
     if cfg.moe is not None:
-        raise ValueError(
+        raise InvalidValueError(
             "dense_model: already has MoE layers (cfg.moe is set); upcycle a dense model"
         )
     if not _is_int(first_dense_layers) or not 0 <= first_dense_layers < cfg.n_layers:
-        raise ValueError(
+        raise InvalidValueError(
             f"first_dense_layers: must be an int in [0, n_layers={cfg.n_layers}), "
             f"got {first_dense_layers!r}"
         )
     if not _is_int(seed):
-        raise ValueError(f"seed: must be an int, got {seed!r}")
+        raise InvalidValueError(f"seed: must be an int, got {seed!r}")
     spec = upcycle_spec(cfg.dense_ffn_size, num_experts, top_k, granularity, router, router_init)
     moe_cfg = upcycle_config(cfg, spec, router, losses, first_dense_layers)
     std = cfg.init_std if router_std is None else router_std
     if not std > 0:
-        raise ValueError(f"router_std: must be > 0, got {router_std!r}")
+        raise InvalidValueError(f"router_std: must be > 0, got {router_std!r}")
 
     ref = dense_model.embed.weight
     with torch.device("meta"):
@@ -286,7 +297,7 @@ def upcycle(
             continue
         dense_ffn = dense_model.blocks[i].ffn
         if not isinstance(dense_ffn, SwiGLUFFN):
-            raise ValueError(f"dense_model: block {i} has no dense SwiGLU FFN")
+            raise InvalidValueError(f"dense_model: block {i} has no dense SwiGLU FFN")
         w_gate_up, w_down = upcycle_ffn_weights(
             dense_ffn, spec.copies, spec.granularity, spec.down_scale
         )
@@ -305,7 +316,9 @@ def upcycle(
         if name in new_sd:
             continue
         if name not in dense_sd:
-            raise ValueError(f"dense_model: no source for parameter {name!r} of the MoE model")
+            raise InvalidValueError(
+                f"dense_model: no source for parameter {name!r} of the MoE model"
+            )
         new_sd[name] = dense_sd[name]
     moe.load_state_dict(new_sd, strict=True)
     moe.train(dense_model.training)
@@ -333,14 +346,14 @@ def selects_complete_copies(moe: MoETransformer, input_ids: Tensor, granularity:
     always holds for G = 1.
     """
     if not _is_int(granularity) or granularity < 1:
-        raise ValueError(f"granularity: must be an int >= 1, got {granularity!r}")
+        raise InvalidValueError(f"granularity: must be an int >= 1, got {granularity!r}")
     out = moe(input_ids)
     for rec in out.records:
         if rec is None:
             continue
         E = rec.num_experts
         if E % granularity:
-            raise ValueError(f"granularity: {granularity} does not divide the {E} experts")
+            raise InvalidValueError(f"granularity: {granularity} does not divide the {E} experts")
         T = rec.probs.shape[0]
         sel = torch.zeros(T, E, dtype=torch.bool)
         sel[rec.token_idx.cpu(), rec.expert_idx.cpu()] = True

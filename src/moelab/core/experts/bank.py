@@ -4,15 +4,38 @@ SwiGLU experts (Shazeer 2020, as Mixtral/Qwen/DeepSeek): ``y = (silu(x·W_g) ⊙
 the gate and up projections fused into ``w_gate_up [E, D, 2F]`` (gate block first, then up —
 the transformers v5 ``gate_up_proj`` order); GELU-MLP experts: ``y = gelu(x·W_u)·W_d``.
 Weights are stored input-major (``[E, in, out]``) so each expert's matmul reads contiguous memory.
+
+Other activations (``ExpertsConfig.activation``):
+
+- ``"gelu_tanh"``: ``gelu`` with the tanh approximation (HF ``gelu_pytorch_tanh``).
+- ``"geglu"``: ``(gelu_tanh(x·W_g) ⊙ x·W_u)·W_d`` (GeGLU, Shazeer 2020, with the tanh GELU
+  used by HF ``hidden_act="gelu_pytorch_tanh"`` gated MLPs).
+- ``"swiglu_clamped"``: GPT-OSS's expert (transformers ``GptOssExperts``):
+  ``g = min(x·W_g + b_g, limit)``, ``u = clamp(x·W_u + b_u, −limit, limit)``,
+  ``y = ((u + 1) ⊙ g·sigmoid(α·g))·W_d + b_d`` with limit 7, α 1.702. GPT-OSS stores gate and
+  up interleaved (``gate_up[..., ::2]`` / ``[..., 1::2]``); moelab keeps its gate-block-first
+  layout, so an importer de-interleaves.
+
+With ``ExpertsConfig.bias`` each expert's projections have biases (GPT-OSS); the bias of the
+expert of each sorted row is gathered by ``repeat_interleave`` with a known output size (no
+host sync).
+
+With ``ExpertsConfig.lora_rank = r`` both stacked weights carry LoRA adapters (Hu et al.,
+arXiv 2106.09685, applied per expert): ``x·W_e + (α/r)·(x·A_e)·B_e`` with ``A [E, in, r]``
+(PEFT's default init, Kaiming-uniform with a = √5) and ``B [E, r, out]`` zeros, so adding
+adapters does not change the output. Both low-rank products run as grouped matmuls on the
+same sorted rows. :mod:`moelab.models.lora` adds, freezes around and merges them.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from moelab.core.config import ExpertsConfig
+from moelab.core.config import GATED_ACTIVATIONS, ExpertsConfig
 from moelab.core.experts.grouped_mm import grouped_mm
 
 
@@ -20,8 +43,11 @@ class ExpertBank(nn.Module):
     """E experts computed on rows sorted by expert.
 
     Parameters:
-        w_gate_up: ``[E, D, 2F]`` (swiglu) or w_up ``[E, D, F]`` (gelu).
+        w_gate_up: ``[E, D, 2F]`` (gated: swiglu, geglu, swiglu_clamped) or w_up ``[E, D, F]``
+            (gelu, gelu_tanh).
         w_down: ``[E, F, D]``.
+        b_gate_up / b_up: ``[E, 2F]`` / ``[E, F]``, b_down: ``[E, D]`` (only with
+            ``config.bias``; zeros at init).
     """
 
     def __init__(self, config: ExpertsConfig, num_experts: int, backend: str = "auto") -> None:
@@ -30,23 +56,83 @@ class ExpertBank(nn.Module):
         self.num_experts = num_experts
         self.backend = backend
         E, D, Fh = num_experts, config.hidden_size, config.ffn_hidden_size
-        width = 2 * Fh if config.activation == "swiglu" else Fh
-        name = "w_gate_up" if config.activation == "swiglu" else "w_up"
-        self.register_parameter(name, nn.Parameter(torch.empty(E, D, width)))
+        gated = config.activation in GATED_ACTIVATIONS
+        width = 2 * Fh if gated else Fh
+        self._in_name = "w_gate_up" if gated else "w_up"
+        self.register_parameter(self._in_name, nn.Parameter(torch.empty(E, D, width)))
         self.w_down = nn.Parameter(torch.empty(E, Fh, D))
         nn.init.normal_(self.w_in, std=config.init_std)
         nn.init.normal_(self.w_down, std=config.init_std)
+        if config.bias:
+            self.register_parameter("b" + self._in_name[1:], nn.Parameter(torch.zeros(E, width)))
+            self.b_down = nn.Parameter(torch.zeros(E, D))
+        if config.lora_rank:
+            r = config.lora_rank
+            self.lora_A_in = nn.Parameter(torch.empty(E, D, r))
+            self.lora_B_in = nn.Parameter(torch.zeros(E, r, width))
+            self.lora_A_down = nn.Parameter(torch.empty(E, Fh, r))
+            self.lora_B_down = nn.Parameter(torch.zeros(E, r, D))
+            self.reset_lora()
+
+    @torch.no_grad()
+    def reset_lora(self) -> None:
+        """PEFT's init: A ~ Kaiming-uniform (a = √5, fan-in = the input width), B = 0."""
+        for a in (self.lora_A_in, self.lora_A_down):
+            bound = 1.0 / math.sqrt(a.shape[1])  # kaiming_uniform_(a=√5) on fan_in
+            a.uniform_(-bound, bound)
+        self.lora_B_in.zero_()
+        self.lora_B_down.zero_()
+
+    @property
+    def lora_scale(self) -> float:
+        """``α / r`` (0 without adapters)."""
+        r = self.config.lora_rank
+        return self.config.lora_alpha / r if r else 0.0
+
+    def _project(self, x: Tensor, w: Tensor, counts: Tensor, which: str) -> Tensor:
+        y = grouped_mm(x, w, counts, self.backend)
+        if self.config.lora_rank:
+            a, b = getattr(self, f"lora_A_{which}"), getattr(self, f"lora_B_{which}")
+            low = grouped_mm(grouped_mm(x, a, counts, self.backend), b, counts, self.backend)
+            y = y + self.lora_scale * low
+        return y
+
+    def merged_weight(self, which: str) -> Tensor:
+        """``W + (α/r)·A@B`` of ``"in"`` or ``"down"`` (the weight itself without adapters)."""
+        w = self.w_in if which == "in" else self.w_down
+        if not self.config.lora_rank:
+            return w
+        a, b = getattr(self, f"lora_A_{which}"), getattr(self, f"lora_B_{which}")
+        return w + self.lora_scale * torch.bmm(a, b)
 
     @property
     def w_in(self) -> nn.Parameter:
         """The input projection (``w_gate_up`` or ``w_up``)."""
-        return self.w_gate_up if self.config.activation == "swiglu" else self.w_up
+        return getattr(self, self._in_name)
+
+    @property
+    def b_in(self) -> nn.Parameter | None:
+        """The input projection's bias ``[E, width]`` (None without ``config.bias``)."""
+        return getattr(self, "b" + self._in_name[1:]) if self.config.bias else None
 
     def activation(self, h: Tensor) -> Tensor:
-        """``silu(gate) ⊙ up`` on ``[.., 2F]`` for swiglu, exact (erf) ``gelu`` for gelu."""
-        if self.config.activation == "swiglu":
+        """The expert nonlinearity on the input projection ``h`` (``[.., 2F]`` for gated
+        activations, gate block first; ``[.., F]`` otherwise); see the module docstring."""
+        act = self.config.activation
+        if act == "swiglu":
             gate, up = h.chunk(2, dim=-1)
             return F.silu(gate) * up
+        if act == "geglu":
+            gate, up = h.chunk(2, dim=-1)
+            return F.gelu(gate, approximate="tanh") * up
+        if act == "swiglu_clamped":
+            limit, alpha = self.config.swiglu_limit, self.config.swiglu_alpha
+            gate, up = h.chunk(2, dim=-1)
+            gate = gate.clamp(max=limit)
+            up = up.clamp(min=-limit, max=limit)
+            return (up + 1) * (gate * torch.sigmoid(alpha * gate))
+        if act == "gelu_tanh":
+            return F.gelu(h, approximate="tanh")
         return F.gelu(h)
 
     def forward(
@@ -63,14 +149,27 @@ class ExpertBank(nn.Module):
         Returns:
             ``[N, D]`` expert outputs in the same order, or ``(outputs, activations)``.
         """
-        h = grouped_mm(x_ND, self.w_in, counts, self.backend)
+        h = self._project(x_ND, self.w_in, counts, "in")
+        expert_of_row = None
+        if self.config.bias:
+            E = self.num_experts
+            expert_of_row = torch.repeat_interleave(
+                torch.arange(E, device=x_ND.device), counts, output_size=x_ND.shape[0]
+            )
+            h = h + self.b_in[expert_of_row]
         a = self.activation(h)
-        y = grouped_mm(a, self.w_down, counts, self.backend)
+        y = self._project(a, self.w_down, counts, "down")
+        if expert_of_row is not None:
+            y = y + self.b_down[expert_of_row]
         return (y, a) if return_activations else y
 
     def expert_output(self, x_TD: Tensor, expert: int) -> Tensor:
         """Output of one expert on all tokens ``[T, D]`` (analysis: expert redundancy)."""
-        return self.activation(x_TD @ self.w_in[expert]) @ self.w_down[expert]
+        h = x_TD @ self.merged_weight("in")[expert]
+        if self.config.bias:
+            h = h + self.b_in[expert]
+        y = self.activation(h) @ self.merged_weight("down")[expert]
+        return y + self.b_down[expert] if self.config.bias else y
 
 
 class SharedExpert(nn.Module):

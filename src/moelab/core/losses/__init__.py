@@ -14,6 +14,7 @@ from moelab.core.losses.cross_layer import (
     pathway_loss,
     token_joint_loss,
 )
+from moelab.core.losses.normalise import global_token_normalised
 from moelab.core.losses.specialization import (
     SpecializationLoss,
     coactivated_pairs,
@@ -29,6 +30,7 @@ __all__ = [
     "SwitchBalanceLoss",
     "build_balance_loss",
     "coactivated_pairs",
+    "global_token_normalised",
     "joint_topk_loss",
     "pathway_loss",
     "router_z_loss",

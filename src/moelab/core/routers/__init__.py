@@ -1,9 +1,10 @@
-"""Routers: token choice, expert choice, USMoE, and the aux-loss-free bias update."""
+"""Routers: token choice, expert choice, USMoE, Sinkhorn, and the aux-loss-free bias update."""
 
 from moelab.core.config import RouterConfig
 from moelab.core.routers.base import Router
 from moelab.core.routers.bias import update_expert_bias
 from moelab.core.routers.expert_choice import ExpertChoiceRouter
+from moelab.core.routers.sinkhorn import SinkhornRouter, sinkhorn
 from moelab.core.routers.token_choice import TopKRouter
 from moelab.core.routers.usmoe import USMoERouter, solve_budgeted_assignment, unified_scores
 
@@ -11,6 +12,7 @@ _ROUTERS: dict[str, type[Router]] = {
     "token_choice": TopKRouter,
     "expert_choice": ExpertChoiceRouter,
     "usmoe": USMoERouter,
+    "sinkhorn": SinkhornRouter,
 }
 
 
@@ -22,9 +24,11 @@ def build_router(config: RouterConfig, hidden_size: int, init_std: float = 0.02)
 __all__ = [
     "ExpertChoiceRouter",
     "Router",
+    "SinkhornRouter",
     "TopKRouter",
     "USMoERouter",
     "build_router",
+    "sinkhorn",
     "solve_budgeted_assignment",
     "unified_scores",
     "update_expert_bias",

@@ -5,9 +5,14 @@ Follows the paper: scores S = softmax(X·Wᵀ) over experts; each expert takes i
 its column of S, with C = ceil(T·k/E · capacity_factor) (capacity factor 1 by default); the
 combine weight of a pair is its score. A token may get 0..E experts.
 
+Ours: padding (``token_mask`` False) takes no slot: C is computed from the number of real
+tokens and padded tokens are never chosen, so real tokens are routed exactly as without the
+padding (computing C from the real tokens reads their count on the host).
+
 Caveat (ours, documented): an expert's choice depends on every token in the batch, including
 later positions, so expert choice is not causal; use it for encoders or for training studies,
-not for autoregressive generation.
+not for autoregressive generation (the KV-cache path of :class:`moelab.models.MoETransformer`
+refuses it).
 """
 
 from __future__ import annotations
@@ -24,12 +29,17 @@ from moelab.core.routers.scores import router_scores
 class ExpertChoiceRouter(Router):
     """Each expert picks its top-capacity tokens; gives E·C pairs (expert-major)."""
 
-    def plan(self, logits: Tensor) -> RoutingPlan:
+    masks_padding = True
+
+    def plan(self, logits: Tensor, token_mask: Tensor | None = None) -> RoutingPlan:
+        """Route ``logits`` ``[T, E]``; ``token_mask`` ``[T]`` bool marks real tokens."""
         cfg = self.config
         T, E = logits.shape
         scores = router_scores(logits, "softmax")
-        capacity = expert_capacity(T, cfg.top_k, E, cfg.capacity_factor or 1.0)
-        weight_EC, token_EC = scores.t().topk(capacity, dim=-1)
+        n_real = T if token_mask is None else int(token_mask.sum())
+        capacity = expert_capacity(n_real, cfg.top_k, E, cfg.capacity_factor or 1.0)
+        choice = scores if token_mask is None else scores.masked_fill(~token_mask[:, None], -1.0)
+        weight_EC, token_EC = choice.t().topk(capacity, dim=-1)
         return RoutingPlan(
             token_idx=token_EC.reshape(-1),
             expert_idx=torch.arange(E, device=logits.device).repeat_interleave(capacity),

@@ -11,6 +11,9 @@ embedding Q8_0) quantised, and are dequantised to float32 on load. Install with:
 
 The package is located with ``importlib.util.find_spec`` without importing it (importing it
 needs the ``llm`` package, which is not required here).
+
+This module lives in :mod:`moelab.interop` (it reads GGUF files through
+:mod:`moelab.interop.gguf`), so ``models`` never imports ``interop``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from moelab.errors import InvalidValueError, MissingDependencyError
+from moelab.interop.gguf import load_gguf
 from moelab.models.transformer import MoETransformer
 
 
@@ -53,7 +58,7 @@ PRETRAINED: dict[str, PretrainedSource] = {
 }
 
 
-class PretrainedNotInstalledError(ImportError):
+class PretrainedNotInstalledError(MissingDependencyError):
     """The package holding a named pretrained model (or the GGUF reader) is not installed;
     the message gives the exact pip commands."""
 
@@ -65,7 +70,7 @@ def available_pretrained() -> list[str]:
 
 def _source(name: str) -> PretrainedSource:
     if not isinstance(name, str) or name.lower() not in PRETRAINED:
-        raise ValueError(
+        raise InvalidValueError(
             f"name: unknown pretrained model {name!r}; known: {', '.join(available_pretrained())}"
         )
     return PRETRAINED[name.lower()]
@@ -124,6 +129,4 @@ def load_pretrained(name: str, *, max_seq_len: int | None = None) -> tuple[MoETr
             f"pretrained model {name!r} is a GGUF file; reading it needs the 'gguf' package: "
             f"{_hint(_source(name))}"
         )
-    from moelab.interop.gguf import load_gguf
-
     return load_gguf(path, max_seq_len=max_seq_len)

@@ -1,0 +1,41 @@
+"""``moelab merge-lora``: fold a run's expert LoRA adapters into its weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from moelab.cli._app import Opt, app, console, guarded
+from moelab.cli._common import load_run
+
+
+@app.command("merge-lora")
+def merge_lora_cmd(
+    run: Annotated[Path, typer.Argument(help="Run or model folder with expert LoRA adapters.")],
+    out: Annotated[Path, Opt(help="Folder for the merged model (must not exist or be empty).")],
+) -> None:
+    """Merge the LoRA adapters of a run (``moelab train --lora-rank r``) into the expert
+    weights: a plain model folder with the same outputs and the run's tokenizer.
+
+    Examples:
+      moelab train --init-from runs/main --lora-rank 8 --steps 200 --out runs/main-lora
+      moelab merge-lora runs/main-lora --out runs/main-merged
+    """
+    n = guarded(_merge, run, out)
+    console.print(f"merged the adapters of {n} MoE layers: {out}")
+
+
+def _merge(run: Path, out: Path) -> int:
+    from moelab.errors import InvalidValueError
+    from moelab.models import save_model
+    from moelab.models.lora import merge_expert_lora
+
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise InvalidValueError(f"--out: {out} exists and is not an empty folder")
+    model, tokenizer = load_run(run)
+    merged = merge_expert_lora(model)
+    save_model(merged, out)
+    tokenizer.save(out)
+    return merged.cfg.num_moe_layers
