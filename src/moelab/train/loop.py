@@ -233,6 +233,7 @@ def _train(
     model_cfg, cfg, run_dir, resume, progress, stop_after, dist_info: DistInfo, parallel=None
 ) -> TrainResult:
     _check_run_dir(run_dir, resume)
+    barrier(dist_info)  # every rank checks the folder before rank 0 writes into it
     ckpt = None
     if resume:
         run_info = read_run_info(run_dir)
