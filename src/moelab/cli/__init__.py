@@ -5,6 +5,7 @@ options and calls library functions. Importing this package registers every comm
 from moelab.cli import (  # noqa: F401
     analyze,
     compress,
+    consolidate,
     convert,
     evaluate,
     expand,

@@ -10,6 +10,7 @@ shows the traceback of user errors too and turns on the syncing value checks
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 
@@ -56,12 +57,13 @@ def _main(
 
 def fail(exc: BaseException) -> None:
     """Print ``exc``'s first line as an error and exit with code 2 (with ``--debug``, raise
-    it instead)."""
+    it instead; under torchrun every rank exits, only rank 0 prints)."""
     if _DEBUG:
         raise exc
-    err_console.print(
-        f"[bold red]error:[/] {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-    )
+    if os.environ.get("RANK", "0") == "0":
+        err_console.print(
+            f"[bold red]error:[/] {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        )
     raise typer.Exit(code=2)
 
 

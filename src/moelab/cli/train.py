@@ -188,6 +188,10 @@ def train(
     allow_data_change: Annotated[
         bool, Opt(help="--resume even though the corpus changed since the run started.")
     ] = False,
+    expert_parallel: Annotated[
+        int | None, Opt(help="Ranks per expert-parallel group (torchrun; world = DP × EP).")
+    ] = None,
+    fsdp: Annotated[bool, Opt(help="FSDP2 for the non-expert parameters (torchrun).")] = False,
     **flags: Any,
 ) -> None:
     """Train an MoE language model on real text.
@@ -202,6 +206,7 @@ def train(
       moelab train --spec-loss --cross-loss --spec-coeff 0.01 --cross-coeff 0.01
       torchrun --nproc-per-node 2 -m moelab.cli train --steps 100
       moelab train --steps 1000 --expand-at 450 --expand hidden=2x,expert=2x
+      torchrun --nproc-per-node 4 -m moelab.cli train --expert-parallel 2 --fsdp
     """
     from moelab.train.expand import parse_expand
     from moelab.train.loop import train as train_run
@@ -232,9 +237,14 @@ def train(
     model_cfg, train_cfg = (
         (None, None) if resume else guarded(build_configs, config, model_flags, train_flags, dense)
     )
+    parallel = None
+    if expert_parallel is not None or fsdp:
+        from moelab.parallel import ExpertParallel
+
+        parallel = guarded(ExpertParallel, expert_parallel or 1, fsdp)
     result = guarded(
         train_run, model_cfg, train_cfg, run_dir, resume=resume, progress=progress,
-        allow_data_change=allow_data_change,
+        allow_data_change=allow_data_change, parallel=parallel,
     )  # fmt: skip
     if result is None:
         return

@@ -91,23 +91,12 @@ class LocalDispatcher:
         self.deterministic = deterministic
 
     def dispatch(self, x_TD: Tensor, plan: RoutingPlan) -> Dispatched:
+        if plan.top_k is not None:
+            return dispatch_uniform(
+                x_TD, plan.expert_idx, plan.weight, plan.num_experts, plan.top_k
+            )
         order = torch.argsort(plan.expert_idx, stable=True)
         counts = expert_counts(plan.expert_idx, plan.num_experts)
-        if plan.top_k is not None:
-            k = plan.top_k
-            inverse = torch.empty_like(order)
-            inverse[order] = torch.arange(order.shape[0], device=order.device)
-            token_idx = torch.div(order, k, rounding_mode="floor")
-            return Dispatched(
-                x=_GatherTokens.apply(x_TD, token_idx, inverse, k),
-                counts=counts,
-                token_idx=token_idx,
-                weight=None,
-                order=order,
-                inverse=inverse,
-                top_k=k,
-                pair_weight=plan.weight,
-            )
         token_idx = plan.token_idx[order]
         return Dispatched(
             x=x_TD[token_idx],
@@ -133,6 +122,41 @@ class LocalDispatcher:
             out = y.new_zeros(num_tokens, y.shape[-1])
             return out.index_add(0, d.token_idx, y)
         return segment_combine(y, d.token_idx, num_tokens)
+
+
+def permute_rows(y: Tensor, perm: Tensor, inverse: Tensor) -> Tensor:
+    """``y[perm]`` for a permutation ``perm`` with inverse ``inverse`` (both ``[N]`` int64);
+    the backward is a gather with ``inverse`` (no scatter-add)."""
+    return _PermuteRows.apply(y, perm, inverse)
+
+
+def dispatch_uniform(
+    x_TD: Tensor, expert_idx: Tensor, weight: Tensor, num_experts: int, k: int
+) -> Dispatched:
+    """Sort the pairs of a uniform (k per token, token-major) routing by expert.
+
+    Args:
+        x_TD: ``[T, D]`` rows; pair ``t·k + j`` belongs to row t.
+        expert_idx: ``[T·k]`` int64 in ``[0, num_experts)``.
+        weight: ``[T·k]`` float32 combine weights (pair order).
+    Returns:
+        :class:`Dispatched` for :meth:`LocalDispatcher.combine` (gather-only backwards).
+    """
+    order = torch.argsort(expert_idx, stable=True)
+    counts = expert_counts(expert_idx, num_experts)
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.shape[0], device=order.device)
+    token_idx = torch.div(order, k, rounding_mode="floor")
+    return Dispatched(
+        x=_GatherTokens.apply(x_TD, token_idx, inverse, k),
+        counts=counts,
+        token_idx=token_idx,
+        weight=None,
+        order=order,
+        inverse=inverse,
+        top_k=k,
+        pair_weight=weight,
+    )
 
 
 def segment_combine(y_ND: Tensor, token_idx: Tensor, num_tokens: int) -> Tensor:

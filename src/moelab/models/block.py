@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from moelab.core.latent_moe import MultiHeadLatentMoE
 from moelab.core.layer import MoELayer
 from moelab.core.plan import RoutingPlan
 from moelab.core.telemetry import RoutingRecord
@@ -42,6 +43,8 @@ class DecoderBlock(nn.Module):
         self.ffn: nn.Module
         if self.is_moe and cfg.moe is not None:  # is_moe_layer is False without cfg.moe
             self.ffn = MoELayer(cfg.moe_config(layer_idx))
+        elif cfg.latent_moe is not None and layer_idx >= cfg.first_dense_layers:
+            self.ffn = MultiHeadLatentMoE(cfg.latent_moe, cfg.d_model)  # returns a tensor
         else:
             self.ffn = SwiGLUFFN(cfg.d_model, cfg.dense_ffn_size)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moelab.core.config import ExpertsConfig, MoEConfig, RouterConfig
+from moelab.core.latent_moe import LatentMoEConfig
 from moelab.errors import InvalidValueError
 from moelab.utils.fields import check_fields
 
@@ -75,6 +76,8 @@ class ModelConfig:
             layer), for models whose layers keep different numbers of experts (expert
             pruning); ``None`` means ``moe.router.num_experts`` everywhere. Layer i's top-k is
             ``min(moe.router.top_k, experts_per_layer[i])``; see :meth:`moe_config`.
+        latent_moe: Multi-Head LatentMoE instead of dense FFNs in layers
+            ``>= first_dense_layers`` (:mod:`moelab.core.latent_moe`); needs ``moe=None``.
 
     Raises:
         ValueError: naming the offending field and the accepted range.
@@ -98,6 +101,7 @@ class ModelConfig:
     init_std: float = 0.02
     moe: MoEConfig | None = field(default_factory=MoEConfig)
     experts_per_layer: tuple[int, ...] | None = None
+    latent_moe: LatentMoEConfig | None = None
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -188,6 +192,12 @@ class ModelConfig:
                 f"must equal d_model={self.d_model}, got {hs}",
             )
         self._check_experts_per_layer()
+        if self.latent_moe is not None:
+            _check(
+                isinstance(self.latent_moe, LatentMoEConfig) and self.moe is None,
+                "latent_moe",
+                "must be a LatentMoEConfig, with moe=None (one kind of sparse FFN per model)",
+            )
 
     def _check_experts_per_layer(self) -> None:
         counts = self.experts_per_layer

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from moelab.core import checks
 from moelab.core.config import CAUSAL_SCOPES
+from moelab.core.latent_moe import MultiHeadLatentMoE
 from moelab.core.layer import MoELayer
 from moelab.core.losses import CrossLayerLoss
 from moelab.core.plan import RoutingPlan
@@ -154,6 +155,8 @@ class MoETransformer(nn.Module):
                 nn.init.normal_(block.ffn.w_gate.weight, 0.0, std)
                 nn.init.normal_(block.ffn.w_up.weight, 0.0, std)
                 nn.init.normal_(block.ffn.w_down.weight, 0.0, resid_std)
+            elif isinstance(block.ffn, MultiHeadLatentMoE):
+                block.ffn.reset_parameters(std, resid_std)
             elif isinstance(block.ffn, MoELayer):
                 for name, p in block.ffn.named_parameters():
                     if p.dim() < 2 or name.rsplit(".", 1)[-1].startswith(("b_", "lora_")):

@@ -184,6 +184,11 @@ def load_checkpoint(run_dir: Path) -> Checkpoint | None:
     except CheckpointError as e:
         skipped.append(f"ignored {e}")
     for step, folder in reversed(checkpoint_dirs(run_dir)):
+        if (folder / "layout.json").exists():
+            raise CheckpointError(
+                f"{folder}: a sharded (DCP) checkpoint of an expert-parallel run; resume it under "
+                "torchrun with --expert-parallel (or --fsdp), or convert it with `moelab consolidate`"
+            )
         try:
             ckpt = _load_one(folder, step)
         except CheckpointError as e:

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from moelab.core.latent_moe import MultiHeadLatentMoE
 from moelab.core.routers import update_expert_bias
 from moelab.data import (
     Document,
@@ -102,6 +103,10 @@ class _LossModule(nn.Module):
     def forward(self, input_ids, targets, doc_ids=None):
         out = self.model.loss(input_ids, targets, doc_ids=doc_ids)
         return out.loss, out.ce, out.aux_loss, out.output.records
+
+
+def _clip(model: nn.Module, max_norm: float) -> float:
+    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()
 
 
 def read_run_info(run_dir: Path) -> dict[str, Any]:
@@ -245,6 +250,7 @@ def train(
     progress: bool = True,
     stop_after: int | None = None,
     allow_data_change: bool = False,
+    parallel: Any = None,
 ) -> TrainResult:
     """Train (or resume) a run in ``run_dir``.
 
@@ -259,6 +265,10 @@ def train(
             for tests of resume.
         allow_data_change: resume even though the corpus or tokenizer differs from the one
             recorded in ``run.json`` (the run then continues on the new data).
+        parallel: an expert-parallel plan (:class:`moelab.parallel.ExpertParallel`: its
+            ``prepare``, ``sync_gradients``, ``clip_grad_norm``, ``save_checkpoint``,
+            ``check_resume``, ``load_checkpoint`` and ``save_model`` replace DDP, clipping and
+            the checkpoint files; every rank validates and writes collectively). None = DDP.
     Returns:
         :class:`TrainResult`.
     Raises:
@@ -269,6 +279,7 @@ def train(
     run_dir = Path(run_dir)
     dist_info = init_distributed()
     args = (model_cfg, cfg, run_dir, resume, progress, stop_after, allow_data_change, dist_info)
+    args = (*args, parallel)
     try:
         if not dist_info.is_main:
             return _train(*args)
@@ -310,14 +321,22 @@ def _check_same_data(run_dir: Path, run_info: dict[str, Any], fp: dict[str, Any]
 
 
 def _train(
-    model_cfg, cfg, run_dir, resume, progress, stop_after, allow_data_change, dist_info: DistInfo
+    model_cfg,
+    cfg,
+    run_dir,
+    resume,
+    progress,
+    stop_after,
+    allow_data_change,
+    dist_info: DistInfo,
+    parallel=None,
 ) -> TrainResult:
     ckpt = None
     if resume:
         run_info = read_run_info(run_dir)
         cfg = TrainConfig.from_dict(run_info["train"])
-        ckpt = load_checkpoint(run_dir)
-        if ckpt is None and checkpoint_dirs(run_dir):
+        ckpt = load_checkpoint(run_dir) if parallel is None else None
+        if parallel is None and ckpt is None and checkpoint_dirs(run_dir):
             raise ConfigError(f"{run_dir}: no checkpoint could be loaded")
     torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(run_dir) if resume else None
@@ -360,6 +379,10 @@ def _train(
         )
     if cfg.expand_at is not None and (ckpt is None or ckpt.step <= cfg.expand_at):
         check_expansion(model.cfg, ExpandSpec.from_train_config(cfg), model)
+    if parallel is not None:  # validate the layout on every rank before anything is written
+        if resume:
+            parallel.check_resume(run_dir)
+        model = parallel.prepare(model)
     if dist_info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         if not resume:
@@ -379,7 +402,7 @@ def _train(
 
     layers = moe_layers(model)
     module = _LossModule(model)
-    step_fn = DDP(module) if dist_info.enabled else module
+    step_fn = DDP(module) if dist_info.enabled and parallel is None else module
     optimizer = build_optimizer(model, cfg, ckpt.state["optimizer"] if ckpt is not None else None)
     generator = torch.Generator().manual_seed(cfg.seed * 1000 + dist_info.rank)
     start_step, tokens_seen, elapsed_before = 0, 0, 0.0
@@ -392,6 +415,17 @@ def _train(
         elapsed_before = float(ckpt.state["elapsed_s"])
         if dist_info.is_main:
             # a resume from step 0 validates step 0 again: keep nothing then
+            metrics.truncate_after(start_step if start_step > 0 else -1)
+    elif (
+        parallel is not None
+        and resume
+        and (state := parallel.load_checkpoint(run_dir, model, optimizer))
+    ):
+        torch.set_rng_state(state["torch_rng"])
+        generator.set_state(state["generator"][dist_info.rank])
+        start_step, tokens_seen = int(state["step"]), int(state["tokens_seen"])
+        elapsed_before = float(state["elapsed_s"])
+        if dist_info.is_main:
             metrics.truncate_after(start_step if start_step > 0 else -1)
     elif resume and dist_info.is_main:
         metrics.truncate_after(-1)
@@ -414,22 +448,24 @@ def _train(
         if dist_info.enabled:
             gens = [torch.empty_like(gens[0]) for _ in range(dist_info.world_size)]
             torch.distributed.all_gather(gens, generator.get_state())
-        if dist_info.is_main:
-            state = {
-                "step": step,
-                "optimizer": optimizer.state_dict(),
-                "torch_rng": torch.get_rng_state(),
-                "generator": gens,
-                "tokens_seen": tokens_seen,
-                "elapsed_s": elapsed_before + time.perf_counter() - t0,
-            }
-            save_checkpoint(run_dir, model, state, step)
+        state = {
+            "step": step,
+            "torch_rng": torch.get_rng_state(),
+            "generator": gens,
+            "tokens_seen": tokens_seen,
+            "elapsed_s": elapsed_before + time.perf_counter() - t0,
+        }
+        if parallel is not None:
+            parallel.save_checkpoint(run_dir, model, optimizer, state, step)
+        elif dist_info.is_main:
+            save_checkpoint(run_dir, model, {**state, "optimizer": optimizer.state_dict()}, step)
         barrier(dist_info)
 
     def validate(step: int) -> EvalResult | None:
-        """Score the validation streams on rank 0 and log them."""
+        """Score the validation streams on rank 0 (on every rank when the model is sharded:
+        its forward is collective) and log them."""
         result = None
-        if dist_info.is_main:
+        if dist_info.is_main or parallel is not None:
             result = evaluate(
                 model,
                 val_streams,
@@ -438,11 +474,12 @@ def _train(
                 max_tokens=cfg.eval_tokens,
                 doc_masks=cfg.doc_masks,
             )
+        if dist_info.is_main:
             rec = _eval_record(step, result)
             metrics.write(rec)
             bar.set_val(result.overall.bits_per_byte)
         barrier(dist_info)
-        return result
+        return result if dist_info.is_main else None
 
     tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * dist_info.world_size
     bar = TrainProgress(cfg.steps, enabled=progress and dist_info.is_main, start=start_step)
@@ -485,7 +522,7 @@ def _train(
                 if stop_requested():  # react within one micro-batch: abandon this step
                     break
                 batch = sample_batch(train_stream, cfg.batch_size, cfg.seq_len, generator)
-                sync = micro == cfg.grad_accum - 1 or not dist_info.enabled
+                sync = micro == cfg.grad_accum - 1 or step_fn is module
                 ctx = nullcontext() if sync else step_fn.no_sync()
                 with ctx:
                     doc_ids = batch.doc_ids if cfg.doc_masks else None
@@ -512,17 +549,19 @@ def _train(
                 raise TrainingDivergedError(
                     f"step {step}: training loss is not finite; lower --lr or raise --warmup-steps"
                 )
-            grad_norm = (
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
-                if cfg.grad_clip > 0
-                else math.nan
-            )
+            if parallel is not None:
+                parallel.sync_gradients(model)
+            clip = parallel.clip_grad_norm if parallel is not None else _clip
+            grad_norm = clip(model, cfg.grad_clip) if cfg.grad_clip > 0 else math.nan
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             for layer, c in zip(layers, counts, strict=True):
                 if layer.router.config.expert_bias:
                     update_expert_bias(layer.router, c)
                 layer.reset_loss_state()
+            for m in model.modules():
+                if isinstance(m, MultiHeadLatentMoE):
+                    m.update_bias()
             step += 1
             tokens_seen += tokens_per_step
             dt = time.perf_counter() - t_step
@@ -569,7 +608,9 @@ def _train(
             if stopping:
                 interrupted = stop.stop or (stop_after is not None and step >= stop_after)
                 break
-        if not interrupted:
+        if not interrupted and parallel is not None:
+            parallel.save_model(model, run_dir)
+        elif not interrupted:
             if saved_step["step"] != step:
                 checkpoint(step)  # lets --resume complete a finish that is interrupted below
             if dist_info.is_main:  # the manifest, written last, marks the run finished

@@ -1,0 +1,69 @@
+"""Training under EP × DP (± FSDP2) equals single-process training; sharded checkpoints
+reshard on load."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from parallel_workers import ep_dp_training, load_at, save_at, tiny_lm_config, train_steps
+
+from moelab.models import MoETransformer, load_model
+from moelab.parallel import ParallelGroups, consolidate, load_sharded
+from moelab.parallel.checkpoint import latest_sharded_dir
+from moelab.parallel.launch import spawn_ranks as run_ranks
+
+
+def _single_process(world, steps=20, latent=False):
+    torch.manual_seed(0)
+    model = MoETransformer(tiny_lm_config(latent=latent)).double()
+    losses, _ = train_steps(model, steps, world, 0)
+    return losses, model.state_dict()
+
+
+@pytest.mark.slow
+def test_20_steps_ep_dp_equal_single_process():
+    """EP=2 × DP=2 on 4 ranks, without and with FSDP2. The LM loss is computed in float32
+    (model.loss), the rest in float64, hence rel=1e-6."""
+    ref_losses, ref_state = _single_process(4)
+    assert ref_losses[-1] < ref_losses[0] - 0.3  # it trained
+    bias = [k for k in ref_state if k.endswith("expert_bias")]
+    assert bias and all(ref_state[k].abs().sum() > 0 for k in bias)
+    results = run_ranks(ep_dp_training, 4, ep=2, fsdp=(False, True))
+    for rank in results:
+        for run in rank:
+            assert run["losses"] == pytest.approx(ref_losses, rel=1e-6)
+    for run in results[0]:
+        for k, v in ref_state.items():
+            assert torch.allclose(run["state"][k], v, rtol=1e-5, atol=1e-6), k
+
+
+@pytest.mark.slow
+def test_head_parallel_training_equals_single_process():
+    ref_losses, ref_state = _single_process(2, steps=8, latent=True)
+    results = run_ranks(ep_dp_training, 2, ep=2, latent=True, steps=8)
+    for (r,) in results:
+        assert r["losses"] == pytest.approx(ref_losses, rel=1e-6)
+    state = results[0][0]["state"]
+    for k, v in ref_state.items():
+        assert torch.allclose(state[k], v, rtol=1e-5, atol=1e-6), k
+    assert ref_state["blocks.0.ffn.expert_bias"].abs().sum() > 0
+
+
+@pytest.mark.slow
+def test_checkpoint_saved_at_ep4_loads_at_ep2_and_ep1(tmp_path):
+    saved = run_ranks(save_at, 4, ep=4, folder=str(tmp_path))[0]
+    loaded = run_ranks(load_at, 2, ep=2, folder=str(tmp_path))
+    for r in loaded:
+        assert r["trainer_state"] == {"step": 2}
+        for part in ("model", "exp_avg"):
+            for k, v in saved[part].items():
+                assert torch.equal(r[part][k], v), (part, k)
+    # EP = 1 in one process, and the conversion to a normal model folder
+    model = MoETransformer(tiny_lm_config())
+    load_sharded(latest_sharded_dir(tmp_path), model, [], ParallelGroups())
+    out = consolidate(tmp_path, tmp_path / "model")
+    folder_model = load_model(out)
+    for k, v in saved["model"].items():
+        assert torch.equal(model.state_dict()[k], v), k
+        assert torch.equal(folder_model.state_dict()[k], v), k
+    assert any("experts" in k for k in saved["model"])
