@@ -21,15 +21,18 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 install: $(VENV)/.installed
 
-# Trains once (an interrupted run resumes; a finished one is reused), then evaluates,
-# analyses the routing and generates a sample. `make run RUN=runs/other` starts a new run.
+# Trains once (an interrupted run resumes; a finished one is reused), then evaluates, analyses
+# the routing, compresses the experts losslessly (ZipMoE store) and generates a sample from the
+# compressed model with offloaded experts. `make run RUN=runs/other` starts a new run.
 run: install
 	@if [ -f $(RUN)/manifest.json ]; then echo "$(RUN) is already trained"; \
 	elif [ -f $(RUN)/run.json ]; then $(VENV)/bin/moelab train --out $(RUN) --resume; \
 	else $(VENV)/bin/moelab train --data mix --out $(RUN); fi
 	$(VENV)/bin/moelab eval $(RUN)
 	$(VENV)/bin/moelab analyze $(RUN)
-	$(VENV)/bin/moelab generate $(RUN) --prompt "ROMEO:" --max-new-tokens 200
+	@if [ -f $(RUN)-zip/store.json ]; then echo "$(RUN)-zip is already compressed"; \
+	else $(VENV)/bin/moelab compress $(RUN) --lossless --out $(RUN)-zip; fi
+	$(VENV)/bin/moelab generate $(RUN)-zip --offload --cache-mb 8 --prompt "ROMEO:" --max-new-tokens 200
 
 test: install
 	$(PY) -m pytest -q -n 2

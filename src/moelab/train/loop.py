@@ -71,7 +71,7 @@ from moelab.train.expand import (
     expansion_record,
 )
 from moelab.train.metrics import MetricsLog
-from moelab.train.optim import build_optimizer
+from moelab.train.optim import PlainAdamW, build_optimizer
 from moelab.train.progress import TrainProgress
 from moelab.train.schedule import lr_at
 from moelab.utils.atomic import atomic_write_json
@@ -379,6 +379,11 @@ def _train(
         )
     if cfg.expand_at is not None and (ckpt is None or ckpt.step <= cfg.expand_at):
         check_expansion(model.cfg, ExpandSpec.from_train_config(cfg), model)
+    if parallel is not None and (cfg.expand_at is not None or cfg.optimizer != "adamw"):
+        raise ConfigError(
+            "--expert-parallel/--fsdp: train with AdamW and without --expand-at (width "
+            "expansion and Muon are single-process or DDP features)"
+        )
     if parallel is not None:  # validate the layout on every rank before anything is written
         if resume:
             parallel.check_resume(run_dir)
@@ -403,7 +408,12 @@ def _train(
     layers = moe_layers(model)
     module = _LossModule(model)
     step_fn = DDP(module) if dist_info.enabled and parallel is None else module
-    optimizer = build_optimizer(model, cfg, ckpt.state["optimizer"] if ckpt is not None else None)
+    if parallel is None:
+        optimizer = build_optimizer(
+            model, cfg, ckpt.state["optimizer"] if ckpt is not None else None
+        )
+    else:
+        optimizer = PlainAdamW(model, cfg)
     generator = torch.Generator().manual_seed(cfg.seed * 1000 + dist_info.rank)
     start_step, tokens_seen, elapsed_before = 0, 0, 0.0
     metrics = MetricsLog(run_dir / "metrics.jsonl")

@@ -232,3 +232,24 @@ def build_optimizer(
     if state is not None:
         opt.load_state_dict(state)
     return opt
+
+
+class PlainAdamW(torch.optim.AdamW):
+    """``torch.optim.AdamW`` on whole parameters (decay on matrices only) with the loop's
+    ``set_lr``: what expert-parallel / FSDP2 training uses, since ``torch.distributed``'s
+    sharded state dicts need a real ``torch.optim`` optimizer over the (DTensor) parameters.
+    No re-warmup groups and no Muon there."""
+
+    def __init__(self, model: nn.Module, cfg: TrainConfig) -> None:
+        params = [p for p in model.parameters() if p.requires_grad]
+        super().__init__(
+            [
+                {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+                {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+            ],
+            lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+        )  # fmt: skip
+
+    def set_lr(self, step: int, lr: float) -> None:
+        for g in self.param_groups:
+            g["lr"] = lr

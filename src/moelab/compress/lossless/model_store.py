@@ -79,7 +79,8 @@ def moe_layers(model: MoETransformer) -> list[tuple[int, MoELayer]]:
 
 def expert_tensor_names(cfg: ModelConfig) -> tuple[str, str]:
     """The stored names of an expert's two tensors (``w_gate_up``/``w_up``, ``w_down``)."""
-    assert cfg.moe is not None
+    if cfg.moe is None:
+        raise InvalidValueError("model: has no MoE layers (a dense model has no experts to store)")
     first = "w_gate_up" if cfg.moe.experts.activation in GATED_ACTIVATIONS else "w_up"
     return first, "w_down"
 

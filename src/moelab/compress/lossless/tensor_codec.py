@@ -103,13 +103,9 @@ def _encode_exponents(
     if table[0].size <= 1:
         return "const", [b"" for _ in bounds], sizes, table
     tried = CODECS if codec == "best" else (codec,)
-    best: tuple[str, list[bytes]] | None = None
-    for c in tried:
-        blobs = [encode_chunk(c, exp[a:b], table) for a, b in bounds]
-        if best is None or sum(map(len, blobs)) < sum(map(len, best[1])):
-            best = (c, blobs)
-    assert best is not None
-    return best[0], best[1], sizes, table
+    encoded = [(c, [encode_chunk(c, exp[a:b], table) for a, b in bounds]) for c in tried]
+    name, blobs = min(encoded, key=lambda cb: sum(map(len, cb[1])))
+    return name, blobs, sizes, table
 
 
 def encode_tensor(t: Tensor, codec: str = "best", chunks: int = DEFAULT_CHUNKS) -> EncodedTensor:
