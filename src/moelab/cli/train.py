@@ -202,6 +202,10 @@ def train(
     allow_noncausal_routing: Annotated[
         bool | None, Opt(help="Allow USMoE scopes that look at future tokens (not a causal LM).")
     ] = None,
+    objective: Annotated[
+        str | None, Opt(help="causal or block-diffusion (masked block diffusion, +1 mask id).")
+    ] = None,
+    block_size: Annotated[int | None, Opt(help="Diffusion block size (divides --seq-len).")] = None,
     progress: Annotated[bool, Opt(help="Show the progress bar.")] = True,
 ) -> None:
     """Train an MoE language model on real text.
@@ -213,6 +217,7 @@ def train(
       moelab train --out runs/exp1 --resume
       moelab train --router usmoe --usmoe-budget 0.86
       moelab train --spec-loss --cross-loss --spec-coeff 0.01 --cross-coeff 0.01
+      moelab train --objective block-diffusion --block-size 8 --init-from runs/main
       torchrun --nproc-per-node 2 -m moelab.cli train --steps 100
     """
     from moelab.train.loop import train as train_run
@@ -234,7 +239,7 @@ def train(
         bpe_vocab_size=bpe_vocab_size, max_bytes_per_domain=max_bytes_per_domain,
         time_budget_s=time_budget, seed=seed, init_from=init_from, val_fraction=val_fraction,
         min_lr_ratio=min_lr_ratio, beta1=beta1, beta2=beta2, eps=adam_eps,
-        allow_noncausal_routing=allow_noncausal_routing,
+        allow_noncausal_routing=allow_noncausal_routing, objective=objective, block_size=block_size,
     )  # fmt: skip
     given = [k for k, v in {**model_flags, **train_flags}.items() if v is not None]
     if resume and (given or config or dense):

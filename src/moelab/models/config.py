@@ -14,6 +14,9 @@ from typing import Any
 from moelab.core.config import ExpertsConfig, MoEConfig, RouterConfig
 
 
+OBJECTIVES = ("causal", "block_diffusion")
+
+
 def _check(cond: bool, name: str, msg: str) -> None:
     if not cond:
         raise ValueError(f"{name}: {msg}")
@@ -63,6 +66,13 @@ class ModelConfig:
         init_std: std of the normal weight initialisation (residual output projections use
             ``init_std / sqrt(2·n_layers)``; see :meth:`MoETransformer.reset_parameters`).
         moe: the config of every MoE layer, or ``None`` for a dense model.
+        objective: ``"causal"`` (next-token LM, the default) or ``"block_diffusion"``
+            (masked block diffusion as SDAR / BD3-LM: bidirectional attention inside blocks
+            of ``block_size`` tokens, causal across blocks; see
+            :mod:`moelab.models.block_diffusion`). A block-diffusion model's vocabulary is
+            the tokenizer's plus one mask token, whose id is the last one,
+            ``vocab_size - 1`` (:attr:`mask_token_id`).
+        block_size: tokens per diffusion block (>= 1); read only by ``"block_diffusion"``.
 
     Raises:
         ValueError: naming the offending field and the accepted range.
@@ -84,6 +94,8 @@ class ModelConfig:
     dense_ffn_size: int | None = None
     init_std: float = 0.02
     moe: MoEConfig | None = field(default_factory=MoEConfig)
+    objective: str = "causal"
+    block_size: int = 8
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len"):
@@ -154,6 +166,18 @@ class ModelConfig:
             "init_std",
             f"must be > 0, got {self.init_std!r}",
         )
+        _check(
+            self.objective in OBJECTIVES,
+            "objective",
+            f"must be one of {OBJECTIVES}, got {self.objective!r}",
+        )
+        _check(
+            _is_int(self.block_size) and 1 <= self.block_size <= self.max_seq_len,
+            "block_size",
+            f"must be an int in [1, max_seq_len={self.max_seq_len}], got {self.block_size!r}",
+        )
+        if self.objective == "block_diffusion":
+            _check(self.vocab_size >= 2, "vocab_size", "needs >= 2 ids (one is the mask token)")
         if self.moe is not None:
             _check(
                 isinstance(self.moe, MoEConfig),
@@ -171,6 +195,11 @@ class ModelConfig:
     def is_moe_layer(self, i: int) -> bool:
         """True when layer ``i`` (0-based) is an MoE layer."""
         return self.moe is not None and i >= self.first_dense_layers
+
+    @property
+    def mask_token_id(self) -> int | None:
+        """The mask token of a block-diffusion model (the last id), None for a causal LM."""
+        return self.vocab_size - 1 if self.objective == "block_diffusion" else None
 
     @property
     def num_moe_layers(self) -> int:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from moelab.data import TokenStream, eval_batches
+from moelab.data.batching import Batch
 from moelab.models import MoETransformer
 
 
@@ -67,6 +68,7 @@ def evaluate(
     seq_len: int,
     batch_size: int,
     max_tokens: int | None = None,
+    nats_fn: Callable[[MoETransformer, Batch], float] | None = None,
 ) -> EvalResult:
     """Score each named stream with non-overlapping windows of ``seq_len`` tokens.
 
@@ -74,6 +76,9 @@ def evaluate(
     tokens, so every domain is measured even when the budget is small. Bits per byte uses the
     exact UTF-8 bytes of every predicted token (``Batch.target_bytes``), so it is comparable
     across tokenizers; ``overall`` pools all streams.
+
+    ``nats_fn(model, batch)`` replaces the causal cross-entropy with another summed score in
+    nats of ``batch.targets`` (the block-diffusion ELBO of :mod:`moelab.train.diffusion`).
 
     Raises:
         CorpusError: a stream is shorter than ``seq_len + 1`` tokens.
@@ -87,9 +92,14 @@ def evaluate(
             nats, tokens, n_bytes = 0.0, 0, 0
             for batch in eval_batches(stream, batch_size, seq_len, max_tokens):
                 batch = batch.to(device)
-                logits = model(batch.input_ids).logits.float()
-                ce = F.cross_entropy(logits.flatten(0, 1), batch.targets.flatten(), reduction="sum")
-                nats += ce.item()
+                if nats_fn is not None:
+                    nats += nats_fn(model, batch)
+                else:
+                    logits = model(batch.input_ids).logits.float()
+                    ce = F.cross_entropy(
+                        logits.flatten(0, 1), batch.targets.flatten(), reduction="sum"
+                    )
+                    nats += ce.item()
                 tokens += batch.targets.numel()
                 n_bytes += int(batch.target_bytes.sum())
             totals[name] = [nats, tokens, n_bytes]

@@ -33,7 +33,9 @@ from moelab.data import (
 )
 from moelab.models import ModelConfig, MoETransformer, load_model, save_model
 from moelab.train.checkpoint import load_checkpoint, save_checkpoint
+from moelab.models.block_diffusion import to_block_diffusion
 from moelab.train.config import ConfigError, TrainConfig
+from moelab.train.diffusion import diffusion_loss_terms, diffusion_nats
 from moelab.train.distributed import DistInfo, barrier, init_distributed, shutdown
 from moelab.train.evaluate import EvalResult, evaluate
 from moelab.train.metrics import MetricsLog
@@ -65,6 +67,10 @@ class _LossModule(nn.Module):
         self.model = model
 
     def forward(self, input_ids, targets):
+        if self.model.cfg.objective == "block_diffusion":  # x_0 = the window's targets
+            nats, aux, records = diffusion_loss_terms(self.model, targets)
+            ce = nats / targets.numel()
+            return ce + aux, ce, aux, records
         out = self.model.loss(input_ids, targets)
         return out.loss, out.ce, out.aux_loss, out.output.records
 
@@ -160,6 +166,11 @@ def _eval_record(step: int, result: EvalResult) -> dict[str, Any]:
     return rec
 
 
+def _elbo_nats(model: MoETransformer, batch) -> float:
+    """Validation score of a block-diffusion model: the summed negative ELBO (seeded)."""
+    return diffusion_nats(model, batch.targets, seed=0)
+
+
 class _StopFlag:
     """Ctrl-C sets a flag checked between optimizer steps; a second Ctrl-C aborts at once."""
 
@@ -241,9 +252,18 @@ def _train(
         model_cfg.vocab_size = tokenizer.vocab_size
         torch.manual_seed(cfg.seed)
         model = MoETransformer(model_cfg)
-    if model.cfg.vocab_size != tokenizer.vocab_size:
+    if cfg.objective == "block-diffusion" and model.cfg.objective == "causal":
+        model = to_block_diffusion(model, cfg.block_size)  # AR init (+1 mask id)
+    elif cfg.objective == "causal" and model.cfg.objective != "causal":
+        raise ConfigError("objective: the model is a block-diffusion model; pass --objective block-diffusion")
+    extra = 1 if model.cfg.objective == "block_diffusion" else 0  # the mask id
+    if model.cfg.vocab_size != tokenizer.vocab_size + extra:
         raise ConfigError(
             f"vocab_size: the model has {model.cfg.vocab_size} tokens, the tokenizer {tokenizer.vocab_size}"
+        )
+    if extra and model.cfg.block_size != cfg.block_size:
+        raise ConfigError(
+            f"block_size: the model uses {model.cfg.block_size}, the run {cfg.block_size}"
         )
     noncausal = model.noncausal_routing_layers()
     if noncausal and not cfg.allow_noncausal_routing:
@@ -313,6 +333,7 @@ def _train(
                 seq_len=cfg.seq_len,
                 batch_size=cfg.batch_size,
                 max_tokens=cfg.eval_tokens,
+                nats_fn=_elbo_nats if model.cfg.objective == "block_diffusion" else None,
             )
             rec = _eval_record(step, result)
             metrics.write(rec)
