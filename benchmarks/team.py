@@ -1,0 +1,113 @@
+"""TEAM (arXiv 2602.08404) on a block-diffusion MoE initialised from the main AR run.
+
+Stage ``train``: copy nothing into /work/runs/main (read-only); write a corpus folder with the
+mix corpus (capped) plus generated exact-answer task lines (copy, reverse, 3-digit addition,
+key→value lookup), then ``moelab.train.loop.train`` with ``objective="block-diffusion"``,
+``init_from=/work/runs/main``. Held-out problems are never in the training text.
+
+Stage ``eval``: for vanilla / +caching / +caching+limited / full TEAM at the same τ and block
+size, decode held-out problems and print exact-match per task, APF, TPF, APT, NFE and tok/s,
+plus the diffusion ELBO (bits/byte) of held-out text next to the AR model's, and the AR
+model's NLL of the decoded continuations of held-out mix prompts. Decoders are interleaved
+per problem (timings on a shared box are noisy). Seeds re-draw the held-out problems.
+
+    python benchmarks/team.py train --out /tmp/team_run --steps 400
+    python benchmarks/team.py eval --run /tmp/team_run --per-task 25 --seeds 0 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import string
+from pathlib import Path
+
+TASKS = ("copy", "reverse", "add", "lookup")
+
+
+def make_problem(task: str, rng: random.Random) -> tuple[str, str]:
+    """``(prompt, answer)``; the full line is ``prompt + answer + "\\n"``."""
+    if task == "copy":
+        s = "".join(rng.choice(string.digits) for _ in range(5))
+        return f"C {s}=", s
+    if task == "reverse":
+        s = "".join(rng.choice(string.digits) for _ in range(5))
+        return f"R {s}=", s[::-1]
+    if task == "add":
+        a, b = rng.randrange(100, 1000), rng.randrange(100, 1000)
+        return f"A {a}+{b}=", str(a + b)
+    if task == "lookup":
+        keys = rng.sample(string.ascii_lowercase, 4)
+        vals = [rng.choice(string.digits) for _ in keys]
+        q = rng.randrange(4)
+        pairs = " ".join(f"{k}:{v}" for k, v in zip(keys, vals, strict=True))
+        return f"K {pairs} ?{keys[q]}=", vals[q]
+    raise ValueError(f"task: must be one of {TASKS}, got {task!r}")
+
+
+def held_out(seed: int, per_task: int) -> list[tuple[str, str, str]]:
+    """``(task, prompt, answer)`` test problems (drawn from a seed range never used in train)."""
+    rng = random.Random(10_000 + seed)
+    return [(t, *make_problem(t, rng)) for t in TASKS for _ in range(per_task)]
+
+
+def train_lines(n: int, exclude: set[str]) -> list[str]:
+    rng = random.Random(1)
+    out = []
+    while len(out) < n:
+        t = TASKS[len(out) % len(TASKS)]
+        p, a = make_problem(t, rng)
+        if p not in exclude:
+            out.append(p + a)
+    return out
+
+
+def stage_train(args) -> None:
+    from moelab.data import load_corpus
+    from moelab.train.config import TrainConfig
+    from moelab.train.loop import train
+
+    data = Path(args.out + "_data")
+    data.mkdir(parents=True, exist_ok=True)
+    for d in load_corpus("mix", max_bytes_per_domain=args.mix_bytes):
+        name = d.domain + "_" + "".join(c if c.isalnum() else "_" for c in d.name)
+        (data / f"{name}.txt").write_text(d.text, encoding="utf-8")
+    exclude = {p for s in range(5) for _, p, _ in held_out(s, 200)}
+    lines = train_lines(args.task_lines, exclude)
+    for i in range(0, len(lines), 200):
+        (data / f"tasks_{i // 200:04d}.txt").write_text("\n".join(lines[i : i + 200]) + "\n")
+    cfg = TrainConfig(
+        data=str(data), max_bytes_per_domain=None, steps=args.steps, seq_len=args.seq_len,
+        batch_size=args.batch_size, lr=args.lr, warmup_steps=20, eval_every=args.steps,
+        eval_tokens=4096, checkpoint_every=0, log_every=10, seed=0,
+        init_from="/work/runs/main", objective="block-diffusion", block_size=8,
+    )  # fmt: skip
+    res = train(None, cfg, args.out, progress=False)
+    print(f"trained {res.step} steps in {res.elapsed_s:.0f} s; train loss {res.train_loss:.3f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="stage", required=True)
+    t = sub.add_parser("train")
+    t.add_argument("--out", required=True)
+    t.add_argument("--steps", type=int, default=400)
+    t.add_argument("--batch-size", type=int, default=8)
+    t.add_argument("--lr", type=float, default=2e-3)
+    t.add_argument("--seq-len", type=int, default=32)
+    t.add_argument("--mix-bytes", type=int, default=300_000)
+    t.add_argument("--task-lines", type=int, default=60_000)
+    e = sub.add_parser("eval")
+    e.add_argument("--run", required=True)
+    e.add_argument("--per-task", type=int, default=25)
+    e.add_argument("--seeds", type=int, nargs="+", default=[0])
+    e.add_argument("--tau", type=float, default=0.9)
+    args = ap.parse_args()
+    if args.stage == "train":
+        stage_train(args)
+    else:
+        stage_eval(args)  # noqa: F821 (defined below)
+
+
+if __name__ == "__main__":
+    main()
