@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import string
 from pathlib import Path
 
 TASKS = ("copy", "reverse", "add", "lookup")
+AR_RUN = "/work/runs/main"
 
 
 def make_problem(task: str, rng: random.Random) -> tuple[str, str]:
@@ -80,10 +82,72 @@ def stage_train(args) -> None:
         data=str(data), max_bytes_per_domain=None, steps=args.steps, seq_len=args.seq_len,
         batch_size=args.batch_size, lr=args.lr, warmup_steps=20, eval_every=args.steps,
         eval_tokens=4096, checkpoint_every=0, log_every=10, seed=0,
-        init_from="/work/runs/main", objective="block-diffusion", block_size=8,
+        init_from=args.init_from, time_budget_s=args.time_budget, objective="block-diffusion", block_size=8,
     )  # fmt: skip
     res = train(None, cfg, args.out, progress=False)
     print(f"trained {res.step} steps in {res.elapsed_s:.0f} s; train loss {res.train_loss:.3f}")
+
+
+def _ms(xs: list[float]) -> str:
+    m = statistics.fmean(xs)
+    return f"{m:.2f}±{statistics.stdev(xs):.2f}" if len(xs) > 1 else f"{m:.2f}"
+
+
+def stage_eval(args) -> None:
+    import torch
+
+    from moelab.data import load_tokenizer
+    from moelab.models import load_model
+    from moelab.serve.diffusion import DECODERS, DecodeOptions, DecodeStats, diffusion_generate
+    from moelab.train.evaluate import evaluate
+    from moelab.train.loop import _elbo_nats, prepare_data, run_train_config
+
+    torch.set_num_threads(1)
+    dm, tok = load_model(Path(args.run)).eval(), load_tokenizer(Path(args.run))
+    ar = load_model(Path(AR_RUN)).eval()
+    _, _, val = prepare_data(run_train_config(Path(args.run)), tok)
+    elbo = evaluate(dm, val, seq_len=32, batch_size=8, max_tokens=4096, nats_fn=_elbo_nats)
+    arb = evaluate(ar, val, seq_len=32, batch_size=8, max_tokens=4096)
+    print(f"held-out text: diffusion ELBO {elbo.overall.bits_per_byte:.3f} bits/byte "
+          f"(upper bound); AR model {arb.overall.bits_per_byte:.3f} bits/byte")  # fmt: skip
+    nl = tok.encode("\n")[0]
+    rows: dict[str, dict[str, list[float]]] = {d: {} for d in DECODERS}
+    for seed in args.seeds:
+        probs = held_out(seed, args.per_task)
+        stats = {d: DecodeStats() for d in DECODERS}
+        hits = {d: {t: 0 for t in TASKS} for d in DECODERS}
+        for task, prompt, answer in probs:
+            ids = tok.encode("\n" + prompt)
+            for d in DECODERS:  # interleaved: the box is shared and noisy
+                r = diffusion_generate(
+                    dm, ids, max_new_tokens=8, stop_id=nl,
+                    options=DecodeOptions.preset(d, args.tau),
+                )  # fmt: skip
+                stats[d].merge(r.stats)
+                hits[d][task] += tok.decode(r.ids).split("\n")[0] == answer
+        for d in DECODERS:
+            row = rows[d]
+            for t in TASKS:
+                row.setdefault(t, []).append(100 * hits[d][t] / args.per_task)
+            row.setdefault("all", []).append(100 * sum(hits[d].values()) / len(probs))
+            st = stats[d]
+            for key, v in (("APF", st.apf), ("TPF", st.tpf), ("APT", st.apt),
+                           ("NFE/prob", st.nfe / len(probs)), ("tok/s", st.tokens_per_s)):  # fmt: skip
+                row.setdefault(key, []).append(v)
+    cols = [*TASKS, "all", "APF", "TPF", "APT", "NFE/prob", "tok/s"]
+    print(f"tau={args.tau} block=8 seeds={args.seeds} problems/task/seed={args.per_task}")
+    print(
+        "| decoder | " + " | ".join(f"EM {c}" if c in (*TASKS, "all") else c for c in cols) + " |"
+    )
+    print("|" + "---|" * (len(cols) + 1))
+    for d in DECODERS:
+        print(f"| {d} | " + " | ".join(_ms(rows[d][c]) for c in cols) + " |")
+    base = rows["vanilla"]
+    for d in DECODERS[1:]:
+        apt = [1 - a / b for a, b in zip(rows[d]["APT"], base["APT"], strict=True)]
+        sp = [a / b for a, b in zip(rows[d]["tok/s"], base["tok/s"], strict=True)]
+        print(f"{d}: APT -{_ms([100 * x for x in apt])} % vs vanilla; "
+              f"tok/s x{_ms(sp)}; EM all {_ms(rows[d]['all'])} vs {_ms(base['all'])}")  # fmt: skip
 
 
 def main() -> None:
@@ -95,6 +159,8 @@ def main() -> None:
     t.add_argument("--batch-size", type=int, default=8)
     t.add_argument("--lr", type=float, default=2e-3)
     t.add_argument("--seq-len", type=int, default=32)
+    t.add_argument("--init-from", default=AR_RUN)
+    t.add_argument("--time-budget", type=float, default=None)
     t.add_argument("--mix-bytes", type=int, default=300_000)
     t.add_argument("--task-lines", type=int, default=60_000)
     e = sub.add_parser("eval")
@@ -106,7 +172,7 @@ def main() -> None:
     if args.stage == "train":
         stage_train(args)
     else:
-        stage_eval(args)  # noqa: F821 (defined below)
+        stage_eval(args)
 
 
 if __name__ == "__main__":

@@ -89,7 +89,9 @@ def test_limited_activation_keeps_cold_inside_active_set_and_hot_unchanged():
     blk = dm.blocks[1]
     torch.manual_seed(0)
     x = torch.randn(12, dm.cfg.d_model)
-    cold = torch.tensor([False, False, True, True, True, False, True, True, True, True, False, True])
+    cold = torch.tensor(
+        [False, False, True, True, True, False, True, True, True, True, False, True]
+    )
     with torch.no_grad():
         plain = TeamMoEStep()
         y0 = plain(1, blk, x)

@@ -23,16 +23,27 @@ def generate(
     top_k: Annotated[int, Opt(help="Keep the k most likely tokens (0 = off).")] = 50,
     top_p: Annotated[float, Opt(help="Nucleus probability mass (1 = off).")] = 0.95,
     seed: Annotated[int, Opt(help="Sampling seed.")] = 0,
+    decoder: Annotated[
+        str,
+        Opt(
+            help="causal (AR models), or for block-diffusion models vanilla, cache, cache+limit, team."
+        ),
+    ] = "causal",
+    threshold: Annotated[float, Opt(help="Diffusion decoders: confidence threshold τ.")] = 0.95,
 ) -> None:
     """Continue a prompt, streaming tokens as they are sampled.
 
     Examples:
       moelab generate runs/main --prompt "ROMEO:" --max-new-tokens 300
       moelab generate runs/main --prompt "def main(" --temperature 0
+      moelab generate runs/bd --decoder team --threshold 0.9 --prompt "A 123+456="
     """
     from moelab.serve.generate import generate_ids, stream_text
 
     model, tokenizer = guarded(load_run, run)
+    if decoder != "causal" or model.cfg.objective != "causal":
+        guarded(_diffusion, model, tokenizer, prompt, max_new_tokens, decoder, threshold)
+        return
 
     def go() -> None:
         prompt_ids = tokenizer.encode(prompt)
@@ -52,6 +63,27 @@ def generate(
             )
 
     guarded(go)
+
+
+def _diffusion(model, tokenizer, prompt, max_new_tokens, decoder, threshold) -> None:
+    """Block-diffusion decoding (greedy); counters go to stderr."""
+    from moelab.serve.diffusion import DecodeOptions, diffusion_generate
+
+    if decoder == "causal":
+        raise ValueError(
+            f"decoder: the model is a {model.cfg.objective} model; use --decoder vanilla or team"
+        )
+    opts = DecodeOptions.preset(decoder, threshold)
+    res = diffusion_generate(
+        model, tokenizer.encode(prompt), max_new_tokens=max_new_tokens, options=opts,
+        stop_id=tokenizer.eot_id,
+    )  # fmt: skip
+    sys.stdout.write(prompt + tokenizer.decode(res.ids) + "\n")
+    s = res.stats
+    err_console.print(
+        f"NFE {s.nfe}  TPF {s.tpf:.2f}  APF {s.apf:.2f}  APT {s.apt:.2f}  "
+        f"{s.tokens_per_s:.1f} tok/s"
+    )
 
 
 class _Counted:

@@ -132,7 +132,7 @@ def diffusion_forward(
     cfg = model.cfg
     if input_ids.dim() != 2 or input_ids.dtype.is_floating_point:
         raise ValueError(f"input_ids: must be an integer tensor [B, S], got {input_ids.shape}")
-    B, S = input_ids.shape
+    S = input_ids.shape[1]
     if positions.shape != (S,):
         raise ValueError(f"positions: must be [S={S}], got {tuple(positions.shape)}")
     if int(input_ids.min()) < 0 or int(input_ids.max()) >= cfg.vocab_size:

@@ -13,7 +13,6 @@ from typing import Any
 
 from moelab.core.config import ExpertsConfig, MoEConfig, RouterConfig
 
-
 OBJECTIVES = ("causal", "block_diffusion")
 
 

@@ -32,8 +32,8 @@ from moelab.data import (
     split_documents,
 )
 from moelab.models import ModelConfig, MoETransformer, load_model, save_model
-from moelab.train.checkpoint import load_checkpoint, save_checkpoint
 from moelab.models.block_diffusion import to_block_diffusion
+from moelab.train.checkpoint import load_checkpoint, save_checkpoint
 from moelab.train.config import ConfigError, TrainConfig
 from moelab.train.diffusion import diffusion_loss_terms, diffusion_nats
 from moelab.train.distributed import DistInfo, barrier, init_distributed, shutdown
@@ -255,7 +255,9 @@ def _train(
     if cfg.objective == "block-diffusion" and model.cfg.objective == "causal":
         model = to_block_diffusion(model, cfg.block_size)  # AR init (+1 mask id)
     elif cfg.objective == "causal" and model.cfg.objective != "causal":
-        raise ConfigError("objective: the model is a block-diffusion model; pass --objective block-diffusion")
+        raise ConfigError(
+            "objective: the model is a block-diffusion model; pass --objective block-diffusion"
+        )
     extra = 1 if model.cfg.objective == "block_diffusion" else 0  # the mask id
     if model.cfg.vocab_size != tokenizer.vocab_size + extra:
         raise ConfigError(

@@ -63,9 +63,7 @@ def branch_forward(
     return out.logits.view(n, b, -1)
 
 
-def choose_branch(
-    transfer: Tensor, pred: Tensor, p1: int, p2: int, fill1: int, fill2: int
-) -> int:
+def choose_branch(transfer: Tensor, pred: Tensor, p1: int, p2: int, fill1: int, fill2: int) -> int:
     """The authors' acceptance rule. ``transfer [4, b]`` bool (each branch's own transfer
     set), ``pred [4, b]`` argmax tokens. Returns the branch index 0-3."""
     a1 = bool(transfer[0, p1]) and int(pred[0, p1]) == fill1

@@ -123,7 +123,7 @@ def cold_positions(
         dist = (pos[:, None] - unm[None, :]).abs().min(dim=1).values
     else:
         dist = torch.full((b,), b + 1, device=branch.device)
-    ref_masked = (ref == mask_id)
+    ref_masked = ref == mask_id
     top = prev_conf.masked_fill(~ref_masked, -1.0).topk(min(opts.hot_top, b)).indices
     in_top = torch.zeros(b, dtype=torch.bool, device=branch.device)
     in_top[top] = True
@@ -178,7 +178,7 @@ def _decode(model, prompt, max_new, opts: DecodeOptions, stop_id) -> DecodeResul
     n_blocks = -(-end // b)
     if n_blocks * b > cfg.max_seq_len:
         n_blocks = cfg.max_seq_len // b
-    if P0 >= n_blocks * b:
+    if n_blocks * b <= P0:
         raise ValueError(f"prompt: {P0} tokens leave no room in max_seq_len={cfg.max_seq_len}")
     x = torch.full((n_blocks * b,), mask_id, dtype=torch.long, device=device)
     x[:P0] = torch.tensor(prompt, device=device)

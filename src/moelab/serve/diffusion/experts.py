@@ -36,7 +36,9 @@ def check_team_router(block: DecoderBlock) -> None:
         )
 
 
-def limited_topk(scores: Tensor, active: Tensor, top_k: int, normalise: bool) -> tuple[Tensor, Tensor]:
+def limited_topk(
+    scores: Tensor, active: Tensor, top_k: int, normalise: bool
+) -> tuple[Tensor, Tensor]:
     """Top-k of ``scores [T, E]`` (float32 probabilities) with experts outside ``active [E]``
     (bool) zeroed; weights ``/ sum`` when ``normalise``. Returns ``(weights [T, k], idx [T, k])``."""
     s = scores.masked_fill(~active, 0.0)
@@ -80,7 +82,9 @@ class TeamMoEStep:
         cfg = moe.config.router
         T = x.shape[0]
         compute = (
-            ~self.reuse if self.reuse is not None else torch.ones(T, dtype=torch.bool, device=x.device)
+            ~self.reuse
+            if self.reuse is not None
+            else torch.ones(T, dtype=torch.bool, device=x.device)
         )
         rows = compute.nonzero().squeeze(1)
         xc = x[rows]
