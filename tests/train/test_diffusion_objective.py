@@ -39,3 +39,33 @@ def test_loss_is_weighted_masked_ce_by_hand():
                     lp = torch.log_softmax(logits[b, i].double(), -1)[x0[b, i]]
                     want += -lp.item() / t[b, i].item()
     assert math.isclose(nats.item(), want, rel_tol=1e-4)
+
+
+def test_train_block_diffusion_from_an_ar_run(corpus, tmp_path):
+    import json
+
+    import pytest
+
+    from moelab.models import load_model
+    from moelab.train.config import ConfigError
+    from moelab.train.loop import train
+
+    from .conftest import tiny_model, tiny_train
+
+    ar = tmp_path / "ar"
+    train(tiny_model(), tiny_train(corpus, steps=2, eval_every=2), ar, progress=False)
+    bd = tmp_path / "bd"
+    cfg = tiny_train(
+        corpus, steps=4, eval_every=2, init_from=str(ar), objective="block-diffusion", block_size=8
+    )
+    res = train(None, cfg, bd, progress=False)
+    model = load_model(bd)
+    assert model.cfg.objective == "block_diffusion" and model.cfg.vocab_size == 257
+    assert model.cfg.block_size == 8 and res.final_eval is not None
+    lines = [json.loads(x) for x in (bd / "metrics.jsonl").read_text().splitlines()]
+    val = [x["bpb"] for x in lines if x["split"] == "val"]
+    assert len(val) == 3 and all(math.isfinite(v) and v > 0 for v in val)
+    with pytest.raises(ConfigError, match="block_size"):
+        tiny_train(corpus, objective="block-diffusion", block_size=5)
+    with pytest.raises(ConfigError, match="objective"):
+        train(None, tiny_train(corpus, init_from=str(bd)), tmp_path / "x", progress=False)
