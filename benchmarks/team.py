@@ -111,6 +111,8 @@ def stage_eval(args) -> None:
     print(f"held-out text: diffusion ELBO {elbo.overall.bits_per_byte:.3f} bits/byte "
           f"(upper bound); AR model {arb.overall.bits_per_byte:.3f} bits/byte")  # fmt: skip
     nl = tok.encode("\n")[0]
+    text = [w.tolist() for st in val.values() for w in st.ids[:4096].split(24)[:-1]]
+    text = [w for w in text if nl not in w[16:]][: args.text_prompts]
     rows: dict[str, dict[str, list[float]]] = {d: {} for d in DECODERS}
     for seed in args.seeds:
         probs = held_out(seed, args.per_task)
@@ -125,8 +127,19 @@ def stage_eval(args) -> None:
                 )  # fmt: skip
                 stats[d].merge(r.stats)
                 hits[d][task] += tok.decode(r.ids).split("\n")[0] == answer
+        nll = {d: [] for d in DECODERS}
+        for w in text:  # held-out continuation likelihood under the AR model
+            for d in DECODERS:
+                r = diffusion_generate(
+                    dm, w[:16], max_new_tokens=8, options=DecodeOptions.preset(d, args.tau)
+                )
+                ids = torch.tensor([w[:16] + r.ids])
+                with torch.no_grad():
+                    lp = ar(ids[:, :-1]).logits.float().log_softmax(-1)[0, 15:]
+                nll[d].append(-lp.gather(-1, ids[0, 16:, None]).mean().item())
         for d in DECODERS:
             row = rows[d]
+            row.setdefault("AR NLL", []).append(statistics.fmean(nll[d]))
             for t in TASKS:
                 row.setdefault(t, []).append(100 * hits[d][t] / args.per_task)
             row.setdefault("all", []).append(100 * sum(hits[d].values()) / len(probs))
@@ -134,7 +147,7 @@ def stage_eval(args) -> None:
             for key, v in (("APF", st.apf), ("TPF", st.tpf), ("APT", st.apt),
                            ("NFE/prob", st.nfe / len(probs)), ("tok/s", st.tokens_per_s)):  # fmt: skip
                 row.setdefault(key, []).append(v)
-    cols = [*TASKS, "all", "APF", "TPF", "APT", "NFE/prob", "tok/s"]
+    cols = [*TASKS, "all", "AR NLL", "APF", "TPF", "APT", "NFE/prob", "tok/s"]
     print(f"tau={args.tau} block=8 seeds={args.seeds} problems/task/seed={args.per_task}")
     print(
         "| decoder | " + " | ".join(f"EM {c}" if c in (*TASKS, "all") else c for c in cols) + " |"
@@ -168,6 +181,7 @@ def main() -> None:
     e.add_argument("--per-task", type=int, default=25)
     e.add_argument("--seeds", type=int, nargs="+", default=[0])
     e.add_argument("--tau", type=float, default=0.9)
+    e.add_argument("--text-prompts", type=int, default=8)
     args = ap.parse_args()
     if args.stage == "train":
         stage_train(args)
