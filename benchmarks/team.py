@@ -99,14 +99,15 @@ def stage_eval(args) -> None:
     from moelab.data import load_tokenizer
     from moelab.models import load_model
     from moelab.serve.diffusion import DECODERS, DecodeOptions, DecodeStats, diffusion_generate
+    from moelab.train.diffusion import batch_elbo_nats
     from moelab.train.evaluate import evaluate
-    from moelab.train.loop import _elbo_nats, prepare_data, run_train_config
+    from moelab.train.loop import prepare_data, run_train_config
 
     torch.set_num_threads(1)
     dm, tok = load_model(Path(args.run)).eval(), load_tokenizer(Path(args.run))
     ar = load_model(Path(AR_RUN)).eval()
     _, _, val = prepare_data(run_train_config(Path(args.run)), tok)
-    elbo = evaluate(dm, val, seq_len=32, batch_size=8, max_tokens=4096, nats_fn=_elbo_nats)
+    elbo = evaluate(dm, val, seq_len=32, batch_size=8, max_tokens=4096, nats_fn=batch_elbo_nats)
     arb = evaluate(ar, val, seq_len=32, batch_size=8, max_tokens=4096)
     print(f"held-out text: diffusion ELBO {elbo.overall.bits_per_byte:.3f} bits/byte "
           f"(upper bound); AR model {arb.overall.bits_per_byte:.3f} bits/byte")  # fmt: skip

@@ -67,5 +67,10 @@ def _evaluate_run(run: Path, data: str | None, tokens: int, batch_size: int, all
         _, _, streams = prepare_data(cfg, tokenizer)
     else:
         streams = {data: TokenStream.from_documents(load_corpus(data), tokenizer, name=data)}
-    result = evaluate(model, streams, seq_len=seq_len, batch_size=batch_size, max_tokens=tokens)
+    from moelab.train.diffusion import batch_elbo_nats  # block diffusion: the ELBO bound
+
+    nats_fn = batch_elbo_nats if model.cfg.objective == "block_diffusion" else None
+    result = evaluate(
+        model, streams, seq_len=seq_len, batch_size=batch_size, max_tokens=tokens, nats_fn=nats_fn
+    )
     return result, noncausal

@@ -70,3 +70,9 @@ def diffusion_nats(model: MoETransformer, x0: Tensor, seed: int = 0) -> float:
     g = torch.Generator(device=x0.device).manual_seed(seed)
     with torch.no_grad():
         return diffusion_loss_terms(model, x0, g)[0].item()
+
+
+def batch_elbo_nats(model: MoETransformer, batch) -> float:
+    """``evaluate(nats_fn=...)`` score of a block-diffusion model: the summed negative ELBO of
+    ``batch.targets`` (seed 0), in nats."""
+    return diffusion_nats(model, batch.targets, seed=0)

@@ -35,7 +35,7 @@ from moelab.models import ModelConfig, MoETransformer, load_model, save_model
 from moelab.models.block_diffusion import to_block_diffusion
 from moelab.train.checkpoint import load_checkpoint, save_checkpoint
 from moelab.train.config import ConfigError, TrainConfig
-from moelab.train.diffusion import diffusion_loss_terms, diffusion_nats
+from moelab.train.diffusion import batch_elbo_nats, diffusion_loss_terms
 from moelab.train.distributed import DistInfo, barrier, init_distributed, shutdown
 from moelab.train.evaluate import EvalResult, evaluate
 from moelab.train.metrics import MetricsLog
@@ -164,11 +164,6 @@ def _eval_record(step: int, result: EvalResult) -> dict[str, Any]:
     for name, score in result.per_domain.items():
         rec[f"bpb/{name}"] = score.bits_per_byte
     return rec
-
-
-def _elbo_nats(model: MoETransformer, batch) -> float:
-    """Validation score of a block-diffusion model: the summed negative ELBO (seeded)."""
-    return diffusion_nats(model, batch.targets, seed=0)
 
 
 class _StopFlag:
@@ -335,7 +330,7 @@ def _train(
                 seq_len=cfg.seq_len,
                 batch_size=cfg.batch_size,
                 max_tokens=cfg.eval_tokens,
-                nats_fn=_elbo_nats if model.cfg.objective == "block_diffusion" else None,
+                nats_fn=batch_elbo_nats if model.cfg.objective == "block_diffusion" else None,
             )
             rec = _eval_record(step, result)
             metrics.write(rec)
