@@ -92,12 +92,11 @@ def _evaluate_run(
         _, _, streams = prepare_data(cfg, tokenizer)
     else:
         streams = {data: TokenStream.from_documents(load_corpus(data), tokenizer, name=data)}
+    from moelab.train.diffusion import batch_elbo_nats  # block diffusion: the ELBO bound
+
+    nats_fn = batch_elbo_nats if model.cfg.objective == "block_diffusion" else None
     result = evaluate(
-        model,
-        streams,
-        seq_len=seq_len,
-        batch_size=batch_size,
-        max_tokens=tokens,
-        doc_masks=cfg.doc_masks,
-    )
+        model, streams, seq_len=seq_len, batch_size=batch_size, max_tokens=tokens,
+        doc_masks=cfg.doc_masks, nats_fn=nats_fn,
+    )  # fmt: skip
     return result, noncausal, model

@@ -35,6 +35,13 @@ def generate(
     cache_mb: CacheMb = None,
     policy: Policy = "zipmoe",
     storage_mbps: StorageMbps = None,
+    decoder: Annotated[
+        str,
+        Opt(
+            help="causal (AR models), or for block-diffusion models vanilla, cache, cache+limit, team."
+        ),
+    ] = "causal",
+    threshold: Annotated[float, Opt(help="Diffusion decoders: confidence threshold τ.")] = 0.95,
 ) -> None:
     """Continue a prompt, streaming tokens as they are sampled.
 
@@ -42,10 +49,14 @@ def generate(
       moelab generate runs/main --prompt "ROMEO:" --max-new-tokens 300
       moelab generate runs/main --prompt "def main(" --temperature 0
       moelab generate runs/main-zip --offload --cache-mb 4 --storage-mbps 200
+      moelab generate runs/bd --decoder team --threshold 0.9 --prompt "A 123+456="
     """
     from moelab.serve.generate import generate_ids, stream_text
 
     model, tokenizer = guarded(load_for_inference, run, offload, cache_mb, policy, storage_mbps)
+    if decoder != "causal" or model.cfg.objective != "causal":
+        guarded(_diffusion, model, tokenizer, prompt, max_new_tokens, decoder, threshold)
+        return
 
     def go() -> None:
         prompt_ids = tokenizer.encode(prompt)
@@ -67,6 +78,27 @@ def generate(
             )
 
     guarded(go)
+
+
+def _diffusion(model, tokenizer, prompt, max_new_tokens, decoder, threshold) -> None:
+    """Block-diffusion decoding (greedy); counters go to stderr."""
+    from moelab.serve.diffusion import DecodeOptions, diffusion_generate
+
+    if decoder == "causal":
+        raise ValueError(
+            f"decoder: the model is a {model.cfg.objective} model; use --decoder vanilla or team"
+        )
+    opts = DecodeOptions.preset(decoder, threshold)
+    res = diffusion_generate(
+        model, tokenizer.encode(prompt), max_new_tokens=max_new_tokens, options=opts,
+        stop_id=tokenizer.eot_id,
+    )  # fmt: skip
+    sys.stdout.write(prompt + tokenizer.decode(res.ids) + "\n")
+    s = res.stats
+    err_console.print(
+        f"NFE {s.nfe}  TPF {s.tpf:.2f}  APF {s.apf:.2f}  APT {s.apt:.2f}  "
+        f"{s.tokens_per_s:.1f} tok/s"
+    )
 
 
 class _Counted:

@@ -97,6 +97,8 @@ TRAIN_OPTIONS = [
     ConfigOption("expand_init", "expand_init", "Expansion init: sparkling, naive or copy."),
     ConfigOption("expand_state", "expand_state", "Expansion optimizer state: asymmetric or symmetric."),
     ConfigOption("rewarm_steps", "rewarm_steps", "LR re-warmup steps of the new entries."),
+    ConfigOption("objective", "objective", "causal, or block-diffusion (masked block diffusion, +1 mask id)."),
+    ConfigOption("block_size", "block_size", "Diffusion block size (divides --seq-len)."),
 ]  # fmt: skip
 
 
@@ -204,6 +206,7 @@ def train(
       moelab train --router usmoe --usmoe-budget 0.86
       moelab train --top-k 1 --score-func sigmoid --norm-topk-prob
       moelab train --spec-loss --cross-loss --spec-coeff 0.01 --cross-coeff 0.01
+      moelab train --objective block-diffusion --block-size 8 --init-from runs/main
       torchrun --nproc-per-node 2 -m moelab.cli train --steps 100
       moelab train --steps 1000 --expand-at 450 --expand hidden=2x,expert=2x
       torchrun --nproc-per-node 4 -m moelab.cli train --expert-parallel 2 --fsdp

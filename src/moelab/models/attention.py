@@ -230,6 +230,17 @@ class Attention(nn.Module):
                 int64 ``[B]`` tensor of per-row positions (continuous batching; needs a
                 cache that tracks each row, e.g. ``moelab.serve.SlotKVCache``).
         """
+        q, k, v = self.project(x)
+        q, k = self.rope(q, k, start_pos)
+        if kv_cache is not None:
+            k, v = kv_cache.update(self.layer_idx, start_pos, k, v)
+        if attn_mask is None and k.shape[2] != x.shape[1]:
+            raise ValueError("attn_mask: needed when attending over cached positions")
+        return self.attend(q, k, v, attn_mask)
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``x [B, S, D]`` → ``q [B, H, S, hd]``, ``k, v [B, Hkv, S, hd]`` (qk-norm applied,
+        RoPE not yet)."""
         B, S, _ = x.shape
         q, k = self.q_proj(x), self.k_proj(x)
         if self.qk_norm == "full":
@@ -240,12 +251,13 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(B, S, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = self.rope(q, k, start_pos)
-        if kv_cache is not None:
-            k, v = kv_cache.update(self.layer_idx, start_pos, k, v)
-        L = k.shape[2]
-        if attn_mask is None and L != S:
-            raise ValueError("attn_mask: needed when attending over cached positions")
+        return q, k, v
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None) -> Tensor:
+        """Attention of ``q [B, H, S, hd]`` over ``k, v [B, Hkv, L, hd]`` (RoPE applied) with
+        bool ``attn_mask`` broadcastable to ``[B, H, S, L]`` (True = may attend; None = plain
+        causal, needs ``L == S``), then ``W_o`` → ``[B, S, D]``."""
+        B, _, S, _ = q.shape
         if self.n_kv_heads != self.n_heads:
             rep = self.n_heads // self.n_kv_heads
             k = k.repeat_interleave(rep, dim=1)

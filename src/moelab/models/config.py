@@ -16,6 +16,8 @@ from moelab.core.latent_moe import LatentMoEConfig
 from moelab.errors import InvalidValueError
 from moelab.utils.fields import check_fields
 
+OBJECTIVES = ("causal", "block_diffusion")
+
 
 def _check(cond: bool, name: str, msg: str) -> None:
     if not cond:
@@ -78,6 +80,13 @@ class ModelConfig:
             ``min(moe.router.top_k, experts_per_layer[i])``; see :meth:`moe_config`.
         latent_moe: Multi-Head LatentMoE instead of dense FFNs in layers
             ``>= first_dense_layers`` (:mod:`moelab.core.latent_moe`); needs ``moe=None``.
+        objective: ``"causal"`` (next-token LM, the default) or ``"block_diffusion"``
+            (masked block diffusion as SDAR / BD3-LM: bidirectional attention inside blocks
+            of ``block_size`` tokens, causal across blocks; see
+            :mod:`moelab.models.block_diffusion`). A block-diffusion model's vocabulary is
+            the tokenizer's plus one mask token, whose id is the last one,
+            ``vocab_size - 1`` (:attr:`mask_token_id`).
+        block_size: tokens per diffusion block (>= 1); read only by ``"block_diffusion"``.
 
     Raises:
         ValueError: naming the offending field and the accepted range.
@@ -102,6 +111,8 @@ class ModelConfig:
     moe: MoEConfig | None = field(default_factory=MoEConfig)
     experts_per_layer: tuple[int, ...] | None = None
     latent_moe: LatentMoEConfig | None = None
+    objective: str = "causal"
+    block_size: int = 8
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -179,6 +190,18 @@ class ModelConfig:
             "init_std",
             f"must be > 0, got {self.init_std!r}",
         )
+        _check(
+            self.objective in OBJECTIVES,
+            "objective",
+            f"must be one of {OBJECTIVES}, got {self.objective!r}",
+        )
+        _check(
+            _is_int(self.block_size) and 1 <= self.block_size <= self.max_seq_len,
+            "block_size",
+            f"must be an int in [1, max_seq_len={self.max_seq_len}], got {self.block_size!r}",
+        )
+        if self.objective == "block_diffusion":
+            _check(self.vocab_size >= 2, "vocab_size", "needs >= 2 ids (one is the mask token)")
         if self.moe is not None:
             _check(
                 isinstance(self.moe, MoEConfig),
@@ -226,6 +249,11 @@ class ModelConfig:
             and i >= self.first_dense_layers
             and (i + 1) % self.moe_layer_step == 0
         )
+
+    @property
+    def mask_token_id(self) -> int | None:
+        """The mask token of a block-diffusion model (the last id), None for a causal LM."""
+        return self.vocab_size - 1 if self.objective == "block_diffusion" else None
 
     @property
     def num_moe_layers(self) -> int:

@@ -96,5 +96,17 @@ class RotaryEmbedding(nn.Module):
         cos, sin = cos[start_pos : start_pos + S], sin[start_pos : start_pos + S]
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
+    def at(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """RoPE at explicit positions: ``q [B, H, S, hd]``, ``k [B, Hkv, S, hd]``,
+        ``positions [S]`` int64 (any order, repeats allowed: block-diffusion branches share
+        positions). Raises ValueError for positions outside ``[0, max_seq_len)``."""
+        if positions.numel() and (
+            int(positions.min()) < 0 or int(positions.max()) >= self.max_seq_len
+        ):
+            raise ValueError(f"positions: must be in [0, max_seq_len={self.max_seq_len})")
+        cos, sin = self.cos_sin(q.device)
+        cos, sin = cos[positions], sin[positions]
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, max_seq_len={self.max_seq_len}, theta={self.theta}"

@@ -219,9 +219,16 @@ class MoETransformer(nn.Module):
         Raises:
             ValueError: bad shapes/dtypes, positions beyond ``max_seq_len`` or the cache,
                 ids out of range (only with :mod:`moelab.core.checks` enabled; otherwise the
-                embedding raises ``IndexError`` on CPU).
+                embedding raises ``IndexError`` on CPU), or a block-diffusion model
+                (``cfg.objective``), which has no causal path.
         """
         cfg = self.cfg
+        if cfg.objective != "causal":
+            raise ValueError(
+                f"model: a {cfg.objective} model (block_size={cfg.block_size}) has no causal "
+                "next-token path; use moelab.models.block_diffusion (train/evaluate) or the "
+                "diffusion decoders (moelab generate --decoder vanilla|team)"
+            )
         if (
             input_ids.dim() != 2
             or input_ids.dtype.is_floating_point

@@ -72,6 +72,10 @@ class TrainConfig:
         allow_noncausal_routing: train a model whose routing looks at future tokens (USMoE
             ``sequence``/``batch`` selection scopes); refused otherwise, since such a model is
             not a causal LM and its losses are not causal LM losses.
+        objective: ``causal`` (next-token CE) or ``block-diffusion`` (the masked
+            block-diffusion ELBO of :mod:`moelab.train.diffusion`; a causal model, e.g. from
+            ``init_from``, is first turned into a block-diffusion one with a new mask token).
+        block_size: tokens per diffusion block (``seq_len`` must be a multiple of it).
     """
 
     data: str = "mix"
@@ -109,6 +113,8 @@ class TrainConfig:
     lora_alpha: float = 16.0
     doc_masks: bool = False
     allow_noncausal_routing: bool = False
+    objective: str = "causal"
+    block_size: int = 8
 
     def __post_init__(self) -> None:
         check_fields(self, ConfigError)
@@ -151,6 +157,16 @@ class TrainConfig:
             raise ConfigError(f"lora_rank: must be >= 0, got {self.lora_rank}")
         if not (math.isfinite(self.lora_alpha) and self.lora_alpha > 0):
             raise ConfigError(f"lora_alpha: must be a finite number > 0, got {self.lora_alpha}")
+        if self.objective not in ("causal", "block-diffusion"):
+            raise ConfigError(
+                f"objective: must be causal or block-diffusion, got {self.objective!r}"
+            )
+        if self.block_size < 1 or (
+            self.objective == "block-diffusion" and self.seq_len % self.block_size
+        ):
+            raise ConfigError(
+                f"block_size: must be >= 1 and divide seq_len={self.seq_len}, got {self.block_size}"
+            )
         if not self.data.strip():
             raise ConfigError("data: empty corpus name or path")
         if self.optimizer not in ("adamw", "muon"):

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from moelab.data import TokenStream, eval_batches
+from moelab.data.batching import Batch
 from moelab.errors import NonFiniteOutputError
 from moelab.models import MoETransformer
 
@@ -76,6 +77,7 @@ def evaluate(
     batch_size: int,
     max_tokens: int | None = None,
     doc_masks: bool = False,
+    nats_fn: Callable[[MoETransformer, Batch], float] | None = None,
 ) -> EvalResult:
     """Score each named stream with non-overlapping windows of ``seq_len`` tokens.
 
@@ -84,6 +86,9 @@ def evaluate(
     exact UTF-8 bytes of every predicted token (``Batch.target_bytes``), so it is comparable
     across tokenizers; ``overall`` pools all streams. With ``doc_masks`` each document of a
     window attends only to itself (as a run trained with ``TrainConfig.doc_masks``).
+
+    ``nats_fn(model, batch)`` replaces the causal cross-entropy with another summed score in
+    nats of ``batch.targets`` (the block-diffusion ELBO of :mod:`moelab.train.diffusion`).
 
     Raises:
         CorpusError: a stream is shorter than ``seq_len + 1`` tokens.
@@ -99,15 +104,20 @@ def evaluate(
             nats, tokens, n_bytes = 0.0, 0, 0
             for batch in eval_batches(stream, batch_size, seq_len, max_tokens):
                 batch = batch.to(device)
-                doc_ids = batch.doc_ids if doc_masks else None
-                logits = model(batch.input_ids, doc_ids=doc_ids).logits.float()
-                ce = F.cross_entropy(logits.flatten(0, 1), batch.targets.flatten(), reduction="sum")
-                if not math.isfinite(ce.item()):
+                if nats_fn is not None:
+                    value = nats_fn(model, batch)
+                else:
+                    doc_ids = batch.doc_ids if doc_masks else None
+                    logits = model(batch.input_ids, doc_ids=doc_ids).logits.float()
+                    value = F.cross_entropy(
+                        logits.flatten(0, 1), batch.targets.flatten(), reduction="sum"
+                    ).item()
+                if not math.isfinite(value):
                     raise NonFiniteOutputError(
-                        f"{name}: the model's loss is not finite ({ce.item()}) after "
+                        f"{name}: the model's loss is not finite ({value}) after "
                         f"{tokens} tokens; its weights or activations hold NaN or inf"
                     )
-                nats += ce.item()
+                nats += value
                 tokens += batch.targets.numel()
                 n_bytes += int(batch.target_bytes.sum())
             totals[name] = [nats, tokens, n_bytes]

@@ -57,11 +57,13 @@ from moelab.data.fingerprint import (
 )
 from moelab.errors import TrainingDivergedError
 from moelab.models import ModelConfig, MoETransformer, load_model, save_model
+from moelab.models.block_diffusion import to_block_diffusion
 from moelab.models.hooks import moe_layers
 from moelab.models.io import MANIFEST_FILE
 from moelab.models.lora import add_expert_lora, freeze_all_but_lora
 from moelab.train.checkpoint import checkpoint_dirs, load_checkpoint, save_checkpoint
 from moelab.train.config import ConfigError, TrainConfig
+from moelab.train.diffusion import batch_elbo_nats, diffusion_loss_terms
 from moelab.train.distributed import DistInfo, barrier, init_distributed, shutdown
 from moelab.train.evaluate import EvalResult, evaluate
 from moelab.train.expand import (
@@ -101,6 +103,10 @@ class _LossModule(nn.Module):
         self.model = model
 
     def forward(self, input_ids, targets, doc_ids=None):
+        if self.model.cfg.objective == "block_diffusion":  # x_0 = the window's targets
+            nats, aux, records = diffusion_loss_terms(self.model, targets)
+            ce = nats / targets.numel()
+            return ce + aux, ce, aux, records
         out = self.model.loss(input_ids, targets, doc_ids=doc_ids)
         return out.loss, out.ce, out.aux_loss, out.output.records
 
@@ -362,9 +368,20 @@ def _train(
         if model.cfg.moe is None or not model.cfg.moe.experts.lora_rank:
             model = add_expert_lora(model, cfg.lora_rank, cfg.lora_alpha)
         freeze_all_but_lora(model)
-    if model.cfg.vocab_size != tokenizer.vocab_size:
+    if cfg.objective == "block-diffusion" and model.cfg.objective == "causal":
+        model = to_block_diffusion(model, cfg.block_size)  # AR init (+1 mask id)
+    elif cfg.objective == "causal" and model.cfg.objective != "causal":
+        raise ConfigError(
+            "objective: the model is a block-diffusion model; pass --objective block-diffusion"
+        )
+    extra = 1 if model.cfg.objective == "block_diffusion" else 0  # the mask id
+    if model.cfg.vocab_size != tokenizer.vocab_size + extra:
         raise ConfigError(
             f"vocab_size: the model has {model.cfg.vocab_size} tokens, the tokenizer {tokenizer.vocab_size}"
+        )
+    if extra and model.cfg.block_size != cfg.block_size:
+        raise ConfigError(
+            f"block_size: the model uses {model.cfg.block_size}, the run {cfg.block_size}"
         )
     noncausal = model.noncausal_routing_layers()
     if noncausal and not cfg.allow_noncausal_routing:
@@ -483,6 +500,7 @@ def _train(
                 batch_size=cfg.batch_size,
                 max_tokens=cfg.eval_tokens,
                 doc_masks=cfg.doc_masks,
+                nats_fn=batch_elbo_nats if model.cfg.objective == "block_diffusion" else None,
             )
         if dist_info.is_main:
             rec = _eval_record(step, result)

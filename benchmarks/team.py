@@ -1,0 +1,194 @@
+"""TEAM (arXiv 2602.08404) on a block-diffusion MoE initialised from the main AR run.
+
+Stage ``train``: copy nothing into /work/runs/main (read-only); write a corpus folder with the
+mix corpus (capped) plus generated exact-answer task lines (copy, reverse, 3-digit addition,
+key→value lookup), then ``moelab.train.loop.train`` with ``objective="block-diffusion"``,
+``init_from=/work/runs/main``. Held-out problems are never in the training text.
+
+Stage ``eval``: for vanilla / +caching / +caching+limited / full TEAM at the same τ and block
+size, decode held-out problems and print exact-match per task, APF, TPF, APT, NFE and tok/s,
+plus the diffusion ELBO (bits/byte) of held-out text next to the AR model's, and the AR
+model's NLL of the decoded continuations of held-out mix prompts. Decoders are interleaved
+per problem (timings on a shared box are noisy). Seeds re-draw the held-out problems.
+
+    python benchmarks/team.py train --out /tmp/team_run --steps 400
+    python benchmarks/team.py eval --run /tmp/team_run --per-task 25 --seeds 0 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import string
+from pathlib import Path
+
+TASKS = ("copy", "reverse", "add", "lookup")
+AR_RUN = "/work/runs/main"
+
+
+def make_problem(task: str, rng: random.Random) -> tuple[str, str]:
+    """``(prompt, answer)``; the full line is ``prompt + answer + "\\n"``."""
+    if task == "copy":
+        s = "".join(rng.choice(string.digits) for _ in range(5))
+        return f"C {s}=", s
+    if task == "reverse":
+        s = "".join(rng.choice(string.digits) for _ in range(5))
+        return f"R {s}=", s[::-1]
+    if task == "add":
+        a, b = rng.randrange(100, 1000), rng.randrange(100, 1000)
+        return f"A {a}+{b}=", str(a + b)
+    if task == "lookup":
+        keys = rng.sample(string.ascii_lowercase, 4)
+        vals = [rng.choice(string.digits) for _ in keys]
+        q = rng.randrange(4)
+        pairs = " ".join(f"{k}:{v}" for k, v in zip(keys, vals, strict=True))
+        return f"K {pairs} ?{keys[q]}=", vals[q]
+    raise ValueError(f"task: must be one of {TASKS}, got {task!r}")
+
+
+def held_out(seed: int, per_task: int) -> list[tuple[str, str, str]]:
+    """``(task, prompt, answer)`` test problems (drawn from a seed range never used in train)."""
+    rng = random.Random(10_000 + seed)
+    return [(t, *make_problem(t, rng)) for t in TASKS for _ in range(per_task)]
+
+
+def train_lines(n: int, exclude: set[str]) -> list[str]:
+    rng = random.Random(1)
+    out = []
+    while len(out) < n:
+        t = TASKS[len(out) % len(TASKS)]
+        p, a = make_problem(t, rng)
+        if p not in exclude:
+            out.append(p + a)
+    return out
+
+
+def stage_train(args) -> None:
+    from moelab.data import load_corpus
+    from moelab.train.config import TrainConfig
+    from moelab.train.loop import train
+
+    data = Path(args.out + "_data")
+    data.mkdir(parents=True, exist_ok=True)
+    for d in load_corpus("mix", max_bytes_per_domain=args.mix_bytes):
+        name = d.domain + "_" + "".join(c if c.isalnum() else "_" for c in d.name)
+        (data / f"{name}.txt").write_text(d.text, encoding="utf-8")
+    exclude = {p for s in range(5) for _, p, _ in held_out(s, 200)}
+    lines = train_lines(args.task_lines, exclude)
+    for i in range(0, len(lines), 200):
+        (data / f"tasks_{i // 200:04d}.txt").write_text("\n".join(lines[i : i + 200]) + "\n")
+    cfg = TrainConfig(
+        data=str(data), max_bytes_per_domain=None, steps=args.steps, seq_len=args.seq_len,
+        batch_size=args.batch_size, lr=args.lr, warmup_steps=20, eval_every=args.steps,
+        eval_tokens=4096, checkpoint_every=0, log_every=10, seed=0,
+        init_from=args.init_from, time_budget_s=args.time_budget, objective="block-diffusion", block_size=8,
+    )  # fmt: skip
+    res = train(None, cfg, args.out, progress=False)
+    print(f"trained {res.step} steps in {res.elapsed_s:.0f} s; train loss {res.train_loss:.3f}")
+
+
+def _ms(xs: list[float]) -> str:
+    m = statistics.fmean(xs)
+    return f"{m:.2f}±{statistics.stdev(xs):.2f}" if len(xs) > 1 else f"{m:.2f}"
+
+
+def stage_eval(args) -> None:
+    import torch
+
+    from moelab.data import load_tokenizer
+    from moelab.models import load_model
+    from moelab.serve.diffusion import DECODERS, DecodeOptions, DecodeStats, diffusion_generate
+    from moelab.train.diffusion import batch_elbo_nats
+    from moelab.train.evaluate import evaluate
+    from moelab.train.loop import prepare_data, run_train_config
+
+    torch.set_num_threads(1)
+    dm, tok = load_model(Path(args.run)).eval(), load_tokenizer(Path(args.run))
+    ar = load_model(Path(AR_RUN)).eval()
+    _, _, val = prepare_data(run_train_config(Path(args.run)), tok)
+    elbo = evaluate(dm, val, seq_len=32, batch_size=8, max_tokens=4096, nats_fn=batch_elbo_nats)
+    arb = evaluate(ar, val, seq_len=32, batch_size=8, max_tokens=4096)
+    print(f"held-out text: diffusion ELBO {elbo.overall.bits_per_byte:.3f} bits/byte "
+          f"(upper bound); AR model {arb.overall.bits_per_byte:.3f} bits/byte")  # fmt: skip
+    nl = tok.encode("\n")[0]
+    text = [w.tolist() for st in val.values() for w in st.ids[:4096].split(24)[:-1]]
+    text = [w for w in text if nl not in w[16:]][: args.text_prompts]
+    rows: dict[str, dict[str, list[float]]] = {d: {} for d in DECODERS}
+    for seed in args.seeds:
+        probs = held_out(seed, args.per_task)
+        stats = {d: DecodeStats() for d in DECODERS}
+        hits = {d: {t: 0 for t in TASKS} for d in DECODERS}
+        for task, prompt, answer in probs:
+            ids = tok.encode("\n" + prompt)
+            for d in DECODERS:  # interleaved: the box is shared and noisy
+                r = diffusion_generate(
+                    dm, ids, max_new_tokens=8, stop_id=nl,
+                    options=DecodeOptions.preset(d, args.tau),
+                )  # fmt: skip
+                stats[d].merge(r.stats)
+                hits[d][task] += tok.decode(r.ids).split("\n")[0] == answer
+        nll = {d: [] for d in DECODERS}
+        for w in text:  # held-out continuation likelihood under the AR model
+            for d in DECODERS:
+                r = diffusion_generate(
+                    dm, w[:16], max_new_tokens=8, options=DecodeOptions.preset(d, args.tau)
+                )
+                ids = torch.tensor([w[:16] + r.ids])
+                with torch.no_grad():
+                    lp = ar(ids[:, :-1]).logits.float().log_softmax(-1)[0, 15:]
+                nll[d].append(-lp.gather(-1, ids[0, 16:, None]).mean().item())
+        for d in DECODERS:
+            row = rows[d]
+            row.setdefault("AR NLL", []).append(statistics.fmean(nll[d]))
+            for t in TASKS:
+                row.setdefault(t, []).append(100 * hits[d][t] / args.per_task)
+            row.setdefault("all", []).append(100 * sum(hits[d].values()) / len(probs))
+            st = stats[d]
+            for key, v in (("APF", st.apf), ("TPF", st.tpf), ("APT", st.apt),
+                           ("NFE/prob", st.nfe / len(probs)), ("tok/s", st.tokens_per_s)):  # fmt: skip
+                row.setdefault(key, []).append(v)
+    cols = [*TASKS, "all", "AR NLL", "APF", "TPF", "APT", "NFE/prob", "tok/s"]
+    print(f"tau={args.tau} block=8 seeds={args.seeds} problems/task/seed={args.per_task}")
+    print(
+        "| decoder | " + " | ".join(f"EM {c}" if c in (*TASKS, "all") else c for c in cols) + " |"
+    )
+    print("|" + "---|" * (len(cols) + 1))
+    for d in DECODERS:
+        print(f"| {d} | " + " | ".join(_ms(rows[d][c]) for c in cols) + " |")
+    base = rows["vanilla"]
+    for d in DECODERS[1:]:
+        apt = [1 - a / b for a, b in zip(rows[d]["APT"], base["APT"], strict=True)]
+        sp = [a / b for a, b in zip(rows[d]["tok/s"], base["tok/s"], strict=True)]
+        print(f"{d}: APT -{_ms([100 * x for x in apt])} % vs vanilla; "
+              f"tok/s x{_ms(sp)}; EM all {_ms(rows[d]['all'])} vs {_ms(base['all'])}")  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="stage", required=True)
+    t = sub.add_parser("train")
+    t.add_argument("--out", required=True)
+    t.add_argument("--steps", type=int, default=400)
+    t.add_argument("--batch-size", type=int, default=8)
+    t.add_argument("--lr", type=float, default=2e-3)
+    t.add_argument("--seq-len", type=int, default=32)
+    t.add_argument("--init-from", default=AR_RUN)
+    t.add_argument("--time-budget", type=float, default=None)
+    t.add_argument("--mix-bytes", type=int, default=300_000)
+    t.add_argument("--task-lines", type=int, default=60_000)
+    e = sub.add_parser("eval")
+    e.add_argument("--run", required=True)
+    e.add_argument("--per-task", type=int, default=25)
+    e.add_argument("--seeds", type=int, nargs="+", default=[0])
+    e.add_argument("--tau", type=float, default=0.9)
+    e.add_argument("--text-prompts", type=int, default=8)
+    args = ap.parse_args()
+    if args.stage == "train":
+        stage_train(args)
+    else:
+        stage_eval(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+import pytest
+import torch
+
+from moelab.models import ModelConfig, MoETransformer
+from moelab.models.block_diffusion import (
+    PrefixKV,
+    block_causal_mask,
+    diffusion_forward,
+    to_block_diffusion,
+)
+from moelab.serve.diffusion import DecodeOptions, diffusion_generate
+from moelab.serve.diffusion.branches import branch_forward, build_branches, choose_branch
+from moelab.serve.diffusion.decode import transfer_set
+from moelab.serve.diffusion.experts import TeamMoEStep
+from moelab.serve.generate import generate_ids
+
+B = 4
+
+
+def _dm(seed=0, experts=8):
+    torch.manual_seed(seed)
+    cfg = ModelConfig.tiny(vocab_size=20, num_experts=experts, max_seq_len=64)
+    return to_block_diffusion(MoETransformer(cfg), B).eval()
+
+
+def test_tau_one_all_masked_falls_back_to_one_token_per_step():
+    dm = _dm()
+    r = diffusion_generate(dm, [1, 2, 3, 4], max_new_tokens=8, options=DecodeOptions(threshold=1.0))
+    assert len(r.ids) == 8 and dm.cfg.mask_token_id not in r.ids
+    # 2 blocks of 4 one-token steps, plus one KV-storing forward between them (0 tokens)
+    assert r.stats.accepted == [1, 1, 1, 1, 0, 1, 1, 1, 1]
+    assert r.stats.nfe == 9 and r.stats.tpf == pytest.approx(8 / 9)
+
+
+def test_transfer_set_threshold_and_fallback():
+    conf = torch.tensor([[0.2, 0.95, 0.97, 0.5], [0.2, 0.3, 0.1, 0.4]])
+    masked = torch.tensor([[True, True, False, True], [True, True, True, False]])
+    tr = transfer_set(conf, masked, 0.9)
+    assert tr.tolist() == [[False, True, False, False], [False, True, False, False]]
+
+
+def test_counters_equal_hand_counts_from_routing():
+    dm = _dm(1)
+    ids = torch.randint(0, 20, (1, 8))
+    pos = torch.arange(8)
+    mask = block_causal_mask(pos, pos, B)
+    hook = TeamMoEStep()
+    with torch.no_grad():
+        out_h = diffusion_forward(dm, ids, pos, mask, moe_hook=hook).logits
+        out = diffusion_forward(dm, ids, pos, mask)
+    assert torch.allclose(out_h, out.logits, atol=1e-5)
+    hand = [int(r.all_expert_idx.unique().numel()) for r in out.records if r is not None]
+    assert hook.experts_per_layer() == hand
+    r = diffusion_generate(dm, [1, 2, 3, 4], max_new_tokens=8, options=DecodeOptions(0.5))
+    s = r.stats
+    assert s.nfe == len(s.accepted) and s.tokens == 8
+    assert s.apf == pytest.approx(sum(sum(f) / len(f) for f in s.forwards) / s.nfe)
+    assert s.apt == pytest.approx(s.apf / (8 / s.nfe))
+
+
+def test_caching_changes_no_token_when_cached_equals_recomputed():
+    dm = _dm(2)
+    with torch.no_grad():  # no attention: a token's MoE input depends on that token alone
+        for blk in dm.blocks:
+            blk.attn.o_proj.weight.zero_()
+    for spec in (False, True):
+        base = DecodeOptions(threshold=0.3, speculate=spec)
+        cached = DecodeOptions(threshold=0.3, speculate=spec, cache=True)
+        a = diffusion_generate(dm, [5, 6, 7], max_new_tokens=12, options=base)
+        b = diffusion_generate(dm, [5, 6, 7], max_new_tokens=12, options=cached)
+        assert a.ids == b.ids and a.stats.accepted == b.stats.accepted
+
+
+def test_reused_rows_copy_stored_and_others_match_full():
+    dm = _dm(3)
+    blk = dm.blocks[0]
+    x = torch.randn(6, dm.cfg.d_model)
+    with torch.no_grad():
+        full = blk.ffn(x).hidden_states
+        reuse = torch.tensor([True, False, True, False, False, True])
+        stored = {0: torch.randn(6, dm.cfg.d_model)}
+        y = TeamMoEStep(reuse=reuse, stored=stored)(0, blk, x)
+    assert torch.allclose(y[reuse], stored[0][reuse])
+    assert torch.allclose(y[~reuse], full[~reuse], atol=1e-6)
+
+
+def test_limited_activation_keeps_cold_inside_active_set_and_hot_unchanged():
+    dm = _dm(4, experts=16)
+    blk = dm.blocks[1]
+    torch.manual_seed(0)
+    x = torch.randn(12, dm.cfg.d_model)
+    cold = torch.tensor(
+        [False, False, True, True, True, False, True, True, True, True, False, True]
+    )
+    with torch.no_grad():
+        plain = TeamMoEStep()
+        y0 = plain(1, blk, x)
+        lim = TeamMoEStep(cold=cold)
+        y1 = lim(1, blk, x)
+    active = set(plain.choice[1][~cold].flatten().tolist())
+    assert set(lim.choice[1][cold].flatten().tolist()) <= active
+    assert torch.equal(lim.choice[1][~cold], plain.choice[1][~cold])
+    assert torch.allclose(y1[~cold], y0[~cold])
+    assert int(lim.experts[1].sum()) == len(active) <= int(plain.experts[1].sum())
+    assert not torch.equal(lim.choice[1][cold], plain.choice[1][cold])  # it did restrict
+
+
+def test_speculative_branches_equal_separate_forwards():
+    dm = _dm(5)
+    prefix = PrefixKV()
+    pos = torch.arange(4)
+    with torch.no_grad():
+        diffusion_forward(
+            dm, torch.tensor([[1, 2, 3, 4]]), pos, block_causal_mask(pos, pos, 4), prefix=prefix,
+            store=True,
+        )  # fmt: skip
+        m = dm.cfg.mask_token_id
+        br = build_branches(torch.tensor([7, m, m, m]), 1, 3, 9, 11)
+        assert br.tolist() == [[7, m, m, m], [7, 9, m, m], [7, m, m, 11], [7, 9, m, 11]]
+        together = branch_forward(dm, br, 4, prefix)
+        for i in range(4):
+            alone = branch_forward(dm, br[i : i + 1], 4, prefix)
+            assert torch.allclose(together[i], alone[0], atol=1e-5)
+
+
+def test_acceptance_rules():
+    tr = torch.zeros(4, 4, dtype=torch.bool)
+    pred = torch.zeros(4, 4, dtype=torch.long)
+    assert choose_branch(tr, pred, 1, 2, 5, 6) == 0
+    tr[0, 1], pred[0, 1] = True, 5  # a1
+    assert choose_branch(tr, pred, 1, 2, 5, 6) == 1
+    tr[1, 2], pred[1, 2] = True, 6  # a12
+    assert choose_branch(tr, pred, 1, 2, 5, 6) == 3
+    tr[1, 2] = False
+    tr[0, 2], pred[0, 2] = True, 7  # B0 transfers p2 but disagrees with the fill
+    assert choose_branch(tr, pred, 1, 2, 5, 6) == 1
+    tr[0, 1] = False
+    tr[2, 1], pred[2, 1] = True, 5  # a21 without a2 or a1
+    assert choose_branch(tr, pred, 1, 2, 5, 6) == 0
+
+
+def test_paths_refuse_the_wrong_model_kind():
+    dm = _dm()
+    with pytest.raises(ValueError, match="no causal"):
+        list(generate_ids(dm, [1, 2], max_new_tokens=2))
+    torch.manual_seed(0)
+    ar = MoETransformer(ModelConfig.tiny(vocab_size=20))
+    with pytest.raises(ValueError, match="block-diffusion path needs"):
+        diffusion_generate(ar, [1, 2], max_new_tokens=4)
+    with pytest.raises(ValueError, match="decoder"):
+        DecodeOptions.preset("fast")
+    with pytest.raises(ValueError, match="threshold"):
+        DecodeOptions(threshold=0.0)
