@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from moelab.cli._app import Opt, app, console, guarded
+from moelab.cli._calibration import CalibBatch, CalibData, CalibSeqLen, CalibTokens
 from moelab.errors import InvalidValueError
 
 METHODS = ("ragep", "reap", "frequency", "soft-frequency", "naee")
@@ -48,15 +49,10 @@ def prune(
             "Default: rank for ragep, uniform otherwise."
         ),
     ] = None,
-    calib_data: Annotated[
-        str | None,
-        Opt(help="Calibration corpus (default: held-out documents of the run's training data)."),
-    ] = None,
-    calib_tokens: Annotated[int, Opt(help="Calibration tokens (split equally over domains).")] = (
-        32_768
-    ),
-    seq_len: Annotated[int | None, Opt(help="Calibration window (default: the run's).")] = None,
-    batch_size: Annotated[int, Opt(help="Calibration sequences per batch.")] = 8,
+    calib_data: CalibData = None,
+    calib_tokens: CalibTokens = 32_768,
+    seq_len: CalibSeqLen = None,
+    batch_size: CalibBatch = 8,
     seed: Annotated[int, Opt(help="Seed of the calibration windows.")] = 0,
     min_experts: Annotated[int, Opt(help="Floor per layer besides top_k.")] = 1,
     pca_rank: Annotated[int, Opt(help="RaGEP: subspace rank r per expert.")] = 8,

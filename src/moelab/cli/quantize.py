@@ -23,6 +23,7 @@ import typer
 from rich.table import Table
 
 from moelab.cli._app import Opt, app, console, guarded
+from moelab.cli._calibration import CalibBatch, CalibData, CalibSeqLen, CalibTokens
 from moelab.errors import InvalidValueError
 
 QUANTIZE_FILE = "quantize.json"
@@ -88,15 +89,10 @@ def quantize(
     sequential: Annotated[
         bool, Opt(help="Calibrate each layer on the already quantized layers before it.")
     ] = True,
-    calib_data: Annotated[
-        str | None,
-        Opt(help="Calibration corpus (default: held-out documents of the run's training data)."),
-    ] = None,
-    calib_tokens: Annotated[int, Opt(help="Calibration tokens (split equally over domains).")] = (
-        32_768
-    ),
-    seq_len: Annotated[int | None, Opt(help="Calibration window (default: the run's).")] = None,
-    batch_size: Annotated[int, Opt(help="Calibration sequences per batch.")] = 8,
+    calib_data: CalibData = None,
+    calib_tokens: CalibTokens = 32_768,
+    seq_len: CalibSeqLen = None,
+    batch_size: CalibBatch = 8,
     seed: Annotated[int, Opt(help="Seed of the calibration windows and grid search.")] = 0,
     as_json: Annotated[
         bool, Opt("--json", help="Print quantize.json instead of the table.")
