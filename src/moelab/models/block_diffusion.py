@@ -196,11 +196,9 @@ def to_block_diffusion(model: MoETransformer, block_size: int) -> MoETransformer
     d.update(objective="block_diffusion", block_size=block_size, vocab_size=d["vocab_size"] + 1)
     new = MoETransformer(ModelConfig.from_dict(d)).to(model.embed.weight.device)
     state = model.state_dict()
-    V = model.cfg.vocab_size
     for name in ("embed.weight", "lm_head.weight"):
         old = state[name]
         row = old.mean(0, keepdim=True) if name == "embed.weight" else torch.zeros_like(old[:1])
         state[name] = torch.cat([old, row], dim=0)
-    new.load_state_dict(state)
-    assert new.embed.weight.shape[0] == V + 1
+    new.load_state_dict(state)  # strict: every shape, the extra mask row included, must fit
     return new.to(model.embed.weight.dtype)
