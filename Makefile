@@ -32,7 +32,7 @@ run: install
 	$(VENV)/bin/moelab analyze $(RUN)
 	@if [ -f $(RUN)-zip/store.json ]; then echo "$(RUN)-zip is already compressed"; \
 	else $(VENV)/bin/moelab compress $(RUN) --lossless --out $(RUN)-zip; fi
-	$(VENV)/bin/moelab generate $(RUN)-zip --offload --cache-mb 8 --prompt "ROMEO:" --max-new-tokens 200
+	$(VENV)/bin/moelab generate $(RUN)-zip --offload --cache-mb 16 --prompt "ROMEO:" --max-new-tokens 200
 
 test: install
 	$(PY) -m pytest -q -n 2
