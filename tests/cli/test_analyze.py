@@ -64,10 +64,10 @@ def test_collect_routes_every_token_once_per_layer_and_labels_domains():
         sample_tokens=64,
         redundancy_tokens=8,
     )
-    assert len(got.records_by_layer) == 2  # the dense first layer has no router
-    for recs in got.records_by_layer:
-        assert sum(r.counts.sum().item() for r in recs) == 2 * 2 * 128  # k=2 pairs per token
-    labels = torch.cat(got.domains)
-    assert labels[:128].eq(0).all() and labels[128:].eq(1).all()
+    assert len(got.routing.layers) == 2  # the dense first layer has no router
+    for lay in got.routing.layers:
+        assert lay.counts.sum().item() == 2 * 2 * 128  # k=2 pairs per token
+        # the first stream is "code" (label 0), the second "prose": 2 pairs per token each
+        assert lay.domain_counts.sum(1).tolist() == [2 * 128, 2 * 128]
     assert got.hidden_by_layer[0].shape == (64, 32)
     assert got.expert_outputs_by_layer[0].shape == (4, 8, 32)

@@ -57,7 +57,8 @@ from moelab.analysis.specialisation import (
     domain_stats,
     split_domains,
 )
-from moelab.analysis.summary import analyze, write_json
+from moelab.analysis.stream import LayerAccumulator, RoutingAccumulator
+from moelab.analysis.summary import analyze, summarize, write_json
 
 _LAZY = {"plot_all": "moelab.analysis.plots", "write_report": "moelab.analysis.report"}
 
@@ -74,8 +75,10 @@ __all__ = [
     "Agreement",
     "ConfidenceStats",
     "DomainStats",
+    "LayerAccumulator",
     "LoadStats",
     "Redundancy",
+    "RoutingAccumulator",
     "Transition",
     "adjacent_agreement_counts",
     "adjacent_consistency",
@@ -97,6 +100,7 @@ __all__ = [
     "row_normalize",
     "selection_matrix",
     "split_domains",
+    "summarize",
     "token_entropy",
     "token_margin",
     "transition",

@@ -38,10 +38,17 @@ def coactivation_counts(records: Sequence[RoutingRecord]) -> tuple[Tensor, Tenso
         ``(C [E, E] int64 with zero diagonal, n [E] int64)``.
     """
     num_experts = check_records(records)
-    C = torch.zeros(num_experts, num_experts, dtype=torch.float64)
+    gram = torch.zeros(num_experts, num_experts, dtype=torch.float64)
     for r in records:
         A = selection_matrix(r)
-        C += A.T @ A
+        gram += A.T @ A
+    return split_gram(gram)
+
+
+def split_gram(gram: Tensor) -> tuple[Tensor, Tensor]:
+    """``(C, n)`` of a selection Gram matrix ``Σ AᵀA``: off-diagonal co-selection counts
+    (int64, zero diagonal) and the diagonal ``n`` (int64 tokens per expert)."""
+    C = gram.clone()
     n = C.diagonal().clone()
     C.fill_diagonal_(0.0)
     return C.round().long(), n.round().long()

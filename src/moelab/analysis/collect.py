@@ -1,6 +1,8 @@
-"""Run a model over validation text and gather what :func:`analyze` needs: every MoE layer's
-RoutingRecords, per-token domain labels, a sample of each layer's input representations (for
-the effective rank) and every expert's output on the same sample (for expert redundancy)."""
+"""Run a model over validation text and gather what :func:`summarize` needs: streamed routing
+statistics of every MoE layer (records are folded into running sums batch by batch, so memory
+does not grow with the tokens analysed), a fixed-size sample of each layer's input
+representations (for the effective rank) and every expert's output on part of that sample (for
+expert redundancy)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from moelab.core.telemetry import RoutingRecord
+from moelab.analysis.stream import RoutingAccumulator
 from moelab.data import TokenStream, eval_batches, eval_coverage
 from moelab.errors import InvalidValueError
 from moelab.models import MoETransformer
@@ -23,16 +25,14 @@ class Collected:
     """Inputs of :func:`moelab.analysis.analyze` for one model.
 
     Attributes:
-        records_by_layer: ``[L_moe][batches]`` RoutingRecords (same batches in every layer).
-        domains: per batch, ``[B·S]`` int64 domain label of every token.
+        routing: the streamed routing statistics of every MoE layer (every token once).
         domain_names: label ``d`` is ``domain_names[d]``.
         hidden_by_layer: ``[T_sample, D]`` float32 inputs of each MoE layer.
         expert_outputs_by_layer: ``[E, T_redundancy, D]`` float32 outputs of each expert on
             the first ``T_redundancy`` sampled tokens (None for a single-expert layer).
     """
 
-    records_by_layer: list[list[RoutingRecord]]
-    domains: list[Tensor]
+    routing: RoutingAccumulator
     domain_names: list[str]
     hidden_by_layer: list[Tensor]
     expert_outputs_by_layer: list[Tensor | None]
@@ -73,8 +73,8 @@ def collect(
     if not layers:
         raise InvalidValueError("model: has no MoE layer to analyse")
     inputs: list[list[Tensor]] = [[] for _ in layers]
-    records: list[list[RoutingRecord]] = [[] for _ in layers]
-    domains: list[Tensor] = []
+    domain_names = list(next(iter(streams.values())).domain_names)
+    routing = RoutingAccumulator(len(domain_names))
     n_batches = sum(
         math.ceil(eval_coverage(s, seq_len, max_tokens).n_windows / batch_size)
         for s in streams.values()
@@ -90,13 +90,15 @@ def collect(
             for stream in streams.values():
                 for batch in eval_batches(stream, batch_size, seq_len, max_tokens):
                     out = model(batch.input_ids.to(device))
-                    for i, rec in enumerate(r for r in out.records if r is not None):
-                        records[i].append(rec)
+                    records = [r for r in out.records if r is not None]
+                    routing.update(records, batch.domains.flatten().cpu())
+                    for i in range(len(records)):
                         x = inputs[i].pop()
                         x = x.reshape(-1, x.shape[-1])
                         step = max(1, x.shape[0] // per_batch)
-                        samples[i].append(x[::step][:per_batch].float().cpu())
-                    domains.append(batch.domains.flatten().cpu())
+                        samples[i].append(
+                            x[::step][:per_batch].float().cpu().clone()
+                        )  # no view of x
                     if on_batch is not None:
                         on_batch()
     finally:
@@ -113,6 +115,4 @@ def collect(
             for e in range(layer.experts.num_experts)
         ]
         expert_outputs.append(torch.stack(outs))
-    return Collected(
-        records, domains, list(next(iter(streams.values())).domain_names), hidden, expert_outputs
-    )
+    return Collected(routing, domain_names, hidden, expert_outputs)

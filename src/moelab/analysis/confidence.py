@@ -66,6 +66,28 @@ def token_margin(probs_TE: Tensor) -> Tensor:
     return top2[:, 0] - top2[:, 1]
 
 
+def confidence_sums(record) -> tuple[float, float, int]:
+    """``(Σ_t H(p_t), Σ_t (p_t,(1) - p_t,(2)), n)`` over the valid tokens of one record."""
+    mask = record.token_mask.bool().cpu()
+    probs = record.probs.cpu()[mask]
+    if probs.shape[0] == 0:
+        return 0.0, 0.0, 0
+    return float(token_entropy(probs).sum()), float(token_margin(probs).sum()), probs.shape[0]
+
+
+def confidence_from_sums(
+    entropy_sum: float, margin_sum: float, num_tokens: int, num_experts: int
+) -> ConfidenceStats:
+    """:class:`ConfidenceStats` from the sums of :func:`confidence_sums` (zeros when n = 0)."""
+    entropy = safe_div(entropy_sum, num_tokens)
+    return ConfidenceStats(
+        entropy=entropy,
+        normalized_entropy=safe_div(entropy, ln(num_experts)),
+        margin=safe_div(margin_sum, num_tokens),
+        num_tokens=num_tokens,
+    )
+
+
 def confidence_stats(records: Sequence) -> ConfidenceStats:
     """Router confidence of one layer from its records (means over all valid tokens of all records).
 
@@ -75,21 +97,7 @@ def confidence_stats(records: Sequence) -> ConfidenceStats:
     gives zeros.
     """
     num_experts = check_records(records)
-    ent_sum = 0.0
-    margin_sum = 0.0
-    n = 0
-    for r in records:
-        mask = r.token_mask.bool().cpu()
-        probs = r.probs.cpu()[mask]
-        if probs.shape[0] == 0:
-            continue
-        ent_sum += float(token_entropy(probs).sum())
-        margin_sum += float(token_margin(probs).sum())
-        n += probs.shape[0]
-    entropy = safe_div(ent_sum, n)
-    return ConfidenceStats(
-        entropy=entropy,
-        normalized_entropy=safe_div(entropy, ln(num_experts)),
-        margin=safe_div(margin_sum, n),
-        num_tokens=n,
+    sums = [confidence_sums(r) for r in records]
+    return confidence_from_sums(
+        sum(s[0] for s in sums), sum(s[1] for s in sums), sum(s[2] for s in sums), num_experts
     )

@@ -100,6 +100,11 @@ def transition(
         counts += transition_counts_from_labels(
             ra.top1.cpu()[mask], rb.top1.cpu()[mask], e_src, e_dst
         )
+    return transition_from_counts(counts, src, dst)
+
+
+def transition_from_counts(counts: Tensor, src: int, dst: int) -> Transition:
+    """The :class:`Transition` of a ``[E_src, E_dst]`` top-1 contingency table."""
     return Transition(
         src=src,
         dst=dst,

@@ -116,7 +116,11 @@ def domain_stats(
     sample: with top-k routing a token contributes k samples). A router that sends domain A only
     to expert 0 and domain B only to expert 1 gives NMI 1; routing independent of the domain ≈ 0.
     """
-    counts = domain_expert_counts(records, domains, num_domains)
+    return domain_stats_from_counts(domain_expert_counts(records, domains, num_domains))
+
+
+def domain_stats_from_counts(counts: Tensor) -> DomainStats:
+    """The :class:`DomainStats` of a ``[num_domains, E]`` domain × expert count table."""
     return DomainStats(
         counts=counts, fraction=row_normalize(counts), nmi=nmi_from_contingency(counts)
     )

@@ -11,14 +11,11 @@ from typing import Any
 from torch import Tensor
 
 from moelab.analysis._common import check_records, to_list
-from moelab.analysis.coactivation import coactivation_conditional, coactivation_counts
-from moelab.analysis.confidence import confidence_stats
-from moelab.analysis.consistency import adjacent_consistency
-from moelab.analysis.load import load_stats
-from moelab.analysis.pathways import transitions
+from moelab.analysis.coactivation import coactivation_conditional
 from moelab.analysis.rank import effective_rank
 from moelab.analysis.redundancy import expert_redundancy
-from moelab.analysis.specialisation import domain_stats
+from moelab.analysis.specialisation import split_domains
+from moelab.analysis.stream import RoutingAccumulator
 from moelab.core.telemetry import RoutingRecord
 from moelab.utils.atomic import atomic_write_text
 
@@ -58,6 +55,10 @@ def analyze(
 ) -> dict:
     """Every routing metric of a model, per layer, as a JSON-serialisable dict.
 
+    Feeds the records batch by batch into a :class:`~moelab.analysis.stream.RoutingAccumulator`
+    and returns :func:`summarize` of it; to analyse more tokens than fit in memory, feed the
+    accumulator directly (as :func:`moelab.analysis.collect.collect` does).
+
     Args:
         records_by_layer: ``records_by_layer[l]`` is the list of :class:`RoutingRecord` that
             layer ``l`` produced, one per batch; batch ``b`` must be the same tokens in every
@@ -72,12 +73,7 @@ def analyze(
             on the same tokens, for expert redundancy; an entry may be None.
 
     Returns:
-        ``{"format", "version", "num_layers", "num_experts": [E_l], "domain_names",
-        "layers": [per-layer dict], "transitions": [L-1 dicts], "headline": [per-layer row]}``.
-        Each per-layer dict holds ``load`` (:class:`~moelab.analysis.load.LoadStats`),
-        ``confidence``, ``coactivation`` (``counts``, ``tokens_per_expert``, ``conditional``),
-        ``adjacent_consistency``, and when given ``domains``, ``effective_rank``, ``redundancy``.
-        Matrices are nested lists; no NaN or infinity appears.
+        See :func:`summarize`.
 
     Raises:
         ValueError: for an empty ``records_by_layer``, mismatched list lengths, or
@@ -85,28 +81,60 @@ def analyze(
     """
     if len(records_by_layer) == 0:
         raise ValueError("records_by_layer must hold at least one layer")
-    num_layers = len(records_by_layer)
-    num_experts = [
-        check_records(recs, f"records_by_layer[{i}]") for i, recs in enumerate(records_by_layer)
-    ]
-    _check_per_layer("hidden_by_layer", hidden_by_layer, num_layers)
-    _check_per_layer("expert_outputs_by_layer", expert_outputs_by_layer, num_layers)
+    for i, recs in enumerate(records_by_layer):
+        check_records(recs, f"records_by_layer[{i}]")
+        if len(recs) != len(records_by_layer[0]):
+            raise ValueError(
+                f"records_by_layer[{i}] holds {len(recs)} records but records_by_layer[0] "
+                f"{len(records_by_layer[0])}; every layer must see the same batches"
+            )
     if domain_names is not None and domains is None:
         raise ValueError("domain_names was given without domains")
-    num_domains = len(domain_names) if domain_names is not None else None
+    labels = None if domains is None else split_domains(domains, records_by_layer[0])
+    acc = RoutingAccumulator(len(domain_names) if domain_names is not None else None)
+    for b, batch in enumerate(zip(*records_by_layer, strict=True)):
+        acc.update(batch, None if labels is None else labels[b])
+    return summarize(acc, domain_names, hidden_by_layer, expert_outputs_by_layer)
 
-    trans = transitions(records_by_layer)
+
+def summarize(
+    acc: RoutingAccumulator,
+    domain_names: list[str] | None = None,
+    hidden_by_layer: list[Tensor] | None = None,
+    expert_outputs_by_layer: list[Tensor] | None = None,
+) -> dict:
+    """The analysis dict of streamed routing statistics (see :func:`analyze` for the inputs).
+
+    Returns:
+        ``{"format", "version", "num_layers", "num_experts": [E_l], "domain_names",
+        "layers": [per-layer dict], "transitions": [L-1 dicts], "headline": [per-layer row]}``.
+        Each per-layer dict holds ``load`` (:class:`~moelab.analysis.load.LoadStats`),
+        ``confidence``, ``coactivation`` (``counts``, ``tokens_per_expert``, ``conditional``),
+        ``adjacent_consistency``, and when the batches carried domain labels ``domains``, when
+        given ``effective_rank``, ``redundancy``. Matrices are nested lists; no NaN or
+        infinity appears.
+
+    Raises:
+        ValueError: when the accumulator saw no batch, or a per-layer list has the wrong length.
+    """
+    if acc.num_batches == 0:
+        raise ValueError("the routing accumulator saw no batch; nothing to analyse")
+    num_layers = len(acc.layers)
+    num_experts = [lay.num_experts for lay in acc.layers]
+    _check_per_layer("hidden_by_layer", hidden_by_layer, num_layers)
+    _check_per_layer("expert_outputs_by_layer", expert_outputs_by_layer, num_layers)
+    trans = acc.transitions()
     layers: list[dict[str, Any]] = []
     headline: list[dict[str, Any]] = []
-    for i, recs in enumerate(records_by_layer):
-        load = load_stats(recs)
-        conf = confidence_stats(recs)
-        C, n = coactivation_counts(recs)
-        adj = adjacent_consistency(recs)
+    for i, lay in enumerate(acc.layers):
+        load = lay.load()
+        conf = lay.confidence()
+        C, n = lay.coactivation()
+        adj = lay.adjacent()
         entry: dict[str, Any] = {
             "layer": i,
             "num_experts": num_experts[i],
-            "num_records": len(recs),
+            "num_records": lay.num_records,
             "load": load.to_dict(),
             "confidence": conf.to_dict(),
             "coactivation": {
@@ -132,8 +160,8 @@ def analyze(
             "effective_rank": None,
             "redundancy": None,
         }
-        if domains is not None:
-            ds = domain_stats(recs, domains, num_domains)
+        ds = lay.domains()
+        if ds is not None:
             entry["domains"] = ds.to_dict()
             row["domain_nmi"] = ds.nmi
         if hidden_by_layer is not None and hidden_by_layer[i] is not None:
@@ -147,7 +175,7 @@ def analyze(
         layers.append(entry)
         headline.append(row)
 
-    if domains is not None and domain_names is None:
+    if "domains" in layers[0] and domain_names is None:
         n_dom = len(layers[0]["domains"]["counts"])
         domain_names = [f"domain {d}" for d in range(n_dom)]
     return {
@@ -155,7 +183,7 @@ def analyze(
         "version": FORMAT_VERSION,
         "num_layers": num_layers,
         "num_experts": num_experts,
-        "domain_names": list(domain_names) if domain_names is not None else None,
+        "domain_names": list(domain_names) if "domains" in layers[0] else None,
         "layers": layers,
         "transitions": [t.to_dict() for t in trans],
         "headline": headline,

@@ -88,16 +88,15 @@ def _analyze_to(
 ):  # fmt: skip
     """Collect routing, compute every metric, write analysis.json, plots and report.html
     (as one folder, atomically, under the output-folder rules)."""
-    from moelab.analysis import analyze as analyze_records
-    from moelab.analysis import plot_all, write_json, write_report
+    from moelab.analysis import plot_all, summarize, write_json, write_report
     from moelab.analysis.collect import collect
 
     got = collect(
         model, streams, seq_len=seq_len, batch_size=batch_size, max_tokens=tokens, on_batch=tick
     )
-    result = analyze_records(
-        got.records_by_layer, domains=got.domains, domain_names=got.domain_names,
-        hidden_by_layer=got.hidden_by_layer, expert_outputs_by_layer=got.expert_outputs_by_layer,
+    result = summarize(
+        got.routing, domain_names=got.domain_names, hidden_by_layer=got.hidden_by_layer,
+        expert_outputs_by_layer=got.expert_outputs_by_layer,
     )  # fmt: skip
 
     def fill(tmp: Path) -> list[Path]:
