@@ -162,8 +162,9 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--sweep", type=float, nargs="+", default=[1e-3, 1e-2, 1e-1])
     ap.add_argument("--eval-tokens", type=int, default=8192, help="validation tokens/domain")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads")
     args = ap.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     t0 = time.time()
     root = Path(tempfile.mkdtemp(prefix="spec-bench-"))
     # λ per loss: the single-loss arm's lowest validation loss on seed 0, E=16 k=4 setting

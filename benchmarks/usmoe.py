@@ -178,8 +178,9 @@ def main() -> None:
     ap.add_argument("--windows-per-class", type=int, default=16, help="part (a) windows per source")
     ap.add_argument("--skip-training-based", action="store_true", help="omit part (c)")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads")
     args = ap.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     t0 = time.time()
     root = Path(tempfile.mkdtemp(prefix="usmoe-bench-"))
     res: dict[str, dict[str, list[float]]] = {"a": {}, "b": {}, "c": {}}
