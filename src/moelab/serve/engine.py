@@ -18,11 +18,8 @@ and runs an iteration loop (Orca, Yu et al. OSDI 2022: "iteration-level scheduli
 Our choices, labelled: prefill runs as its own forward pass before the decode step (not
 chunked, not fused with decode), so a long prompt delays the running batch by one pass; the queue is FIFO without
 preemption; a sequence that reaches the context length ends with ``finish_reason="length"``.
-A model whose routing carries state over the prefix (USMoE ``causal_prefix``: the state
-rows of :class:`~moelab.models.KVCache` follow one shared position, not the slotted cache's
-per-row positions) is decoded by recomputing each sequence's prefix, one sequence at a time:
-exact, but quadratic in the length; every other router (USMoE ``position`` included) decodes
-incrementally.
+Every router decodes incrementally, USMoE ``causal_prefix`` included (its per-row router
+state lives in the slotted cache, :class:`~moelab.serve.kv_slots.SlotKVCache`).
 
 The engine thread is the only one that touches the model and the cache; :meth:`submit`,
 :meth:`Sequence.cancel` and :meth:`drain` are safe to call from any thread.
@@ -191,7 +188,6 @@ class Engine:
         self.prefill_tokens = prefill_tokens
         self.track_experts = track_experts
         model._check_cacheable()  # a router that looks at future tokens cannot generate
-        self.full_prefix = any(b.is_moe and b.ffn.needs_prefix_state for b in model.blocks)
         self.device = model.embed.weight.device
         self.cache = SlotKVCache(model, max_batch)
         self.running: list[Sequence] = []  # row i of the cache holds running[i]
@@ -382,16 +378,7 @@ class Engine:
                 longest = max(longest, n)
         if not batch:
             return
-        if self.full_prefix:
-            for seq in batch:
-                out = self.model(torch.tensor([seq.prompt_ids], device=self.device))
-                self._start(
-                    [seq],
-                    out.logits[:, -1],
-                    self._routing(out.records, [out.logits.shape[1] - 1], [seq]),
-                )
-        else:
-            self._prefill(batch)
+        self._prefill(batch)
 
     def _prefill(self, batch: list[Sequence]) -> None:
         """One forward pass over the new prompts, right-padded to the longest, each into its
@@ -431,23 +418,15 @@ class Engine:
     def _decode(self) -> None:
         seqs = list(self.running)
         n = len(seqs)
-        if self.full_prefix:
-            logits, experts = [], []
-            for s in seqs:
-                out = self.model(torch.tensor([s.prompt_ids + s.output_ids], device=self.device))
-                logits.append(out.logits[:, -1])
-                experts.append(self._routing(out.records, [out.logits.shape[1] - 1], [s])[0])
-            tokens = self._sample(torch.cat(logits), seqs)
-        else:
-            x = torch.tensor([[s.output_ids[-1]] for s in seqs], device=self.device)
-            lengths = self.cache.lengths[:n]
-            # rows at one position take the cheaper shared-position path (same maths)
-            same = all(x == lengths[0] for x in lengths)
-            starts = lengths[0] if same else torch.tensor(lengths, device=self.device)
-            self.cache.select(0, n)
-            out = self.model(x, kv_cache=self.cache, start_pos=starts)
-            experts = self._routing(out.records, list(range(n)), seqs)
-            tokens = self._sample(out.logits[:, -1], seqs)
+        x = torch.tensor([[s.output_ids[-1]] for s in seqs], device=self.device)
+        lengths = self.cache.lengths[:n]
+        # rows at one position take the cheaper shared-position path (same maths)
+        same = all(x == lengths[0] for x in lengths)
+        starts = lengths[0] if same else torch.tensor(lengths, device=self.device)
+        self.cache.select(0, n)
+        out = self.model(x, kv_cache=self.cache, start_pos=starts)
+        experts = self._routing(out.records, list(range(n)), seqs)
+        tokens = self._sample(out.logits[:, -1], seqs)
         for i in range(n - 1, -1, -1):  # backwards: removing row i only moves a later row
             self._accept(i, seqs[i], tokens[i], experts[i])
 
@@ -549,9 +528,8 @@ class Engine:
         last = len(self.running) - 1
         if row < last:
             self.running[row] = self.running[last]
-            if not self.full_prefix:
-                self.cache.move(last, row)
-        elif not self.full_prefix:
+            self.cache.move(last, row)
+        else:
             self.cache.release(row)
         self.running.pop()
 

@@ -30,8 +30,8 @@ def generate_ids(
     context keeps its last ``max_seq_len - 1`` tokens; generation stops at ``max_seq_len``
     positions, after ``max_new_tokens`` or at ``stop_id``.
 
-    USMoE routing must be causal (``selection_scope`` ``"position"`` or ``"causal_prefix"``;
-    the engine recomputes the prefix of a ``causal_prefix`` model at every step);
+    USMoE routing must be causal (``selection_scope`` ``"position"`` or ``"causal_prefix"``,
+    both decoded incrementally);
     expert-choice models are refused (decoding one token at a time is not the routing they
     were trained with).
 

@@ -11,6 +11,14 @@ positions are written (:meth:`moelab.models.KVCache.reserve`).
 Our choice (vLLM pages its cache in fixed blocks; we do not): contiguous per-row buffers are
 enough for the short contexts of moelab's models and keep attention a single SDPA call; the
 price is that every row is sized for the longest running sequence.
+
+Routers that carry state over the prefix (USMoE ``causal_prefix``) get one
+:class:`~moelab.core.routers.usmoe.PrefixState` per MoE layer over all slots. A forward pass
+extends the window's rows by its S positions at the same state index; the other rows get
+invalid entries there. The causal-prefix rule only reads the valid entries of a row, in order
+(prefix log-sum-exps and a ranking over them), so those gaps change nothing, and when the
+state holds more than twice the longest row it is compacted (each row's valid entries moved
+to the front, order kept), which keeps memory linear in the longest sequence.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from moelab.core.routers.usmoe import PrefixState
 from moelab.models import KVCache, MoETransformer
 
 
@@ -50,6 +59,9 @@ class SlotKVCache(KVCache):
         self._lo, self._hi = 0, n_slots
         self._end = 0
         self._rows = torch.arange(n_slots, device=p.device)
+        # per MoE layer: the state of every slot, and the window view a forward pass extends
+        self._prefix: dict[int, PrefixState] = {}
+        self._window: dict[int, tuple[PrefixState, int, int]] = {}
 
     @property
     def n_slots(self) -> int:
@@ -59,12 +71,16 @@ class SlotKVCache(KVCache):
         """Make rows ``[lo, hi)`` the window the next forward pass reads and writes."""
         if not 0 <= lo < hi <= self.n_slots:
             raise ValueError(f"rows: need 0 <= lo < hi <= {self.n_slots}, got [{lo}, {hi})")
+        self._settle()
         self._lo, self._hi = lo, hi
 
     def release(self, row: int) -> None:
         """Free ``row`` (its positions become unattendable; the buffers are reused)."""
+        self._settle()
         self.key_mask[row] = False
         self.lengths[row] = 0
+        for state in self._prefix.values():
+            state.valid[row] = False
 
     def trim(self, row: int, length: int) -> None:
         """Forget the positions of ``row`` from ``length`` on (e.g. the right padding of a
@@ -77,10 +93,14 @@ class SlotKVCache(KVCache):
         """Copy row ``src`` (keys, values, mask, length) into row ``dst`` and free ``src``."""
         if src == dst:
             return
+        self._settle()
         n = self.lengths[src]
         for k, v in zip(self.k, self.v, strict=True):
             k[dst, :, :n] = k[src, :, :n]
             v[dst, :, :n] = v[src, :, :n]
+        for state in self._prefix.values():
+            state.logits[dst] = state.logits[src]
+            state.valid[dst] = state.valid[src]
         self.key_mask[dst] = self.key_mask[src]
         self.lengths[dst] = n
         self.release(src)
@@ -142,3 +162,56 @@ class SlotKVCache(KVCache):
                 kb[lo + i, :, s : s + S] = k[i]
                 vb[lo + i, :, s : s + S] = v[i]
         return kb[lo:hi, :, : self._end], vb[lo:hi, :, : self._end]
+
+    def routing_state(self, layer: int, router, start_pos: int | Tensor) -> PrefixState:
+        """The window rows' causal-prefix router state of MoE layer ``layer``; the router
+        extends it in place and the cache takes the result back before its next use
+        (``start_pos`` is not needed: :meth:`check` already requires every row to continue at
+        its own length)."""
+        self._settle(layer)
+        state = self._prefix.get(layer)
+        if state is None:
+            state = router.new_prefix_state(self.n_slots, self.key_mask.device)
+            self._prefix[layer] = state
+        lo, hi = self._lo, self._hi
+        window = PrefixState(state.logits[lo:hi], state.valid[lo:hi])
+        self._window[layer] = (window, lo, hi)
+        return window
+
+    def reset(self) -> None:
+        super().reset()
+        self._prefix.clear()
+        self._window.clear()
+        self.lengths = [0] * self.n_slots
+
+    def _settle(self, layer: int | None = None) -> None:
+        """Write the extended window states back into the all-slot states (every layer, or
+        just ``layer``), padding the rows outside the window with invalid entries."""
+        for i in [layer] if layer is not None else list(self._window):
+            if i not in self._window:
+                continue
+            window, lo, hi = self._window.pop(i)
+            state = self._prefix[i]
+            grow = window.length - state.length
+            if grow > 0:
+                state.logits = torch.cat(
+                    [
+                        state.logits,
+                        state.logits.new_zeros(self.n_slots, grow, state.logits.shape[2]),
+                    ],
+                    1,
+                )
+                state.valid = torch.cat([state.valid, state.valid.new_zeros(self.n_slots, grow)], 1)
+            state.logits[lo:hi] = window.logits
+            state.valid[lo:hi] = window.valid
+            if state.length > 2 * max(self.lengths) + 16:
+                _compact(state)
+
+
+def _compact(state: PrefixState) -> None:
+    """Move each row's valid entries to the front (order kept) and drop the all-invalid tail."""
+    order = torch.sort((~state.valid).to(torch.int8), dim=1, stable=True).indices
+    n = int(state.valid.sum(1).max()) if state.valid.numel() else 0
+    order = order[:, :n]
+    state.logits = state.logits.gather(1, order.unsqueeze(-1).expand(-1, -1, state.logits.shape[2]))
+    state.valid = state.valid.gather(1, order)
