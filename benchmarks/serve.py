@@ -35,10 +35,10 @@ import httpx2 as httpx
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _hf import decode_rate, ensure_hf, greedy_fns, load_hf
 from _timing import interleaved_medians
 from moelab.data import load_tokenizer
 from moelab.models import load_model
-from moelab.serve import Engine, SamplingParams
 
 PROMPTS = [
     "ROMEO:",
@@ -188,31 +188,13 @@ def load_test(run: Path, s: Setting, threads: int) -> list[dict]:
 
 
 def decode_compare(run: Path, hf_dir: Path, s: Setting) -> list[dict]:
-    from transformers import AutoModelForCausalLM
-
     model = load_model(run).eval()
     tok = load_tokenizer(run)
-    hf = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=model.embed.weight.dtype).eval()
-    text = " ".join(PROMPTS) * 4
-    ids = tok.encode(text)
-    L = 16
-    prompts = [ids[3 * i : 3 * i + L] for i in range(8)]
+    hf = load_hf(hf_dir, model.embed.weight.dtype)
+    ids = tok.encode(" ".join(PROMPTS) * 4)
+    prompts = [ids[3 * i : 3 * i + 16] for i in range(8)]
+    ours, theirs = greedy_fns(model, hf, prompts)
     N = s.decode_tokens
-
-    def ours(B: int, n: int) -> list[list[int]]:
-        engine = Engine(model, max_batch=B)
-        seqs = [engine.submit(p, SamplingParams(max_tokens=n, temperature=0)) for p in prompts[:B]]
-        while engine.has_work():
-            engine.step()
-        return [q.output_ids for q in seqs]
-
-    @torch.inference_mode()
-    def theirs(B: int, n: int) -> list[list[int]]:
-        x = torch.tensor(prompts[:B])
-        out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n,
-                          min_new_tokens=n, do_sample=False, pad_token_id=0)  # fmt: skip
-        return out[:, L:].tolist()
-
     rows = []
     for B in (1, 8):
         same = ours(B, N) == theirs(B, N)
@@ -225,21 +207,12 @@ def decode_compare(run: Path, hf_dir: Path, s: Setting) -> list[dict]:
         t = interleaved_medians(
             fns, repeats=s.repeats, warmup=1, budget_s=120, min_repeats=s.repeats
         )
-        ours_tps = B * (N - 1) / (t["moelab N"] - t["moelab 1"])
-        hf_tps = B * (N - 1) / (t["hf N"] - t["hf 1"])
+        ours_tps = decode_rate(B, N, t["moelab N"], t["moelab 1"])
+        hf_tps = decode_rate(B, N, t["hf N"], t["hf 1"])
         rows.append({"batch": B, "moelab": ours_tps, "hf": hf_tps, "same": same})
         print(f"  decode B={B}: moelab {ours_tps:.1f} tok/s, HF {hf_tps:.1f} tok/s, "
               f"identical tokens: {same}", flush=True)  # fmt: skip
     return rows
-
-
-def ensure_hf(run: Path, work: Path) -> Path:
-    from moelab.interop.hf import convert
-
-    dst = work / (run.resolve().name + "-hf")
-    if not (dst / "config.json").is_file():
-        convert(run, dst, "hf")
-    return dst
 
 
 def main() -> None:
