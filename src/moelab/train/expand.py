@@ -477,7 +477,7 @@ def sparkling_entry_scale(plan: ParamPlan, new_shape: tuple[int, ...]) -> Tensor
     gains are copied unscaled, SPARKLING §3.2.2, §3.2.4 [P]; biases [I])."""
     scale = torch.ones((), dtype=torch.float64)
     if plan.kind != "matrix":
-        return scale
+        return scale.expand(new_shape)
     for d in plan.in_dims:
         a = plan.axes[d]
         if a is not None and a.grows:
