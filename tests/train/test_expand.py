@@ -314,7 +314,9 @@ def test_new_groups_follow_the_papers_asymmetric_rewarmup():
     cfg = TrainConfig(steps=1000, warmup_steps=30, lr=1e-2, min_lr_ratio=0.1)
     m = _model(_cfg()).float()
     opt = build_optimizer(m, cfg)
-    e = expand_live(m, opt, ExpandSpec(inner=2, rewarm_steps=4), cfg, step=500, calib_ids=None, seed=0)
+    e = expand_live(
+        m, opt, ExpandSpec(inner=2, rewarm_steps=4), cfg, step=500, calib_ids=None, seed=0
+    )
     eta_e = 1e-2 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 470 / 970)))  # by hand
     peak, lo = 1.3 * eta_e, 1e-3
     new_gi = [i for i, g in enumerate(e.optimizer.layout) if g["rewarm_from"] == 500]
@@ -484,3 +486,25 @@ def test_a_second_expansion_splits_the_shards_again():
     _step(e2.model, e2.optimizer, step=2)
     for n, p in e2.model.named_parameters():
         assert not torch.equal(before[n], p.detach()), f"{n} was not updated"
+
+
+def test_tied_logit_scale_survives_save_load_and_folds_into_hf_export(tmp_path):
+    from moelab.interop.hf import hf_state, model_from_hf_state
+    from moelab.models import load_model, save_model
+
+    torch.manual_seed(0)
+    m = MoETransformer(ModelConfig.tiny(vocab_size=64, tie_embeddings=True))
+    e = expand_model(m, ExpandSpec(hidden=2)).model
+    assert e.cfg.logit_scale == 0.5
+    ids = IDS % 64
+    want = e(ids).logits
+    torch.testing.assert_close(want, m(ids).logits, rtol=0, atol=1e-5)
+    save_model(e, tmp_path / "m")
+    back = load_model(tmp_path / "m")
+    assert back.cfg.logit_scale == 0.5
+    torch.testing.assert_close(back(ids).logits, want, rtol=0, atol=0)
+    # Hugging Face has no logit scale: the export folds it into the final norm (exact)
+    hf, tensors, _ = hf_state(e)
+    imported, _ = model_from_hf_state(hf, tensors)
+    assert imported.cfg.logit_scale == 1.0
+    torch.testing.assert_close(imported(ids).logits, want, rtol=0, atol=1e-6)

@@ -25,7 +25,9 @@ def expand(
     ] = "asymmetric",
     rewarm_steps: Annotated[
         int | None,
-        Opt(help="Steps the new entries' LR rises to --rewarm-ratio x (default 0.8 % of the rest, <= 250)."),
+        Opt(
+            help="Steps the new entries' LR rises to --rewarm-ratio x (default 0.8 % of the rest, <= 250)."
+        ),
     ] = None,
     rewarm_ratio: Annotated[
         float, Opt(help="Re-warmup peak of the new entries over the LR at the expansion.")

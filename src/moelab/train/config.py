@@ -195,8 +195,7 @@ class TrainConfig:
             )
         if self.expand_state not in ("asymmetric", "scaled", "symmetric"):
             raise ConfigError(
-                "expand_state: must be asymmetric, scaled or symmetric, got "
-                f"{self.expand_state!r}"
+                f"expand_state: must be asymmetric, scaled or symmetric, got {self.expand_state!r}"
             )
         if self.rewarm_steps is not None and self.rewarm_steps < 0:
             raise ConfigError(f"rewarm_steps: must be >= 0, got {self.rewarm_steps}")
