@@ -1,18 +1,28 @@
 """SPARKLING mid-training width expansion (arXiv 2602.02472) on the real ``mix`` corpus.
 
 Settings: {dense, MoE} × {2× hidden size, 2× expert inner size} with AdamW, plus dense 2×
-hidden with Muon. Each setting, 3 seeds, compares four runs of ``moelab.train.loop.train``
-with the same total steps, schedule and data order. The three expansions share the small
-model's run up to step T_E (stopped there with its checkpoint), are grown by
+hidden with Muon. Each setting, 3 seeds, compares five runs of ``moelab.train.loop.train``
+with the same total steps, schedule and data order. The expansions share the small model's
+run up to step T_E (stopped there with its checkpoint), are grown by
 ``moelab.train.expand_run.expand_run`` (what ``moelab expand`` does; bit-for-bit the same as an
-in-loop ``--expand-at T_E``, see tests/train/test_expand.py) and resumed to the end:
+in-loop ``--expand-at T_E``, see tests/train/test_expand.py) and resumed to the end. Hidden
+expansion keeps the heads and head_dim (the paper's §3.3), for every run including scratch:
 
-- ``sparkling``: RMS-scale-consistent random new entries, asymmetric optimizer-state reset,
-  re-warmup of the new entries over 2 % of the remaining steps;
+- ``sparkling``: the paper's method (arXiv 2602.02472 v2): copy-copy initialisation with the
+  analytic fan-in scale (½ at 2×, so the grown model computes the same function), old
+  entries' optimizer state kept unscaled and new entries' at zero (Eq. 24), and the new
+  entries' learning rate re-warmed from the current rate to 1.3× over τ_w steps and then
+  decayed by its own cosine (Eq. 28); τ_w defaults to 0.8 % of the remaining steps (the
+  paper's 250 of ≈ 31.8k), i.e. 2 steps here (``--rewarm-steps`` overrides);
 - ``naive``: default-initialised new entries, symmetric optimizer state (new entries join the
   old step counter with zero moments, no re-warmup);
-- ``copy``: function-preserving copies (HyperCloning for hidden, Net2Net for the inner width),
-  symmetric optimizer state (copied moments);
+- ``copy``: plain function-preserving copies (HyperCloning for hidden, Net2Net for the inner
+  width), symmetric optimizer state (copied moments), no re-warmup — at 2× the same weights
+  as ``sparkling``, so the difference between the two rows is the paper's asymmetric state
+  reset and re-warmup;
+- ``random``: the random-random ablation (the paper's Fig. 1/6; moelab's earlier reading of
+  SPARKLING): random new entries at the old RMS with a fan-in scale fitted on a calibration
+  batch, with SPARKLING's asymmetric state and re-warmup;
 - ``scratch``: the final width from step 0.
 
 Measured per run (mean ± sd over the seeds):
@@ -38,10 +48,12 @@ Measured per run (mean ± sd over the seeds):
 
 Usage::
 
-    python benchmarks/sparkling.py                 # 5 settings x 4 runs x 3 seeds
-    python benchmarks/sparkling.py --steps 260 --expand-at 50 --seeds 1 --settings 3  # quick
+    python benchmarks/sparkling.py                 # 5 settings x 5 runs x 3 seeds
+    python benchmarks/sparkling.py --steps 250 --expand-at 50 --seeds 1 --settings 3  # quick
+    python benchmarks/sparkling.py --methods sparkling,copy,scratch   # a subset of the runs
     python benchmarks/sparkling.py --settings 0,2 --ablation   # which ingredient does what:
-        # copy init + SPARKLING's asymmetric state/re-warmup, SPARKLING's init + symmetric state
+        # SPARKLING with symmetric state, with the old state scaled like the weights, and
+        # without the LR boost (ρ = 1, τ_w = 0)
 """
 
 from __future__ import annotations
@@ -72,12 +84,17 @@ METHODS = {
     "sparkling": {"expand_init": "sparkling", "expand_state": "asymmetric"},
     "naive": {"expand_init": "naive", "expand_state": "symmetric"},
     "copy": {"expand_init": "copy", "expand_state": "symmetric"},
+    "random": {"expand_init": "random", "expand_state": "asymmetric"},
     "scratch": None,
 }
 ABLATIONS = {  # --ablation: which ingredient does what
-    "copy+asym": {"expand_init": "copy", "expand_state": "asymmetric"},
     "sparkling+sym": {"expand_init": "sparkling", "expand_state": "symmetric"},
-}
+    "sparkling+scaled": {"expand_init": "sparkling", "expand_state": "scaled"},
+    "sparkling-noboost": {
+        "expand_init": "sparkling", "expand_state": "asymmetric", "rewarm_steps": 0,
+        "rewarm_ratio": 1.0,
+    },
+}  # fmt: skip
 SETTINGS = (
     ("dense", "hidden", "adamw"),
     ("dense", "inner", "adamw"),
@@ -159,9 +176,17 @@ def measure(run: Path, small, wide, tdict, t_e: int, role: str, expanded: bool) 
 
 
 def run_setting(
-    root: Path, key: str, small, wide, tdict, t_e: int, axis: str, methods: dict
+    root: Path,
+    key: str,
+    small,
+    wide,
+    tdict,
+    t_e: int,
+    axis: str,
+    methods: dict,
+    rewarm_steps: int | None = None,
 ) -> dict:
-    """The small run up to the expansion (shared), its three expansions resumed to the end
+    """The small run up to the expansion (shared), its expansions resumed to the end
     (``moelab expand`` + ``moelab train --resume``), and the from-scratch run."""
     factors = {"hidden": 2.0, "inner": None} if axis == "hidden" else {"hidden": None, "inner": 2.0}
     base = root / f"{key}-small"
@@ -173,7 +198,12 @@ def run_setting(
         if how is None:
             train(wide, TrainConfig.from_dict(tdict), run, progress=False)
         else:
-            expand_run(base, run, init=how["expand_init"], state=how["expand_state"], **factors)
+            extra = {"rewarm_steps": how.get("rewarm_steps", rewarm_steps)}
+            if "rewarm_ratio" in how:
+                extra["rewarm_ratio"] = how["rewarm_ratio"]
+            expand_run(
+                base, run, init=how["expand_init"], state=how["expand_state"], **factors, **extra
+            )
             train(None, None, run, resume=True, progress=False)
         out[method] = measure(run, small, wide, tdict, t_e, axis, how is not None)
         r = out[method]
@@ -212,7 +242,20 @@ def main() -> None:
     ap.add_argument("--eval-tokens", type=int, default=4096, help="validation tokens/domain")
     ap.add_argument("--settings", default="all", help="comma list of indices into SETTINGS")
     ap.add_argument(
-        "--ablation", action="store_true", help="copy+asym and sparkling+sym (with copy, scratch)"
+        "--ablation",
+        action="store_true",
+        help="sparkling+sym, sparkling+scaled, sparkling-noboost (with sparkling, copy, scratch)",
+    )
+    ap.add_argument(
+        "--methods",
+        default="all",
+        help=f"comma list of runs out of {','.join(METHODS)} (copy and scratch are always run)",
+    )
+    ap.add_argument(
+        "--rewarm-steps",
+        type=int,
+        default=None,
+        help="τ_w of the re-warmed runs (default 0.8 %% of the steps after the expansion)",
     )
     args = ap.parse_args()
     if args.expand_at < 50 or args.steps < args.expand_at + 200 or args.expand_at % 50:
@@ -236,9 +279,22 @@ def main() -> None:
             ).to_dict()  # fmt: skip
             key = f"{kind}-{axis}-{opt}-s{seed}"
             methods = METHODS
+            if args.methods != "all":
+                names = set(args.methods.split(",")) | {"copy", "scratch"}
+                unknown = names - set(METHODS)
+                if unknown:
+                    ap.error(f"--methods: unknown {sorted(unknown)}; choose from {list(METHODS)}")
+                methods = {k: v for k, v in METHODS.items() if k in names}
             if args.ablation:  # copy (the 1st-step reference) and scratch (the target) stay
-                methods = {"copy": METHODS["copy"], **ABLATIONS, "scratch": None}
-            by_method = run_setting(root, key, small, wide, tdict, args.expand_at, axis, methods)
+                methods = {
+                    "sparkling": METHODS["sparkling"],
+                    "copy": METHODS["copy"],
+                    **ABLATIONS,
+                    "scratch": None,
+                }
+            by_method = run_setting(
+                root, key, small, wide, tdict, args.expand_at, axis, methods, args.rewarm_steps
+            )
             for method, r in by_method.items():
                 results.setdefault((kind, axis, opt), {}).setdefault(method, []).append(r)
     print(

@@ -17,17 +17,28 @@ def expand(
     out: Annotated[Path, Opt(help="New run folder to write.")],
     hidden: Annotated[str | None, Opt(help="Hidden-size factor, e.g. 2x.")] = None,
     expert: Annotated[str | None, Opt(help="Expert / FFN inner-size factor, e.g. 2x.")] = None,
-    init: Annotated[str, Opt(help="sparkling, naive or copy.")] = "sparkling",
-    state: Annotated[str, Opt(help="Optimizer state: asymmetric or symmetric.")] = "asymmetric",
+    init: Annotated[
+        str, Opt(help="sparkling (the paper's copy-copy init), random, naive or copy.")
+    ] = "sparkling",
+    state: Annotated[
+        str, Opt(help="Optimizer state: asymmetric (the paper's), scaled or symmetric.")
+    ] = "asymmetric",
     rewarm_steps: Annotated[
-        int | None, Opt(help="LR re-warmup steps of the new entries (default 2 % of the rest).")
+        int | None,
+        Opt(
+            help="Steps the new entries' LR rises to --rewarm-ratio x (default 0.8 % of the rest, <= 250)."
+        ),
     ] = None,
+    rewarm_ratio: Annotated[
+        float, Opt(help="Re-warmup peak of the new entries over the LR at the expansion.")
+    ] = 1.3,
 ) -> None:
     """Grow the width of RUN's latest checkpoint (model and optimizer state) into --out.
 
     Examples:
       moelab expand runs/small --hidden 2x --out runs/wide
       moelab expand runs/small --expert 2x --init copy --state symmetric --out runs/wide-copy
+      moelab expand runs/small --hidden 2x --rewarm-steps 250 --rewarm-ratio 1.3 --out runs/w2
       moelab train --out runs/wide --resume
     """
     from moelab.train.expand import parse_factor
@@ -36,7 +47,15 @@ def expand(
     h = guarded(parse_factor, hidden, "--hidden") if hidden is not None else None
     e = guarded(parse_factor, expert, "--expert") if expert is not None else None
     res = guarded(
-        expand_run, run, out, hidden=h, inner=e, init=init, state=state, rewarm_steps=rewarm_steps
+        expand_run,
+        run,
+        out,
+        hidden=h,
+        inner=e,
+        init=init,
+        state=state,
+        rewarm_steps=rewarm_steps,
+        rewarm_ratio=rewarm_ratio,
     )
     table = Table(title=f"{run} → {res.out} at step {res.step} ({res.spec.init}, {res.spec.state})")
     for col in ("", "d_model", "heads", "kv heads", "inner"):

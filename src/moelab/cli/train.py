@@ -94,9 +94,10 @@ TRAIN_OPTIONS = [
     ConfigOption("expand_at", "expand_at", "Grow the width before this step (SPARKLING)."),
     ConfigOption("expand_hidden", "expand_hidden", "Hidden-size factor of the expansion (or --expand)."),
     ConfigOption("expand_expert", "expand_expert", "Expert/FFN inner-size factor (or --expand)."),
-    ConfigOption("expand_init", "expand_init", "Expansion init: sparkling, naive or copy."),
-    ConfigOption("expand_state", "expand_state", "Expansion optimizer state: asymmetric or symmetric."),
-    ConfigOption("rewarm_steps", "rewarm_steps", "LR re-warmup steps of the new entries."),
+    ConfigOption("expand_init", "expand_init", "Expansion init: sparkling (paper: copy-copy, fan-in x1/2 at 2x), random, naive or copy."),
+    ConfigOption("expand_state", "expand_state", "Expansion optimizer state: asymmetric (paper), scaled or symmetric."),
+    ConfigOption("rewarm_steps", "rewarm_steps", "Steps the new entries' LR rises to --rewarm-ratio x (default 0.8 % of the rest, <= 250)."),
+    ConfigOption("rewarm_ratio", "rewarm_ratio", "Re-warmup peak of the new entries over the LR at the expansion (paper 1.3)."),
     ConfigOption("objective", "objective", "causal, or block-diffusion (masked block diffusion, +1 mask id)."),
     ConfigOption("block_size", "block_size", "Diffusion block size (divides --seq-len)."),
 ]  # fmt: skip

@@ -160,6 +160,9 @@ def hf_state(
     state = model.state_dict()
     if model.cfg.tie_embeddings:
         state.pop("lm_head.weight")
+    if model.cfg.logit_scale != 1.0:  # HF has no logit scale: fold it into the final norm,
+        # exact since logits = W·(γ ⊙ rmsnorm(x))·s = W·((s·γ) ⊙ rmsnorm(x))
+        state["norm.weight"] = state["norm.weight"] * model.cfg.logit_scale
     tensors = apply_export(model_rules(model.cfg, arch, layout), state)
     hf["dtype"] = str(model.embed.weight.dtype).removeprefix("torch.")
     return hf, tensors, arch

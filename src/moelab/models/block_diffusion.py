@@ -171,6 +171,8 @@ def diffusion_forward(
             records.append(None)
         x = h + y
     logits = model.lm_head(model.norm(x))
+    if model.cfg.logit_scale != 1.0:
+        logits = logits * model.cfg.logit_scale
     if store:
         if prefix is None:
             raise ValueError("store: needs a prefix to append to")

@@ -7,6 +7,7 @@ Field names follow Llama / Hugging Face where they exist (``n_kv_heads`` is
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +56,11 @@ class ModelConfig:
         rope_theta: RoPE base θ (Su et al. 2021, arXiv 2104.09864; Llama uses 10000 / 500000).
         norm_eps: ε of RMSNorm.
         tie_embeddings: share the input embedding matrix with the LM head (saved once).
+        logit_scale: a fixed (not trained) factor on the logits, ``logits = s · lm_head(h)``;
+            1 for every freshly built model. SPARKLING's hidden-size expansion of a model with
+            tied embeddings sets it to the LM head's fan-in factor (½ at 2×; arXiv 2602.02472
+            App. D.1), since the shared matrix cannot be scaled as a head without also
+            scaling it as an embedding (:mod:`moelab.train.expand`). Must be > 0.
         attention_bias: q/k/v projections have biases (Qwen2-MoE ``qkv_bias``); the output
             projection never has one.
         qk_norm: RMSNorm of queries and keys before RoPE: ``"none"``; ``"head"`` over each
@@ -102,6 +108,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
+    logit_scale: float = 1.0
     attention_bias: bool = False
     qk_norm: str = "none"
     first_dense_layers: int = 0
@@ -155,6 +162,14 @@ class ModelConfig:
             isinstance(self.tie_embeddings, bool),
             "tie_embeddings",
             f"must be a bool, got {self.tie_embeddings!r}",
+        )
+        _check(
+            isinstance(self.logit_scale, (int, float))
+            and not isinstance(self.logit_scale, bool)
+            and math.isfinite(self.logit_scale)
+            and self.logit_scale > 0,
+            "logit_scale",
+            f"must be a finite number > 0, got {self.logit_scale!r}",
         )
         _check(
             isinstance(self.attention_bias, bool),

@@ -329,6 +329,8 @@ class MoETransformer(nn.Module):
             aux_losses["cross_layer"] = cross
         h = self.norm(x)
         logits = self.lm_head(h)
+        if self.cfg.logit_scale != 1.0:  # a tied model grown by SPARKLING (App. D.1)
+            logits = logits * self.cfg.logit_scale
         aux_loss = torch.zeros((), dtype=torch.float32, device=logits.device)
         for value in aux_losses.values():
             aux_loss = aux_loss + value

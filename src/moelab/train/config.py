@@ -54,15 +54,23 @@ class TrainConfig:
             AdamW on the rest; :mod:`moelab.train.optim`).
         expand_at: grow the model's width before this optimizer step (0-based; SPARKLING,
             :mod:`moelab.train.expand`); in ``[1, steps-1]``; None = never.
-        expand_hidden, expand_expert: width factors (> 1) of the hidden size D (with the
-            attention heads) and of the expert / dense-FFN inner size F; None = unchanged.
-        expand_init: ``sparkling`` (RMS-scale consistent random), ``naive`` (default init) or
-            ``copy`` (function preserving, Net2Net / HyperCloning).
-        expand_state: ``asymmetric`` (old entries keep their optimizer state, new ones start
-            fresh with their own step counter and re-warm) or ``symmetric`` (new entries join
-            the old schedule: copied state for ``copy``, zeros otherwise, no re-warmup).
-        rewarm_steps: learning-rate re-warmup steps of the new entries (None = 2 % of the
-            steps left after the expansion, at least 1; 0 = none).
+        expand_hidden, expand_expert: width factors (> 1) of the hidden size D (attention
+            heads and head_dim kept) and of the expert / dense-FFN inner size F; None =
+            unchanged.
+        expand_init: ``sparkling`` (the paper's copy-copy init with its analytic fan-in
+            scale, ½ at 2×), ``random`` (random new entries at the old RMS, fitted scale; the
+            paper's random-random ablation), ``naive`` (default init) or ``copy`` (function
+            preserving, Net2Net / HyperCloning).
+        expand_state: ``asymmetric`` (the paper's: old entries keep their optimizer state
+            unscaled, new ones start at zero with their own step counter and re-warm),
+            ``scaled`` (the same with the old state scaled like the weights) or
+            ``symmetric`` (new entries join the old schedule: copied state for the copy
+            inits, zeros otherwise, no re-warmup).
+        rewarm_steps: τ_w, steps over which the new entries' learning rate rises from the
+            current rate to ``rewarm_ratio`` times it (None = 0.8 % of the steps left after
+            the expansion, at most the paper's 250, at least 1; 0 = jump to the peak).
+        rewarm_ratio: ρ, the new entries' re-warmup peak over the rate at the expansion
+            (SPARKLING Eq. 27; paper 1.3).
         lora_rank: > 0 adds LoRA adapters of this rank to every expert bank (unless the
             model has them) and trains only the adapters (:mod:`moelab.models.lora`).
         lora_alpha: α of the adapters' scale α/r.
@@ -109,6 +117,7 @@ class TrainConfig:
     expand_init: str = "sparkling"
     expand_state: str = "asymmetric"
     rewarm_steps: int | None = None
+    rewarm_ratio: float = 1.3
     lora_rank: int = 0
     lora_alpha: float = 16.0
     doc_masks: bool = False
@@ -180,16 +189,18 @@ class TrainConfig:
                 raise ConfigError(
                     f"{name}: a width factor must be > 1 (expansion cannot shrink), got {f}"
                 )
-        if self.expand_init not in ("sparkling", "naive", "copy"):
+        if self.expand_init not in ("sparkling", "random", "naive", "copy"):
             raise ConfigError(
-                f"expand_init: must be sparkling, naive or copy, got {self.expand_init!r}"
+                f"expand_init: must be sparkling, random, naive or copy, got {self.expand_init!r}"
             )
-        if self.expand_state not in ("asymmetric", "symmetric"):
+        if self.expand_state not in ("asymmetric", "scaled", "symmetric"):
             raise ConfigError(
-                f"expand_state: must be asymmetric or symmetric, got {self.expand_state!r}"
+                f"expand_state: must be asymmetric, scaled or symmetric, got {self.expand_state!r}"
             )
         if self.rewarm_steps is not None and self.rewarm_steps < 0:
             raise ConfigError(f"rewarm_steps: must be >= 0, got {self.rewarm_steps}")
+        if not self.rewarm_ratio > 0:
+            raise ConfigError(f"rewarm_ratio: must be > 0, got {self.rewarm_ratio}")
         if self.expand_at is None:
             if any(f is not None for f in factors.values()):
                 raise ConfigError("expand_at: a width factor is set but no expansion step")

@@ -1,56 +1,80 @@
 """SPARKLING mid-training width expansion of a live model and its optimizer.
 
 SPARKLING: Balancing Signal Preservation and Symmetry Breaking for Width-Progressive Learning
-(Yu et al., ICML 2026, arXiv 2602.02472) grows a model's width in the middle of pre-training.
-No official code exists; the public text confirms [P] the two ingredients — signal preservation
-through *RMS-scale consistency*, and symmetry breaking through an *asymmetric optimizer-state
-reset* and an *asymmetric learning-rate re-warmup* — the width axes (hidden size, MoE expert
-inner size, both) and the optimizers (AdamW, Muon) [S]. The exact rules below are this
-project's spec (``shared/research/methods-group1.md`` §(d)); every one of them is [I]:
+(Yu et al., ICML 2026, arXiv 2602.02472, read from the v2 full text; no official code). The
+recipe (§5): "(i) RMS-preserving scaling, (ii) copy-based initialization, (iii) asymmetric
+optimizer state reset, and (iv) an asymmetric learning rate re-warmup schedule". Tags: [P] =
+stated by the paper, [I] = this project's choice where the paper is silent.
 
 Axes (``hidden`` factor ``f``, ``inner`` factor ``g``):
 
-- hidden: ``d_model → f·d_model``; the attention grows by heads (``n_heads``, ``n_kv_heads``
-  times ``f``, ``head_dim`` and so RoPE unchanged; new heads are appended, so GQA groups keep
-  their pairing); embeddings, every norm over D, q/k/v/o, routers, the dense FFNs' and the
-  experts' D-sides, the shared expert and the LM head grow. ``f·n_heads`` and
-  ``f·n_kv_heads`` must be whole numbers.
-- inner: every expert's inner width ``F → g·F`` (gate and up blocks grow separately), and with
-  it the shared expert's and the dense FFNs' inner widths (so a dense model's "expert inner
-  size" axis is its FFN width).
+- hidden: ``d_model → f·d_model`` "leaving the head dimension and the numbers of QKV heads
+  unchanged" (§3.3) [P]: q/k/v (and the routers [I], the shared-expert gate [I]) grow only
+  their input columns (fan-in); ``o_proj``, the FFNs'/experts' down projections and the
+  embedding grow only their rows along D (fan-out); every RMSNorm over D grows; the LM head
+  is fan-in. ``n_heads``, ``n_kv_heads``, ``head_dim`` (so RoPE and any q/k norm) are kept,
+  so attention costs the same [P]. ``head_dim`` is written explicitly into the new config.
+- inner: every expert's inner width ``F → g·F`` (gate and up blocks grow separately, both
+  fan-out, down fan-in: "the up and gate projections become fan-out expansions, and the
+  subsequent down projection becomes fan-in", §3.2 [P]), and with it the shared expert's and
+  the dense FFNs' inner widths (a dense model's "expert inner size" is its FFN width [I]).
 
 Initialisations (``init``):
 
-- ``sparkling``: old entries keep their values; new matrix/embedding entries are drawn from
-  ``N(0, rms(W_old)²)`` (per expert for expert banks); new RMSNorm gains are the mean of the
-  old gains; new biases are 0. Every matrix whose *input* grew is then multiplied by one
-  scalar ``c`` (per expert for banks; its bias too) chosen so that the RMS of its output on a
-  calibration batch equals the RMS the old model's matrix produced there
-  (``c ≈ 1/√f`` for random inputs). ``c`` is fitted in forward order in a single pass, each
-  matrix seeing the already-rescaled model's activations. With tied embeddings the LM head's
-  ``c`` goes on the final norm's gains (the tied matrix also serves as the embedding).
+- ``sparkling`` (the paper's method, "SPARKLING ultimately defaults to copy-copy
+  initialization", §4 [P]): every new row, column, embedding column and RMSNorm gain is a
+  copy of an old one (unit ``j`` copies ``j mod n_old`` inside each block [I], Net2Net's
+  mapping) with no rescaling on fan-out (§3.2.2, §3.2.4, App. C [P]). Every matrix whose
+  input grew is multiplied, *all* entries including the old ones, by the analytic constant of
+  Eq. 16 (:func:`fan_in_scale`, both sides copied): ``1/√(1+3c)`` for ``d'_in = (1+c)·d_in``,
+  ``c ≤ 1``, and ``1/(1+c)`` for ``c > 1`` — ½ at 2×, where the expanded model computes the
+  same function as before [P, Eq. 16; function preservation at 2× is the algebra]. No
+  calibration batch [P]. Biases (q/k/v ``attention_bias``; the paper has none) would be
+  copied unscaled [I]; with the heads kept they never grow. Tied embeddings: the shared
+  matrix is fan-out as the embedding, so it is copied unscaled, and the head's fan-in factor
+  becomes a fixed (not trained [I]) ``ModelConfig.logit_scale`` on the logits ("multiplying
+  the corresponding coefficient after the final output projection", App. D.1 [P]).
+- ``random`` (moelab's earlier reading, kept as the paper's *random-random* ablation, Fig. 1
+  and 6, though with a fitted instead of analytic scale [I]): old entries keep their values;
+  new matrix/embedding entries are drawn from ``N(0, rms(W_old)²)`` (per expert for expert
+  banks); new RMSNorm gains are the mean of the old gains; new biases are 0. Every matrix
+  whose input grew is then multiplied by one scalar ``c`` (per expert for banks; its bias
+  too) fitted on a calibration batch so that the RMS of its output equals the old model's
+  (``c ≈ 1/√f``, the paper's Eq. 14 ``√(d_in/d'_in)``). ``c`` is fitted in forward order in
+  one pass. With tied embeddings the LM head's ``c`` goes on the final norm's gains.
 - ``naive``: new entries take the values a freshly built model of the new width has
   (:meth:`MoETransformer.reset_parameters`: ``N(0, init_std²)``, residual projections
-  ``init_std/√(2L)``, gains 1, biases 0); old entries unchanged.
-- ``copy``: function preserving. Net2Net (Chen et al. 2016, arXiv 1511.05641) for inner
-  widths: new unit ``j`` copies unit ``j mod F`` and the weights that read the units are
-  divided by the number of copies; HyperCloning (Samragh et al. 2024, arXiv 2409.12903) for
-  the hidden size: the residual stream becomes ``[x, x]`` — embedding columns and norm gains
-  repeated, every matrix reading D divided by ``f`` — and RMSNorm of ``[x, x]`` equals that
-  of ``x``, so the output is unchanged up to float rounding. Needs a whole hidden factor.
-  With tied embeddings the final norm's gains are divided by ``f`` instead.
+  ``init_std/√(2L)``, gains 1, biases 0); old entries unchanged. (The paper's naive init
+  samples from the trained weights' distribution instead; a baseline difference.)
+- ``copy``: plain function preserving copy. Net2Net (Chen et al. 2016, arXiv 1511.05641) for
+  inner widths: new unit ``j`` copies unit ``j mod F`` and the weights that read the units
+  are divided by the number of copies; HyperCloning (Samragh et al. 2024, arXiv 2409.12903)
+  for the hidden size: the residual stream becomes ``[x, x]``, every matrix reading D divided
+  by ``f``. Needs a whole hidden factor. With tied embeddings the final norm's gains are
+  divided by ``f``. At factors 2 and 3 its weights equal ``sparkling``'s (3× only for
+  fan-in ``1/(1+c) = 1/3``) except for the tied head (norm gains vs ``logit_scale``); at
+  other factors ``sparkling`` scales uniformly and preserves RMS, not the function [P].
 
 Optimizer state (``state``; :mod:`moelab.train.optim` keeps each region as its own shard):
 
-- ``asymmetric`` (SPARKLING): old entries keep their state, scaled as the weights were
-  (Adam ``m·s``, ``v·s²``, Muon momentum ``·s``, with ``s = c`` for sparkling and
-  ``1/copies`` for copy); new entries are new shards in new parameter groups, with no state
-  (moments 0, their own bias-correction step counter from 0) and a linear learning-rate
-  re-warmup over ``rewarm_steps`` (:func:`moelab.train.optim.rewarm_factor`); old groups stay
-  on schedule.
+- ``asymmetric`` (SPARKLING, §4.2.1 Eq. 24 [P]: "retaining the optimizer states for the
+  original W and resetting the states for the new parameters"): old entries keep their state
+  *unscaled* [P: scaling it "yields no additional gain"]; new entries are new shards in new
+  parameter groups with no state: moments 0, and their own Adam bias-correction step counter
+  from 0 [I: the paper does not say]. Muon: each shard is orthogonalised on its own [I: the
+  paper orthogonalises the one matrix ``[S, 0]``]. The new groups follow the asymmetric
+  re-warmup (:func:`moelab.train.schedule.rewarm_lr_at`, §4.2.2 Eq. 25–28 [P]): they start
+  at the current rate ``η_e = η(t_e)``, rise linearly to ``ρ·η_e`` over ``τ_w`` steps
+  (``rewarm_ratio`` ρ = 1.3, ``rewarm_steps`` τ_w = 250 in the paper [P]) and then follow
+  their own cosine to the base schedule's minimum at the last step; old groups stay on the
+  base schedule [P].
+- ``scaled``: ``asymmetric`` but old entries' state scaled as their weights were
+  (Adam ``m·s``, ``v·s²``, Muon momentum ``·s``; Shen et al. 2022), the ablation the paper
+  found no better; moelab's earlier default.
 - ``symmetric`` (the baselines' usual practice): the new entries join as if they had always
   been there: one step counter with the old entries, moments copied from their source entry
-  (copy init; scaled like the weights) or zero (other inits), no re-warmup.
+  for the copy-based inits (``sparkling``, ``copy``; scaled like the weights) or zero
+  (``random``, ``naive``), old entries' state scaled like their weights, no re-warmup.
 """
 
 from __future__ import annotations
@@ -73,9 +97,51 @@ from moelab.models import ModelConfig, MoETransformer
 from moelab.train.config import TrainConfig
 from moelab.train.expand_axes import Axis, ParamPlan, Region, full_region
 from moelab.train.optim import ShardedOptimizer, region_slices
+from moelab.train.schedule import lr_at
 
-INITS = ("sparkling", "naive", "copy")
-STATES = ("asymmetric", "symmetric")
+INITS = ("sparkling", "random", "naive", "copy")
+STATES = ("asymmetric", "scaled", "symmetric")
+REWARM_RATIO = 1.3
+"""The paper's re-warmup peak ratio ρ (§4.2.2, App. G–H: best region ρ ≈ 1.25–1.3)."""
+PAPER_REWARM_STEPS = 250
+"""The paper's re-warmup length τ_w in steps (§4.2.2, about 0.8 % of its ≈ 31.8k steps after
+the expansion [I: our arithmetic from App. D])."""
+
+
+def default_rewarm_steps(steps_left: int) -> int:
+    """Default re-warmup length τ_w for ``steps_left`` optimizer steps after the expansion:
+    ``min(250, max(1, round(0.008 · steps_left)))``.
+
+    The paper uses τ_w = 250 [P] in a run with ≈ 31.8k steps after the expansion, i.e.
+    ≈ 0.8 % of them; for shorter runs we keep that fraction (250 steps would outlast a short
+    run's remaining schedule) and never exceed 250 [I]."""
+    return min(PAPER_REWARM_STEPS, max(1, round(0.008 * steps_left)))
+
+
+def fan_in_scale(d_in: int, d_in_new: int, copied: bool = True) -> float:
+    """The analytic RMS-preserving factor of a fan-in (input-growing) matrix, applied to all
+    its entries (old and new): ``W' = α·[W, W̃]`` (SPARKLING §3.2.3).
+
+    Args:
+        d_in, d_in_new: input width before and after (``d_in_new > d_in``), in features.
+        copied: both sides copied (the new columns *and* the new input coordinates are copies,
+            the ``sparkling`` init): Eq. 16/17, with ``c = d_in_new/d_in − 1``,
+            ``α = 1/√(1+3c)`` for ``c ≤ 1`` and ``1/(1+c)`` for ``c > 1`` (½ at 2×).
+            Otherwise (random, zero or one-side-copied new columns; App. B treats a zero side
+            as random): Eq. 14, ``α = √(d_in/d_in_new)``.
+    Returns:
+        α, a float in (0, 1).
+    Raises:
+        InvalidValueError: ``d_in_new <= d_in`` or a non-positive width.
+    """
+    if not (isinstance(d_in, int) and isinstance(d_in_new, int) and 0 < d_in < d_in_new):
+        raise InvalidValueError(
+            f"fan_in_scale: needs 0 < d_in < d_in_new (ints), got {d_in!r}, {d_in_new!r}"
+        )
+    if not copied:
+        return math.sqrt(d_in / d_in_new)
+    c = d_in_new / d_in - 1
+    return 1 / math.sqrt(1 + 3 * c) if c <= 1 else 1 / (1 + c)
 
 
 @dataclass(frozen=True)
@@ -83,11 +149,14 @@ class ExpandSpec:
     """One width expansion.
 
     Attributes:
-        hidden: factor (> 1) of d_model and the head counts, or None.
+        hidden: factor (> 1) of d_model (heads and head_dim kept), or None.
         inner: factor (> 1) of the expert / shared-expert / dense-FFN inner width, or None.
-        init: ``sparkling``, ``naive`` or ``copy``.
-        state: ``asymmetric`` or ``symmetric`` optimizer-state handling.
-        rewarm_steps: re-warmup steps of the new entries' groups (asymmetric only).
+        init: ``sparkling`` (the paper's copy-copy), ``random``, ``naive`` or ``copy``.
+        state: ``asymmetric`` (the paper's), ``scaled`` or ``symmetric`` optimizer state.
+        rewarm_steps: τ_w, re-warmup steps of the new entries' groups (asymmetric and
+            scaled only; 0 = jump straight to ``ρ·η_e`` and decay from there).
+        rewarm_ratio: ρ, the new groups' re-warmup peak over the rate at the expansion
+            (paper: 1.3; 1 with ``rewarm_steps=0`` is no boost).
     """
 
     hidden: float | None = None
@@ -95,6 +164,7 @@ class ExpandSpec:
     init: str = "sparkling"
     state: str = "asymmetric"
     rewarm_steps: int = 0
+    rewarm_ratio: float = REWARM_RATIO
 
     def __post_init__(self) -> None:
         for name in ("hidden", "inner"):
@@ -113,19 +183,23 @@ class ExpandSpec:
             )
         if not isinstance(self.rewarm_steps, int) or self.rewarm_steps < 0:
             raise InvalidValueError(f"rewarm_steps: must be an int >= 0, got {self.rewarm_steps!r}")
+        r = self.rewarm_ratio
+        if not (isinstance(r, (int, float)) and math.isfinite(r) and r > 0):
+            raise InvalidValueError(f"rewarm_ratio: must be a finite number > 0, got {r!r}")
 
     @classmethod
     def from_train_config(cls, cfg: TrainConfig) -> ExpandSpec:
-        """The expansion ``cfg`` asks for at ``cfg.expand_at`` (default re-warmup: 2 % of the
-        steps left, at least 1)."""
+        """The expansion ``cfg`` asks for at ``cfg.expand_at`` (default re-warmup length:
+        :func:`default_rewarm_steps` of the steps left)."""
         left = cfg.steps - (cfg.expand_at or 0)
-        rewarm = cfg.rewarm_steps if cfg.rewarm_steps is not None else max(1, round(0.02 * left))
+        rewarm = cfg.rewarm_steps if cfg.rewarm_steps is not None else default_rewarm_steps(left)
         return cls(
             hidden=cfg.expand_hidden,
             inner=cfg.expand_expert,
             init=cfg.expand_init,
             state=cfg.expand_state,
             rewarm_steps=rewarm,
+            rewarm_ratio=cfg.rewarm_ratio,
         )
 
 
@@ -170,14 +244,14 @@ def _scaled(n: int, f: float | None, what: str) -> int:
 
 
 def expanded_config(cfg: ModelConfig, hidden: float | None, inner: float | None) -> ModelConfig:
-    """The config after the expansion (see the module docstring for what grows).
+    """The config after the expansion (see the module docstring for what grows): ``d_model``
+    times ``hidden``, with ``n_heads``, ``n_kv_heads`` and ``head_dim`` kept (SPARKLING §3.3),
+    and the inner widths times ``inner``. ``logit_scale`` is set by :func:`expand_model`.
 
     Raises:
-        InvalidValueError: a factor that leaves a fractional head count or width.
+        InvalidValueError: a factor that leaves a fractional width.
     """
     d = _scaled(cfg.d_model, hidden, "hidden: d_model")
-    heads = _scaled(cfg.n_heads, hidden, "hidden: n_heads")
-    kv = _scaled(cfg.n_kv_heads, hidden, "hidden: n_kv_heads")
     moe = cfg.moe
     if moe is not None:
         ex = moe.experts
@@ -191,8 +265,6 @@ def expanded_config(cfg: ModelConfig, hidden: float | None, inner: float | None)
     return dataclasses.replace(
         cfg,
         d_model=d,
-        n_heads=heads,
-        n_kv_heads=kv,
         head_dim=cfg.head_dim,
         dense_ffn_size=(
             _scaled(cfg.dense_ffn_size, inner, "expert: dense_ffn_size")
@@ -210,10 +282,12 @@ def param_plans(old: ModelConfig, new: ModelConfig) -> dict[str, ParamPlan]:
     Raises:
         InvalidValueError: the model has a parameter this module does not know how to grow.
     """
-    hd = old.head_dim
+    if (old.n_heads, old.n_kv_heads, old.head_dim) != (new.n_heads, new.n_kv_heads, new.head_dim):
+        raise InvalidValueError(
+            "expand: the attention heads must stay as they are (n_heads, n_kv_heads, head_dim)"
+        )
     D = Axis(old.d_model, new.d_model)
-    Q = Axis(old.n_heads * hd, new.n_heads * hd, role="heads")
-    K = Axis(old.n_kv_heads * hd, new.n_kv_heads * hd, role="heads")
+    Q = K = None  # heads and head_dim are kept (SPARKLING §3.3): q/k/v/o never grow there
     Fd = Axis(old.dense_ffn_size, new.dense_ffn_size, role="inner")
     plans: dict[str, ParamPlan] = {}
 
@@ -237,10 +311,7 @@ def param_plans(old: ModelConfig, new: ModelConfig) -> dict[str, ParamPlan]:
                 scale_with=f"{b}.attn.{proj}.weight",
             )
         add(f"{b}.attn.o_proj.weight", (D, Q), (1,))
-        if old.qk_norm == "full":
-            add(f"{b}.attn.q_norm.weight", (Q,), kind="norm")
-            add(f"{b}.attn.k_norm.weight", (K,), kind="norm")
-        elif old.qk_norm == "head":
+        if old.qk_norm != "none":  # over head_dim or the heads' width: neither grows
             add(f"{b}.attn.q_norm.weight", (None,), kind="norm")
             add(f"{b}.attn.k_norm.weight", (None,), kind="norm")
         if not old.is_moe_layer(i):
@@ -399,20 +470,40 @@ def matrix_output_rms(
 
 
 # ---------------------------------------------------------------------------- weights
+def sparkling_entry_scale(plan: ParamPlan, new_shape: tuple[int, ...]) -> Tensor:
+    """The factor every entry of a ``sparkling``-grown parameter gets on top of being copied,
+    float64, broadcastable to ``new_shape``: :func:`fan_in_scale` (both sides copied) of each
+    growing input dimension for matrices, 1 for embeddings, norms and biases (fan-out and
+    gains are copied unscaled, SPARKLING §3.2.2, §3.2.4 [P]; biases [I])."""
+    scale = torch.ones((), dtype=torch.float64)
+    if plan.kind != "matrix":
+        return scale.expand(new_shape)
+    for d in plan.in_dims:
+        a = plan.axes[d]
+        if a is not None and a.grows:
+            scale = scale * fan_in_scale(a.old, a.new, copied=True)
+    return scale.expand(new_shape)
+
+
 def _new_tensor(
     old: Tensor, fresh: Tensor, plan: ParamPlan, init: str, gen: torch.Generator
-) -> tuple[Tensor, Tensor]:
-    """The grown tensor and the scale its old entries received (old-shaped, float64)."""
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The grown tensor, the scale its old entries received (old-shaped, float64) and, for the
+    copy-based inits, the scale of every entry relative to its source (new-shaped, float64)."""
     ones = torch.ones(old.shape, dtype=torch.float64)
     if not plan.grows:
-        return old.clone(), ones
-    if init == "copy":
-        new = plan.gather_copy(old)
-        div = plan.copy_divisor(new.shape, torch.float64)
-        return new, (1.0 / div).expand(new.shape)[plan.old_index(old.shape)].clone()
+        return old.clone(), ones, None
+    if init in ("copy", "sparkling"):
+        shape = plan.new_shape(old.shape)
+        if init == "copy":
+            entry = (1.0 / plan.copy_divisor(shape, torch.float64)).expand(shape)
+        else:
+            entry = sparkling_entry_scale(plan, shape)
+        new = (plan.gather_copy(old, power=0).double() * entry).to(old.dtype)
+        return new, entry[plan.old_index(old.shape)].clone(), entry
     if init == "naive":
         new = fresh.detach().clone()
-    else:  # sparkling
+    else:  # random
         shape = plan.new_shape(old.shape)
         if plan.kind == "norm":
             new = torch.full(shape, float(old.mean()), dtype=old.dtype)
@@ -424,7 +515,7 @@ def _new_tensor(
             std = rms.reshape(-1, *([1] * (old.dim() - 1))) if plan.per_expert else rms
             new = (torch.randn(shape, generator=gen, dtype=torch.float64) * std).to(old.dtype)
     new[plan.old_index(old.shape)] = old
-    return new, ones
+    return new, ones, None
 
 
 @dataclass
@@ -435,14 +526,19 @@ class ExpandedModel:
         model: the grown model (new object; the old one is untouched).
         plans: the :class:`ParamPlan` of every parameter (old names).
         old_scales: per parameter, the factor its old entries were multiplied by (old
-            shape, float64): ``c`` for sparkling, ``1/copies`` for copy, 1 for naive.
-        scales: the fitted ``c`` per rescaled matrix (sparkling only).
+            shape, float64): the fan-in constant for sparkling, ``1/copies`` for copy, the
+            fitted ``c`` for random, 1 for naive.
+        scales: the fitted ``c`` per rescaled matrix (random only).
+        copy_scales: for the copy-based inits (sparkling, copy), per grown parameter, every
+            entry's factor relative to the entry it copies (new shape, float64); the
+            symmetric state policy scales copied moments by it.
     """
 
     model: MoETransformer
     plans: dict[str, ParamPlan]
     old_scales: dict[str, Tensor]
     scales: dict[str, Tensor]
+    copy_scales: dict[str, Tensor] = dataclasses.field(default_factory=dict)
 
 
 def check_expansion(
@@ -453,9 +549,8 @@ def check_expansion(
     factor fails before anything is written.
 
     Raises:
-        InvalidValueError: a factor leaving fractional head counts or widths; copy with a
-            non-integer hidden factor; a parameter this module cannot grow (e.g. LoRA
-            adapters).
+        InvalidValueError: a factor leaving fractional widths; copy with a non-integer hidden
+            factor; a parameter this module cannot grow (e.g. LoRA adapters).
     """
     new_cfg = expanded_config(cfg, spec.hidden, spec.inner)
     if spec.init == "copy" and spec.hidden is not None and spec.hidden != int(spec.hidden):
@@ -476,20 +571,29 @@ def expand_model(
     Args:
         model: the model to grow (not modified).
         spec: factors and initialisation.
-        calib_ids: ``[B, S]`` int64 token ids of the calibration batch (needed by
-            ``sparkling``; the spec uses about 8 sequences).
-        seed: seeds the new entries' random draws (the global RNG is left untouched).
+        calib_ids: ``[B, S]`` int64 token ids of the calibration batch (needed by ``random``
+            only; about 8 sequences); ``sparkling`` uses analytic constants.
+        seed: seeds the new entries' random draws (``random``, ``naive``; the global RNG is
+            left untouched).
+    Returns:
+        :class:`ExpandedModel`; its model's config has ``logit_scale`` times the LM head's
+        fan-in factor for a ``sparkling`` hidden expansion with tied embeddings.
     Raises:
-        InvalidValueError: factors that leave fractional head counts or widths, a copy with a
-            non-integer hidden factor, a sparkling expansion without a calibration batch,
-            or a parameter this module cannot grow.
+        InvalidValueError: factors that leave fractional widths, a copy with a non-integer
+            hidden factor, a random expansion without a calibration batch, or a parameter
+            this module cannot grow.
     """
     if not isinstance(model, MoETransformer):
         raise InvalidTypeError(f"model: expected MoETransformer, got {type(model).__name__}")
     cfg = model.cfg
     new_cfg = check_expansion(cfg, spec)
-    if spec.init == "sparkling" and calib_ids is None:
-        raise InvalidValueError("calib_ids: the sparkling init needs a calibration batch")
+    if spec.init == "random" and calib_ids is None:
+        raise InvalidValueError("calib_ids: the random init needs a calibration batch")
+    if spec.init == "sparkling" and cfg.tie_embeddings and spec.hidden is not None:
+        # the tied matrix is the embedding (fan-out: copied, unscaled) and the head (fan-in):
+        # the head's factor goes after the output projection (App. D.1)
+        head_scale = fan_in_scale(cfg.d_model, new_cfg.d_model, copied=True)
+        new_cfg = dataclasses.replace(new_cfg, logit_scale=cfg.logit_scale * head_scale)
     plans = model_plans(model, new_cfg)
     p0 = next(model.parameters())
     with torch.random.fork_rng(devices=[]):
@@ -498,10 +602,15 @@ def expand_model(
     gen = torch.Generator().manual_seed(seed + 1)
     fresh = dict(new_model.named_parameters())
     old_scales: dict[str, Tensor] = {}
+    copy_scales: dict[str, Tensor] = {}
     for name, p in model.named_parameters():
-        new, scale = _new_tensor(p.detach().cpu(), fresh[name].cpu(), plans[name], spec.init, gen)
+        new, scale, entry = _new_tensor(
+            p.detach().cpu(), fresh[name].cpu(), plans[name], spec.init, gen
+        )
         fresh[name].copy_(new.to(fresh[name].device))
         old_scales[name] = scale
+        if entry is not None:
+            copy_scales[name] = entry
     new_bufs = dict(new_model.named_buffers())
     for name, buf in model.named_buffers():
         if name in new_bufs and new_bufs[name].shape == buf.shape:
@@ -509,8 +618,10 @@ def expand_model(
     if cfg.tie_embeddings and spec.init == "copy" and spec.hidden is not None:
         new_model.norm.weight.div_(spec.hidden)
         old_scales["norm.weight"] = old_scales["norm.weight"] / spec.hidden
+        if "norm.weight" in copy_scales:
+            copy_scales["norm.weight"] = copy_scales["norm.weight"] / spec.hidden
     scales: dict[str, Tensor] = {}
-    if spec.init == "sparkling":
+    if spec.init == "random":
         ids = calib_ids.to(p0.device)
         refs = matrix_output_rms(model, ids)
         grown = {n for n, pl in plans.items() if pl.kind == "matrix" and pl.input_grows}
@@ -525,7 +636,7 @@ def expand_model(
                 if pl.scale_with == key:
                     old_scales[bias] = old_scales[bias] * c
     new_model.train(model.training)
-    return ExpandedModel(new_model, plans, old_scales, scales)
+    return ExpandedModel(new_model, plans, old_scales, scales, copy_scales)
 
 
 # -------------------------------------------------------------------------- optimizer
@@ -557,12 +668,18 @@ def expand_optimizer(
     """The optimizer of ``expanded.model``: ``opt``'s shards and state carried over to the
     grown parameters and new shards for the new entries (module docstring: ``state``).
 
+    With ``state`` ``asymmetric`` or ``scaled`` the new entries' groups carry the re-warmup
+    of SPARKLING Eq. 28 (keys ``rewarm_from`` = ``step``, ``rewarm_steps`` τ_w,
+    ``rewarm_ratio`` ρ, ``rewarm_lr`` η_e = the base schedule's rate at ``step``,
+    ``rewarm_min_lr`` η_min = ``cfg.lr · cfg.min_lr_ratio``, ``rewarm_total_steps`` T =
+    ``cfg.steps``), which :meth:`ShardedOptimizer.set_lr` follows.
+
     Args:
         opt: the old model's optimizer (not modified).
         old_model: the model ``opt`` optimizes.
         expanded: :func:`expand_model`'s result for ``old_model``.
-        spec: the expansion (``state``, ``rewarm_steps``).
-        cfg: betas/eps/lr of the new optimizer.
+        spec: the expansion (``state``, ``rewarm_steps``, ``rewarm_ratio``).
+        cfg: betas/eps/lr and the schedule (warmup, steps, min_lr_ratio) of the run.
         step: the optimizer step the expansion happens before (re-warmup starts there).
     """
     old_params = dict(old_model.named_parameters())
@@ -597,7 +714,10 @@ def expand_optimizer(
                         k: v[local] if isinstance(v, Tensor) and v.dim() else v
                         for k, v in st.items()
                     }
-                    sub_state = _scale_state(sub_state, scale[region_slices(old_sub)])
+                    if spec.state == "asymmetric":  # kept as it is (Eq. 24)
+                        sub_state = _scale_state(sub_state, torch.ones((), dtype=torch.float64))
+                    else:
+                        sub_state = _scale_state(sub_state, scale[region_slices(old_sub)])
                 whole = new_reg == full_region(new_params[name].shape)
                 ng["shards"].append([name, None if whole else [list(r) for r in new_reg]])
                 if sub_state:
@@ -605,29 +725,41 @@ def expand_optimizer(
         layout.append(ng)
     # new entries: new groups keyed by (optimizer, weight decay)
     new_groups: dict[tuple[str, float], dict[str, Any]] = {}
-    asym = spec.state == "asymmetric"
+    asym = spec.state in ("asymmetric", "scaled")
+    rewarm: dict[str, Any] = {"rewarm_from": None, "rewarm_steps": 0}
+    if asym:
+        eta_e = lr_at(
+            step,
+            lr=cfg.lr,
+            warmup_steps=cfg.warmup_steps,
+            total_steps=cfg.steps,
+            min_lr_ratio=cfg.min_lr_ratio,
+        )
+        rewarm = {
+            "rewarm_from": step,
+            "rewarm_steps": spec.rewarm_steps,
+            "rewarm_ratio": float(spec.rewarm_ratio),
+            "rewarm_lr": eta_e,
+            "rewarm_min_lr": cfg.lr * cfg.min_lr_ratio,
+            "rewarm_total_steps": cfg.steps,
+        }
     for name, plan in plans.items():
         if not plan.grows:
             continue
         kind, wd = kind_of[name]
         key = (kind, wd)
         if key not in new_groups:
-            new_groups[key] = {
-                "optimizer": kind,
-                "weight_decay": wd,
-                "rewarm_from": step if asym else None,
-                "rewarm_steps": spec.rewarm_steps if asym else 0,
-                "shards": [],
-            }
+            new_groups[key] = {"optimizer": kind, "weight_decay": wd, **rewarm, "shards": []}
             layout.append(new_groups[key])
         gi = layout.index(new_groups[key])
         shape = tuple(new_params[name].shape)
         copied = None
         if not asym and name in old_full:
+            entry = expanded.copy_scales.get(name)
             copied = {
                 k: (
-                    plan.gather_copy(v, _POWERS[k])
-                    if spec.init == "copy"
+                    (plan.gather_copy(v, power=0).double() * entry.pow(_POWERS[k])).to(v.dtype)
+                    if entry is not None
                     else torch.zeros(shape, dtype=v.dtype)
                 )
                 for k, v in old_full[name].items()
@@ -694,6 +826,8 @@ def expansion_record(step: int, cfg: ModelConfig, spec: ExpandSpec) -> dict[str,
         "init": spec.init,
         "state": spec.state,
         "rewarm_steps": spec.rewarm_steps,
+        "rewarm_ratio": spec.rewarm_ratio,
+        "logit_scale": cfg.logit_scale,
     }
 
 
@@ -709,12 +843,15 @@ def expand_in_training(
     step: int,
 ) -> Expansion:
     """:func:`expand_live` as the training loop and ``moelab expand`` do it: the calibration
-    batch (8 training sequences) and the new entries' random draws come from their own
-    generators seeded by ``(cfg.seed, step)``, so the training batches and RNG are untouched and
-    an in-loop expansion, a resumed one and an offline one give the same model."""
+    batch of the ``random`` init (8 training sequences) and the new entries' random draws come
+    from their own generators seeded by ``(cfg.seed, step)``, so the training batches and RNG
+    are untouched and an in-loop expansion, a resumed one and an offline one give the same
+    model. The other inits need no calibration batch (none is drawn)."""
     seed = cfg.seed * 7919 + step
     gen = torch.Generator().manual_seed(seed)
-    calib = sample_batch(stream, CALIBRATION_SEQUENCES, cfg.seq_len, gen).input_ids
+    calib = None
+    if spec.init == "random":
+        calib = sample_batch(stream, CALIBRATION_SEQUENCES, cfg.seq_len, gen).input_ids
     return expand_live(model, optimizer, spec, cfg, step=step, calib_ids=calib, seed=seed)
 
 
@@ -774,13 +911,16 @@ __all__ = [
     "ExpandedModel",
     "Expansion",
     "counterpart_cosine",
+    "default_rewarm_steps",
     "expand_in_training",
     "expand_live",
     "expand_model",
     "expand_optimizer",
     "expanded_config",
+    "fan_in_scale",
     "matrix_output_rms",
     "param_plans",
     "parse_expand",
     "parse_factor",
+    "sparkling_entry_scale",
 ]

@@ -25,8 +25,10 @@ from moelab.models import CheckpointError, ModelConfig
 from moelab.train.checkpoint import load_checkpoint, save_checkpoint
 from moelab.train.config import ConfigError, TrainConfig
 from moelab.train.expand import (
+    REWARM_RATIO,
     ExpandSpec,
     check_expansion,
+    default_rewarm_steps,
     expand_in_training,
     expansion_record,
 )
@@ -56,6 +58,7 @@ def expand_run(
     init: str = "sparkling",
     state: str = "asymmetric",
     rewarm_steps: int | None = None,
+    rewarm_ratio: float = REWARM_RATIO,
 ) -> ExpandRunResult:
     """Grow the latest checkpoint of ``run_dir`` into a new run folder ``out_dir``.
 
@@ -65,7 +68,9 @@ def expand_run(
         out_dir: the new run folder (must not exist or be empty).
         hidden, inner: width factors (> 1) of the hidden size and the expert/FFN inner size.
         init, state: see :class:`ExpandSpec`.
-        rewarm_steps: re-warmup steps of the new entries (None: 2 % of the steps left).
+        rewarm_steps: τ_w, re-warmup steps of the new entries (None:
+            :func:`moelab.train.expand.default_rewarm_steps` of the steps left).
+        rewarm_ratio: ρ, their re-warmup peak over the rate at the expansion (paper 1.3).
     Raises:
         ConfigError: not a run folder, a finished run, the checkpoint at or past the last step,
             an in-loop expansion still pending, bad factors; CheckpointError: no checkpoint
@@ -99,7 +104,8 @@ def expand_run(
         inner=inner,
         init=init,
         state=state,
-        rewarm_steps=max(1, round(0.02 * left)) if rewarm_steps is None else rewarm_steps,
+        rewarm_steps=default_rewarm_steps(left) if rewarm_steps is None else rewarm_steps,
+        rewarm_ratio=rewarm_ratio,
     )
     check_expansion(ckpt.model.cfg, spec, ckpt.model)
     tokenizer = load_tokenizer(run_dir)

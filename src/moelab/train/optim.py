@@ -23,9 +23,12 @@ Choices [I]:
   so one ``lr`` serves both optimizers; momentum 0.95, Nesterov. 3-D expert banks and 1-D
   parameters stay on AdamW (``torch.optim.Muon`` accepts 2-D tensors only). After an
   expansion each 2-D shard is orthogonalised on its own.
-- Re-warmup of a group created at step ``t_e`` with ``W_r`` re-warmup steps:
-  ``lr_group(t) = lr(t) · min(1, (t − t_e + 1) / W_r)`` for ``t >= t_e`` (linear from 0 to the
-  scheduled rate, the same ``(t+1)/W`` form as the main warmup); ``W_r = 0`` is no re-warmup.
+- Re-warmup of a group created by an expansion at step ``t_e``: SPARKLING's asymmetric
+  re-warmup (:func:`moelab.train.schedule.rewarm_lr_at`, Eq. 28 [P]): from the rate at
+  ``t_e`` linearly to ``ρ`` times it over ``rewarm_steps``, then its own cosine to the base
+  minimum. Layouts saved before that rule (no ``rewarm_ratio`` key in the group) keep the
+  older ramp ``lr(t) · min(1, (t − t_e + 1) / W_r)`` (:func:`rewarm_factor`), so their runs
+  resume as they were.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from moelab.train.config import ConfigError, TrainConfig
+from moelab.train.schedule import rewarm_lr_at
 
 OPTIMIZERS = ("adamw", "muon")
 LAYOUT_VERSION = 1
@@ -43,7 +47,8 @@ Region = tuple[tuple[int, int], ...]
 
 
 def rewarm_factor(step: int, group: dict[str, Any]) -> float:
-    """The learning-rate multiplier of a layout group at optimizer step ``step`` (0-based).
+    """The older (pre-paper) learning-rate multiplier of a layout group at optimizer step
+    ``step`` (0-based), kept for layouts saved without ``rewarm_ratio``.
 
     ``min(1, (step − rewarm_from + 1) / rewarm_steps)`` for a group created by an expansion at
     step ``rewarm_from``; 1 for groups without re-warmup (``rewarm_from`` None or
@@ -53,6 +58,28 @@ def rewarm_factor(step: int, group: dict[str, Any]) -> float:
     if start is None or n <= 0 or step < start:
         return 1.0
     return min(1.0, (step - start + 1) / n)
+
+
+def group_lr(step: int, lr: float, group: dict[str, Any]) -> float:
+    """The learning rate of a layout group at optimizer step ``step`` when the base schedule
+    gives ``lr``: ``lr`` for groups without re-warmup (``rewarm_from`` None) and before
+    ``rewarm_from``; SPARKLING's re-warmup (:func:`moelab.train.schedule.rewarm_lr_at`, from
+    the group's ``rewarm_*`` keys) for groups an expansion created; the older ramp
+    (:func:`rewarm_factor`) for groups saved without ``rewarm_ratio``."""
+    start = group.get("rewarm_from")
+    if start is None or step < start:
+        return lr
+    if "rewarm_ratio" not in group:
+        return lr * rewarm_factor(step, group)
+    return rewarm_lr_at(
+        step,
+        start=int(start),
+        rewarm_steps=int(group.get("rewarm_steps") or 0),
+        total_steps=int(group["rewarm_total_steps"]),
+        lr_start=float(group["rewarm_lr"]),
+        ratio=float(group["rewarm_ratio"]),
+        min_lr=float(group["rewarm_min_lr"]),
+    )
 
 
 def region_slices(region: Region | None) -> tuple[slice, ...]:
@@ -180,9 +207,10 @@ class ShardedOptimizer:
         return self._muon if self.layout[group_idx]["optimizer"] == "muon" else self._adam
 
     def set_lr(self, step: int, lr: float) -> None:
-        """Set every group's learning rate: the scheduled ``lr`` times its re-warmup factor."""
+        """Set every group's learning rate: the scheduled ``lr``, or a re-warmed group's own
+        rate (:func:`group_lr`)."""
         for g, tg in zip(self.layout, self.param_groups, strict=True):
-            tg["lr"] = lr * rewarm_factor(step, g)
+            tg["lr"] = group_lr(step, lr, g)
 
     def step(self) -> None:
         for p, view, sl in self._views:
