@@ -12,7 +12,7 @@ token with the routing weights (:meth:`QuantizedExpertBank.forward_combined`, wh
 :class:`~moelab.core.layer.MoELayer` calls), TileQ's single-pass form.
 
 The bank's tensors are buffers named ``{proj}.codes``, ``{proj}.scales``, ``{proj}.zeros``,
-``{proj}.g_idx`` and ``{proj}.lowrank.{U,V,S,row_of,col_of}``, so a model holding it saves and
+``{proj}.g_idx`` and ``{proj}.lowrank.{U,V,S,in_scale,row_of,col_of}``, so a model holding it saves and
 loads with its ordinary state dict; :meth:`QuantizedExpertBank.empty` builds the buffers of
 the right shapes from a :class:`QuantSpec` for loading.
 """
@@ -39,6 +39,7 @@ from moelab.core.experts.qformat import (
 from moelab.errors import InvalidValueError
 
 LOWRANK_CHOICES = ("none", *SCHEMES)
+TILEQ_SCHEMES = ("tileq", "tileq-core")
 FLOAT_BYTES = 2  # scales and low-rank factors are stored as float16
 
 
@@ -52,9 +53,13 @@ class QuantSpec:
         group_size: input columns per scale; must divide every projection's input width.
         symmetric: implicit zero point ``2^(bits−1)`` (no zeros stored) when True.
         act_order: GPTQ act-order groups (a ``g_idx`` per expert is stored).
-        lowrank: ``"none"``, ``"per-expert"``, ``"shared-1d"`` or ``"tileq"``.
+        lowrank: ``"none"``, ``"per-expert"``, ``"shared-1d"``, ``"tileq"`` (TileQ as the
+            authors' code does it) or ``"tileq-core"`` (moelab's variant with r × r cores).
         rank: r of the low-rank correction (0 with ``lowrank="none"``).
-        grid: ``(M, N)`` TileQ grid, ``M·N = E`` (tileq only).
+        grid: ``(M, N)`` TileQ grid. ``tileq``: the code's orientation [K] — M grid rows, each
+            sharing one *input-side* factor, N columns each sharing one output-side factor,
+            ``M·N >= E`` (empty cells allowed); ``tileq-core``: M row (output-side) factors,
+            N column (input-side) factors, ``M·N = E``.
     Raises:
         ValueError: any field out of range, naming it.
     """
@@ -85,8 +90,8 @@ class QuantSpec:
                 )
         elif not isinstance(self.rank, int) or self.rank < 1:
             raise InvalidValueError(f"rank: must be an int >= 1, got {self.rank!r}")
-        if (self.lowrank == "tileq") != (self.grid is not None):
-            raise InvalidValueError("grid: set exactly when lowrank='tileq'")
+        if (self.lowrank in TILEQ_SCHEMES) != (self.grid is not None):
+            raise InvalidValueError("grid: set exactly when lowrank is 'tileq' or 'tileq-core'")
         if self.grid is not None:
             g = tuple(self.grid)
             if len(g) != 2 or any(not isinstance(v, int) or v < 1 for v in g):
@@ -111,7 +116,8 @@ class QuantSpec:
     def check_model(self, num_experts: int, widths: tuple[int, ...]) -> None:
         """Raise ``ValueError`` when the spec does not fit E experts with input/output
         widths ``widths`` (group size must divide every input width; the rank must not exceed
-        any matrix side; the grid must factor E)."""
+        any matrix side; the ``tileq-core`` grid must factor E, the ``tileq`` grid must have
+        at least E cells)."""
         for w in widths:
             if w % self.group_size:
                 raise InvalidValueError(
@@ -119,9 +125,15 @@ class QuantSpec:
                 )
             if self.rank > w:
                 raise InvalidValueError(f"rank: {self.rank} exceeds the matrix side {w}")
-        if self.grid is not None and self.grid[0] * self.grid[1] != num_experts:
-            M, N = self.grid
+        if self.grid is None:
+            return
+        M, N = self.grid
+        if self.lowrank == "tileq-core" and M * N != num_experts:
             raise InvalidValueError(f"grid: {M}x{N} does not factor the {num_experts} experts")
+        if self.lowrank == "tileq" and M * N < num_experts:
+            raise InvalidValueError(
+                f"grid: {M}x{N} has fewer cells than the {num_experts} experts"
+            )
 
 
 def _empty_factors(spec: QuantSpec, K: int, d_out: int, d_in: int) -> LowRankFactors | None:
@@ -142,8 +154,17 @@ def _empty_factors(spec: QuantSpec, K: int, d_out: int, d_in: int) -> LowRankFac
             torch.zeros(K, dtype=torch.long),
         )
     M, N = spec.grid
+    if spec.lowrank == "tileq":  # code orientation: M input-side factors, N output-side ones
+        return LowRankFactors(
+            "tileq",
+            torch.zeros(N, d_out, r),
+            torch.zeros(M, d_in, r),
+            ar // M,
+            ar % M,
+            in_scale=torch.zeros(K, d_in),
+        )
     return LowRankFactors(
-        "tileq",
+        "tileq-core",
         torch.zeros(M, d_out, r),
         torch.zeros(N, d_in, r),
         ar // N,
@@ -227,7 +248,11 @@ class QuantizedProjection(nn.Module):
                     f"lowrank: factor shapes {tuple(lowrank.U.shape)}, {tuple(lowrank.V.shape)} do "
                     f"not match the spec's {tuple(want.U.shape)}, {tuple(want.V.shape)}"
                 )
-            for name in ("U", "V", "S"):  # stored as float16: round now so memory == disk
+            if (lowrank.in_scale is None) != (want.in_scale is None) or (
+                lowrank.in_scale is not None and lowrank.in_scale.shape != want.in_scale.shape
+            ):
+                raise InvalidValueError("lowrank: in_scale does not match the spec's")
+            for name in ("U", "V", "S", "in_scale"):  # stored as float16: memory == disk
                 t = getattr(lowrank, name)
                 if t is not None:
                     setattr(lowrank, name, t.to(torch.float16).to(t.dtype))
