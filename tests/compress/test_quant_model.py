@@ -72,14 +72,20 @@ def test_quantized_bank_equals_a_dense_bank_of_its_effective_weights(make_model,
     assert report.bits_per_param > kw.get("bits", 4)
 
 
-def test_bits_per_param_counts_codes_scales_zeros_gidx_and_factors(make_model, make_batches):
-    _, report = _quantized(make_model, make_batches)
+@pytest.mark.parametrize("lowrank", ["tileq-core", "tileq"])
+def test_bits_per_param_counts_codes_scales_zeros_gidx_and_factors(
+    make_model, make_batches, lowrank
+):
+    _, report = _quantized(make_model, make_batches, lowrank=lowrank)
     E, D, Fh, g, r = 6, 16, 12, 4, 3
     per_layer = 0
     for I, O in ((D, Fh), (D, Fh), (Fh, D)):  # noqa: E741  gate, up, down: (in, out)
         n = E * O * I
         bits = n * 4 + (n // g) * (16 + 4) + E * I * 16  # codes, fp16 scales, 4-bit zeros, g_idx
-        bits += 16 * (2 * r * O + 3 * r * I + E * r * r)  # tileq 2x3 factors
+        if lowrank == "tileq-core":
+            bits += 16 * (2 * r * O + 3 * r * I + E * r * r)  # 2x3 factors + r x r cores
+        else:  # 2 input-side and 3 output-side factors (Σ folded in) + E·I input un-scaling
+            bits += 16 * (2 * r * I + 3 * r * O + E * I)
         per_layer += bits
     weights = 3 * E * D * Fh
     assert report.layers[0].weights == weights
@@ -133,7 +139,15 @@ def test_bad_input_is_refused(make_model, make_batches):
     with pytest.raises(ValueError, match="bits"):
         QuantSpec(bits=5)
     with pytest.raises(ValueError, match="grid: 4x4 does not factor the 6 experts"):
-        quantize_model(model, batches, QuantizeConfig(spec=_spec(grid=(4, 4))))
+        quantize_model(
+            model, batches, QuantizeConfig(spec=_spec(lowrank="tileq-core", grid=(4, 4)))
+        )
+    with pytest.raises(ValueError, match="grid: 2x2 has fewer cells than the 6 experts"):
+        quantize_model(model, batches, QuantizeConfig(spec=_spec(grid=(2, 2))))
+    with pytest.raises(ValueError, match="weighting: tileq needs a diagonal"):
+        QuantizeConfig(spec=_spec(), weighting="full")
+    with pytest.raises(ValueError, match="weighting: 'awq'"):
+        QuantizeConfig(spec=_spec(lowrank="shared-1d", grid=None), weighting="awq")
     with pytest.raises(ValueError, match="rank: 13 exceeds"):
         quantize_model(model, batches, QuantizeConfig(spec=_spec(rank=13)))
     with pytest.raises(ValueError, match="group_size: 5 does not divide"):
@@ -210,7 +224,8 @@ def test_cli_quantizes_and_the_folder_evaluates(cli_model, tmp_path):
     ("flags", "needle"),
     [
         (["--bits", "5"], "bits"),
-        (["--lowrank", "tileq", "--grid", "3x3"], "grid: 3x3 does not factor"),
+        (["--lowrank", "tileq-core", "--grid", "3x3"], "grid: 3x3 does not factor"),
+        (["--lowrank", "tileq", "--grid", "1x3"], "grid: 1x3 has fewer cells"),
         (["--lowrank", "per-expert", "--rank", "64"], "rank: 64 exceeds"),
         (["--group-size", "7"], "group_size"),
         (["--calib-tokens", "100000"], "calib"),

@@ -210,7 +210,7 @@ def fit_lowrank(
                     "weighting: tileq needs a diagonal input scale (awq or diag), not a matrix"
                 )
             d = d.expand(T.shape[0], -1)
-        return fit_tileq(T, d, rank, grid, seed=seed)[0]
+        return fit_tileq(T, d, rank, grid, seed=seed)[0].float()  # float32 like the others
     if per_expert_scale:
         if scheme != "per-expert":
             raise InvalidValueError(
@@ -337,14 +337,15 @@ def fit_per_expert_scaled(T: Tensor, s: Tensor, rank: int) -> LowRankFactors:
     return LowRankFactors("per-expert", Uf.float(), Vf.float(), ar, ar)
 
 
-def _fix_signs(U: Tensor, V: Tensor) -> tuple[Tensor, Tensor]:
-    """[I] flip each singular pair so that the largest-magnitude entry of ``u`` is positive
-    (the code's sketch vectors carry whatever sign the iteration gives; flattened features
-    need one fixed convention to be comparable)."""
-    idx = U.abs().argmax(-2, keepdim=True)
-    sign = torch.sign(torch.gather(U, -2, idx))
+def _fix_signs(X: Tensor) -> Tensor:
+    """[I] flip each singular vector (column of ``X [.., d, s]``) so that its largest-magnitude
+    entry is positive. The code's sketch vectors carry whatever sign the iteration gives;
+    flattened features need a fixed convention to be comparable, and each side gets its own
+    (the U and V features are clustered independently, so a pair need not flip together)."""
+    idx = X.abs().argmax(-2, keepdim=True)
+    sign = torch.sign(torch.gather(X, -2, idx))
     sign[sign == 0] = 1
-    return U * sign, V * sign
+    return X * sign
 
 
 def tileq_placement(
@@ -369,7 +370,7 @@ def tileq_placement(
     K, I, O = B.shape  # noqa: E741
     s = max(1, min(rank // 2, I, O))
     U, _, Vh = torch.linalg.svd(B.double(), full_matrices=False)
-    Us, Vs = _fix_signs(U[:, :, :s], Vh[:, :s, :].transpose(1, 2))
+    Us, Vs = _fix_signs(U[:, :, :s]), _fix_signs(Vh[:, :s, :].transpose(1, 2))
 
     def features(X: Tensor) -> Tensor:
         f = X.reshape(K, -1)
