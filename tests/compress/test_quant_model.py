@@ -3,6 +3,7 @@ bit for bit, under-calibrated experts, bad input, and the ``moelab quantize`` co
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -28,9 +29,9 @@ def _spec(**kw):
     return QuantSpec(**base)
 
 
-def _quantized(make_model, make_batches, **kw):
+def _quantized(make_model, make_batches, target=None, weighting=None, **kw):
     model = make_model()
-    cfg = QuantizeConfig(spec=_spec(**kw), min_tokens=2)
+    cfg = QuantizeConfig(spec=_spec(**kw), min_tokens=2, target=target, weighting=weighting)
     report = quantize_model(model, make_batches(4, 2, 8), cfg)
     return model, report
 
@@ -39,7 +40,10 @@ def _quantized(make_model, make_batches, **kw):
     "kw",
     [
         {},
+        {"grid": (2, 4)},  # tileq with two empty cells
+        {"lowrank": "tileq-core"},
         {"lowrank": "per-expert", "grid": None},
+        {"lowrank": "per-expert", "grid": None, "target": "weight-once", "weighting": "awq"},
         {"lowrank": "shared-1d", "grid": None, "method": "rtn", "act_order": False, "bits": 3},
         {"lowrank": "none", "rank": 0, "grid": None, "bits": 2, "symmetric": True},
     ],
@@ -92,16 +96,24 @@ def test_bits_per_param_counts_codes_scales_zeros_gidx_and_factors(
     assert report.bits_per_param == pytest.approx(per_layer / weights)
 
 
-def test_saved_folder_loads_bit_for_bit_and_checksums_guard_it(make_model, make_batches, tmp_path):
-    model, _ = _quantized(make_model, make_batches)
+@pytest.mark.parametrize("grid", [(2, 3), (2, 4)])
+def test_saved_folder_loads_bit_for_bit_and_checksums_guard_it(
+    make_model, make_batches, tmp_path, grid
+):
+    model, _ = _quantized(make_model, make_batches, grid=grid)
     ids = make_batches(1, 2, 8, seed=9)[0]
     with torch.no_grad():
         before = model(ids).logits
     save_model(model, tmp_path / "q")
     cfg = json.loads((tmp_path / "q" / "config.json").read_text())
     assert cfg["quantization"]["spec"]["lowrank"] == "tileq"
+    assert cfg["quantization"]["format_version"] == 2
     loaded = load_model(tmp_path / "q")
     assert isinstance(moe_layers(loaded)[0].experts, QuantizedExpertBank)
+    want = moe_layers(model)[0].experts.projections["gate"].lowrank
+    got = moe_layers(loaded)[0].experts.projections["gate"].lowrank
+    for name in ("U", "V", "in_scale", "row_of", "col_of"):
+        assert torch.equal(getattr(got, name), getattr(want, name))
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, before)
     data = bytearray((tmp_path / "q" / "model.safetensors").read_bytes())
@@ -109,6 +121,43 @@ def test_saved_folder_loads_bit_for_bit_and_checksums_guard_it(make_model, make_
     (tmp_path / "q" / "model.safetensors").write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="checksum"):
         load_model(tmp_path / "q")
+
+
+@pytest.mark.parametrize("method", ["rtn", "gptq"])
+def test_tileq_stores_the_quantized_residual_plus_the_kept_weight_fit(
+    make_model, make_batches, method
+):
+    """Stored layer == Q(W − L) + L exactly, with L the code-style fit of W itself (AWQ
+    scales from each expert's own rows), not refitted to the quantization error."""
+    from moelab.compress.quant import awq_scale, fit_lowrank
+    from moelab.compress.quant.pipeline import _projection_weights
+
+    model = make_model()
+    batches = make_batches(4, 2, 8)
+    weights = _projection_weights(moe_layers(model)[0].experts)
+    hess = collect_hessians(model, batches)[0]
+    spec = _spec(method=method, act_order=False, grid=(2, 4))
+    cfg = QuantizeConfig(spec=spec, min_tokens=2, sequential=False)
+    assert (cfg.lowrank_target, cfg.lowrank_weighting) == ("weight-once", "awq")
+    quantize_model(model, batches, cfg)
+    bank = moe_layers(model)[0].experts
+    for name, W in weights.items():
+        proj = bank.projections[name]
+        acc = hess.inter if name == "down" else hess.inputs
+        L = copy.deepcopy(proj.lowrank).float().dense()  # as the pipeline computed it
+        # L is the tileq fit of the fp weight (fp16-rounded as stored)
+        f = fit_lowrank("tileq", W, awq_scale(acc.mean_abs(), acc.counts), 3, (2, 4),
+                        per_expert_scale=True)  # fmt: skip
+        torch.testing.assert_close(L, f.half().float().dense(), rtol=0, atol=2e-6)
+        assert float(L.norm()) > 0.3 * float(W.norm())  # a fit of W, not of a small error
+        if method == "rtn":  # the residual's codes are exactly RTN of W − L
+            q = quantize_rtn(W - L, 4, 4)
+            assert torch.equal(proj.unpacked_codes(), q.codes)
+        deq = proj.dequantize(torch.float64)
+        L64 = proj.lowrank.dense().double()
+        assert torch.equal(proj.weight(torch.float64), deq + L64)
+        assert float((L64 - L.double()).abs().max()) < 1e-6
+        assert float((deq + L64 - W.double()).norm()) < 0.1 * float(W.norm())
 
 
 def test_under_calibrated_experts_get_weight_derived_scales(make_model, make_batches):
@@ -301,3 +350,14 @@ def test_other_activations_biases_and_lora(experts, tmp_path):
     save_model(model, tmp_path / "q")
     with torch.no_grad():
         assert torch.equal(load_model(tmp_path / "q")(ids).logits, after)
+
+
+def test_version_1_folders_read_their_tileq_as_tileq_core():
+    from moelab.models.quantized import read_quantization
+
+    spec = _spec(lowrank="tileq-core").to_dict()
+    spec["lowrank"] = "tileq"  # what a version-1 folder wrote for the cored form
+    assert read_quantization({"format_version": 1, "spec": spec}, "x").lowrank == "tileq-core"
+    assert read_quantization({"format_version": 2, "spec": spec}, "x").lowrank == "tileq"
+    with pytest.raises(ValueError, match="format_version 3"):
+        read_quantization({"format_version": 3, "spec": spec}, "x")
