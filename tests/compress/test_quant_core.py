@@ -300,9 +300,7 @@ def _planted_code_grid(cells, M, N, I=6, O=8, r=3, seed=0):
     P, Q = _orth(M, I, r, g), _orth(N, O, r, g)
     sigma = torch.tensor([3.0, 2.0, 1.0], dtype=torch.float64)[:r]
     s = torch.rand(len(cells), I, generator=g, dtype=torch.float64) + 0.5
-    W = torch.stack(
-        [((P[m] * sigma) @ Q[n].T / s[e, :, None]).T for e, (m, n) in enumerate(cells)]
-    )
+    W = torch.stack([((P[m] * sigma) @ Q[n].T / s[e, :, None]).T for e, (m, n) in enumerate(cells)])
     return W, s
 
 

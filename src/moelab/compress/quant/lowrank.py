@@ -461,6 +461,6 @@ def tileq_grid(num_experts: int) -> tuple[int, int]:
     if num_experts < 1:
         raise InvalidValueError(f"num_experts: must be >= 1, got {num_experts}")
     M = 1
-    while M * M < num_experts:
+    while num_experts > M * M:
         M *= 2
     return M, -(-num_experts // M)

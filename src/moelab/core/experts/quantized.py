@@ -128,12 +128,10 @@ class QuantSpec:
         if self.grid is None:
             return
         M, N = self.grid
-        if self.lowrank == "tileq-core" and M * N != num_experts:
+        if self.lowrank == "tileq-core" and num_experts != M * N:
             raise InvalidValueError(f"grid: {M}x{N} does not factor the {num_experts} experts")
-        if self.lowrank == "tileq" and M * N < num_experts:
-            raise InvalidValueError(
-                f"grid: {M}x{N} has fewer cells than the {num_experts} experts"
-            )
+        if self.lowrank == "tileq" and num_experts > M * N:
+            raise InvalidValueError(f"grid: {M}x{N} has fewer cells than the {num_experts} experts")
 
 
 def _empty_factors(spec: QuantSpec, K: int, d_out: int, d_in: int) -> LowRankFactors | None:
