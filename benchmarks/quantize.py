@@ -10,7 +10,9 @@ and low-rank compensation:
   grysgreat/Sketch_lopro): per-expert AWQ-style input scales, the low-rank term fitted to the
   fp weight once and kept, the residual quantized, ``Q(W − L) + L`` stored. Schemes:
   ``per-expert`` (LoPRo's per-matrix form) and ``tileq`` (one shared-Σ SVD of the block
-  matrix on a k-means grid: 4×2 for 8 experts, 4×4 for 16);
+  matrix on a k-means grid: 4×2 for 8 experts, 4×4 for 16); with ``--rotate-block B`` their
+  GPTQ rows quantize the permuted, partially block-Hadamard-rotated residual (the authors'
+  rotated GPTQ, act-order off; plain ``none`` GPTQ keeps act-order);
 - with ``--old``, moelab's earlier reconstruction, target ``A`` (fit ``W − Q(W)``, layer-pooled
   ``(H + λI)^{1/2}`` weighting): ``per-expert``, ``shared-1d`` and ``tileq-core`` (r × r
   cores, HOOI, balanced most-square grid).
@@ -39,7 +41,7 @@ tokens; 4 k evaluation tokens per domain (the same tokens for every setting).
 Usage::
 
     python benchmarks/quantize.py --ranks 2 4 8                  # both runs
-    python benchmarks/quantize.py --runs /work/runs/e16 --ranks 2 4 8 --old --json rows.json
+    python benchmarks/quantize.py --runs /work/runs/e16 --ranks 2 4 8 --old --rotate-block 64
 """
 
 from __future__ import annotations
@@ -208,6 +210,13 @@ def main() -> None:
         choices=["full", "diag"],
         help="target A's activation weighting: full (H+λI)^1/2 or the notes' diag(sqrt(diag H))",
     )
+    ap.add_argument(
+        "--rotate-block",
+        type=int,
+        default=0,
+        help="target W1's GPTQ rows: the authors' permuted partial block-Hadamard rotation of "
+        "the residual with this Walsh block (e.g. 64; act-order off); 0: off",
+    )
     ap.add_argument("--methods", nargs="+", default=["rtn", "gptq"], choices=["rtn", "gptq"])
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared box)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
@@ -280,10 +289,11 @@ def main() -> None:
             for method in args.methods:
                 for scheme, target, rank in settings(args.ranks, args.old):
                     t0 = time.time()
+                    rot = args.rotate_block if method == "gptq" and target == "W1" else 0
                     spec = QuantSpec(
                         method=method, bits=bits, group_size=args.group_size, symmetric=False,
-                        act_order=method == "gptq", lowrank=scheme, rank=rank,
-                        grid=grids.get(scheme),
+                        act_order=method == "gptq" and not rot, lowrank=scheme, rank=rank,
+                        grid=grids.get(scheme), rotate_block=rot,
                     )  # fmt: skip
                     tgt, wt = TARGETS.get(target, (None, None))
                     cfg = QuantizeConfig(

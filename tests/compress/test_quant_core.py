@@ -378,3 +378,44 @@ def test_kmeans_is_seeded_and_separates_clusters():
     lab = kmeans(X, 3, seed=1)
     assert lab.tolist() == [0] * 5 + [1] * 5 + [2] * 5
     assert torch.equal(kmeans(X, 3, seed=1), lab)
+
+
+# ------------------------------------------------- the authors' rotation before GPTQ
+def _code_rotation(perm, I, b):
+    """The code's matrices: ``Ppermute`` (column j = e_{perm[j]}) and ``diagI_rot`` (identity
+    on the first b columns, block Walsh-Hadamard on the rest), built as hadamard_utils does."""
+    P = torch.zeros(I, I, dtype=torch.float64)
+    P[perm, torch.arange(I)] = 1.0
+    Hb = torch.tensor([[1.0]], dtype=torch.float64)
+    while Hb.shape[0] < b:
+        Hb = torch.cat([torch.cat([Hb, Hb], 1), torch.cat([Hb, -Hb], 1)], 0)
+    rot = torch.block_diag(*[Hb / b**0.5] * (I // b))
+    D = torch.zeros(I, I, dtype=torch.float64)
+    D[:b, :b] = torch.eye(b, dtype=torch.float64)
+    D[b:, b:] = rot[b:, b:]
+    return P @ D
+
+
+def test_rotation_matches_the_code_matrices_and_inverts():
+    from moelab.core.experts.rotation import rotate, rotate_hessian, unrotate
+
+    g = torch.Generator().manual_seed(0)
+    E, O, I, b = 2, 5, 12, 4
+    X = torch.randn(E, O, I, generator=g, dtype=torch.float64)
+    perm = torch.stack([torch.randperm(I, generator=g) for _ in range(E)])
+    R = torch.stack([_code_rotation(perm[e], I, b) for e in range(E)])
+    torch.testing.assert_close(R[0].T @ R[0], torch.eye(I, dtype=torch.float64))
+    torch.testing.assert_close(rotate(X, perm, b), X @ R)
+    torch.testing.assert_close(unrotate(rotate(X, perm, b), perm, b), X)
+    A = torch.randn(E, I, I, generator=g, dtype=torch.float64)
+    H = A @ A.transpose(1, 2)
+    torch.testing.assert_close(rotate_hessian(H, perm, b), R.transpose(1, 2) @ H @ R)
+
+
+def test_rotation_permutation_hand_computed():
+    from moelab.compress.quant.rotation import rotation_permutation
+
+    res = torch.tensor([[[4.0, 1.0, 2.0, 2.0]]])  # mean |res| per column (one row)
+    H = torch.diag(torch.tensor([1.0, 1.0, 2.0, 4.0]))[None]  # log2 diag: 0, 0, 1, 2
+    # score = mean|res| / (log2 H − min + 1) = 4, 1, 1, 2/3 -> increasing: 3, 1, 2, 0
+    assert rotation_permutation(res, H).tolist() == [[3, 1, 2, 0]]

@@ -41,6 +41,7 @@ def _quantized(make_model, make_batches, target=None, weighting=None, **kw):
     [
         {},
         {"grid": (2, 4)},  # tileq with two empty cells
+        {"grid": (2, 4), "act_order": False, "rotate_block": 4},  # + the rotated GPTQ
         {"lowrank": "tileq-core"},
         {"lowrank": "per-expert", "grid": None},
         {"lowrank": "per-expert", "grid": None, "target": "weight-once", "weighting": "awq"},
@@ -96,11 +97,12 @@ def test_bits_per_param_counts_codes_scales_zeros_gidx_and_factors(
     assert report.bits_per_param == pytest.approx(per_layer / weights)
 
 
-@pytest.mark.parametrize("grid", [(2, 3), (2, 4)])
+@pytest.mark.parametrize("grid, rot", [((2, 3), 0), ((2, 4), 0), ((2, 4), 4)])
 def test_saved_folder_loads_bit_for_bit_and_checksums_guard_it(
-    make_model, make_batches, tmp_path, grid
+    make_model, make_batches, tmp_path, grid, rot
 ):
-    model, _ = _quantized(make_model, make_batches, grid=grid)
+    kw = {"act_order": False, "rotate_block": rot} if rot else {}
+    model, _ = _quantized(make_model, make_batches, grid=grid, **kw)
     ids = make_batches(1, 2, 8, seed=9)[0]
     with torch.no_grad():
         before = model(ids).logits
@@ -123,9 +125,9 @@ def test_saved_folder_loads_bit_for_bit_and_checksums_guard_it(
         load_model(tmp_path / "q")
 
 
-@pytest.mark.parametrize("method", ["rtn", "gptq"])
+@pytest.mark.parametrize("method, rot", [("rtn", 0), ("gptq", 0), ("gptq", 4)])
 def test_tileq_stores_the_quantized_residual_plus_the_kept_weight_fit(
-    make_model, make_batches, method
+    make_model, make_batches, method, rot
 ):
     """Stored layer == Q(W − L) + L exactly, with L the code-style fit of W itself (AWQ
     scales from each expert's own rows), not refitted to the quantization error."""
@@ -136,7 +138,7 @@ def test_tileq_stores_the_quantized_residual_plus_the_kept_weight_fit(
     batches = make_batches(4, 2, 8)
     weights = _projection_weights(moe_layers(model)[0].experts)
     hess = collect_hessians(model, batches)[0]
-    spec = _spec(method=method, act_order=False, grid=(2, 4))
+    spec = _spec(method=method, act_order=False, grid=(2, 4), rotate_block=rot)
     cfg = QuantizeConfig(spec=spec, min_tokens=2, sequential=False)
     assert (cfg.lowrank_target, cfg.lowrank_weighting) == ("weight-once", "awq")
     quantize_model(model, batches, cfg)
@@ -154,6 +156,17 @@ def test_tileq_stores_the_quantized_residual_plus_the_kept_weight_fit(
             q = quantize_rtn(W - L, 4, 4)
             assert torch.equal(proj.unpacked_codes(), q.codes)
         deq = proj.dequantize(torch.float64)
+        if rot:  # codes live in the rotated basis: Q(W − L) R_eᵀ is what dequantize gives
+            from moelab.compress.quant import gptq_quantize
+            from moelab.compress.quant.rotation import rotation_permutation
+            from moelab.core.experts.rotation import rotate, rotate_hessian, unrotate
+
+            H = acc.hessians()
+            perm = rotation_permutation(W - L, H)
+            assert torch.equal(proj.perm.long(), perm)
+            q = gptq_quantize(rotate(W - L, perm, rot), rotate_hessian(H, perm, rot).float(), 4, 4)
+            assert torch.equal(proj.unpacked_codes(), q.codes)  # GPTQ of the rotated residual
+            torch.testing.assert_close(deq, unrotate(q.dequantize(torch.float64), perm, rot))
         L64 = proj.lowrank.dense().double()
         assert torch.equal(proj.weight(torch.float64), deq + L64)
         assert float((L64 - L.double()).abs().max()) < 1e-6
@@ -193,6 +206,10 @@ def test_bad_input_is_refused(make_model, make_batches):
         )
     with pytest.raises(ValueError, match="grid: 2x2 has fewer cells than the 6 experts"):
         quantize_model(model, batches, QuantizeConfig(spec=_spec(grid=(2, 2))))
+    with pytest.raises(ValueError, match="rotate_block: the rotation orders"):
+        _spec(rotate_block=4)  # act-order on
+    with pytest.raises(ValueError, match="rotate_block: must be a power of two"):
+        quantize_model(model, batches, QuantizeConfig(spec=_spec(act_order=False, rotate_block=8)))
     with pytest.raises(ValueError, match="weighting: tileq needs a diagonal"):
         QuantizeConfig(spec=_spec(), weighting="full")
     with pytest.raises(ValueError, match="weighting: 'awq'"):
@@ -249,17 +266,20 @@ def cli_model(tmp_path):
     return folder, text
 
 
-def test_cli_quantizes_and_the_folder_evaluates(cli_model, tmp_path):
+@pytest.mark.parametrize("rot", ["0", "16"])
+def test_cli_quantizes_and_the_folder_evaluates(cli_model, tmp_path, rot):
     folder, text = cli_model
     out = tmp_path / "q"
     res = runner.invoke(app, ["quantize", str(folder), "--out", str(out), "--bits", "3",
                               "--group-size", "16", "--lowrank", "tileq", "--rank", "4",
+                              "--rotate-block", rot,
                               "--calib-data", str(text), "--calib-tokens", "512",
                               "--seq-len", "32", "--json"])  # fmt: skip
     assert res.exit_code == 0, res.output
     report = json.loads((out / "quantize.json").read_text())
     assert report["spec"]["grid"] == [2, 2] and report["spec"]["bits"] == 3
     assert report["bits_per_param"] > 3
+    assert (report["lowrank_target"], report["weighting"]) == ("weight-once", "awq")
     ev = runner.invoke(app, ["eval", str(out), "--data", str(text), "--tokens", "256", "--json"])
     assert ev.exit_code == 0, ev.output
     # quantizing a quantized folder is refused, nothing written
@@ -275,6 +295,7 @@ def test_cli_quantizes_and_the_folder_evaluates(cli_model, tmp_path):
         (["--bits", "5"], "bits"),
         (["--lowrank", "tileq-core", "--grid", "3x3"], "grid: 3x3 does not factor"),
         (["--lowrank", "tileq", "--grid", "1x3"], "grid: 1x3 has fewer cells"),
+        (["--rotate-block", "3"], "rotate_block: must be a power of two"),
         (["--lowrank", "per-expert", "--rank", "64"], "rank: 64 exceeds"),
         (["--group-size", "7"], "group_size"),
         (["--calib-tokens", "100000"], "calib"),

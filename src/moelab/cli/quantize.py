@@ -68,6 +68,14 @@ def quantize(
         bool, Opt(help="GPTQ: quantize columns by decreasing Hessian diagonal.")
     ] = True,
     damp: Annotated[float, Opt(help="GPTQ dampening (fraction of mean diag H).")] = 0.01,
+    rotate_block: Annotated[
+        int,
+        Opt(
+            help="GPTQ on the permuted, partially block-Hadamard-rotated residual (the TileQ/"
+            "LoPRo authors' rotation; Walsh block size, a power of two dividing the widths; "
+            "turns act-order off). 0: off."
+        ),
+    ] = 0,
     lowrank: Annotated[
         str,
         Opt(
@@ -122,11 +130,12 @@ def quantize(
     Examples:
       moelab quantize runs/main --method gptq --bits 3 --out runs/main-q3
       moelab quantize runs/e16 --bits 2 --lowrank tileq --rank 8 --grid 4x4 --out runs/e16-tq2
+      moelab quantize runs/e16 --bits 2 --lowrank tileq --rank 4 --rotate-block 64 --out runs/e16-tr2
       moelab quantize runs/e16 --bits 2 --lowrank tileq-core --rank 8 --out runs/e16-tc2
       moelab quantize runs/main --method rtn --bits 4 --lowrank per-expert --out runs/main-r4
     """
     report, table = guarded(
-        _quantize, run, out, method, bits, group_size, symmetric, act_order, damp, lowrank,
+        _quantize, run, out, method, bits, group_size, symmetric, act_order, damp, rotate_block, lowrank,
         rank, grid, sweeps, lowrank_target, weighting, min_tokens, sequential, calib_data, calib_tokens, seq_len,
         batch_size, seed,
     )  # fmt: skip
@@ -142,7 +151,7 @@ def quantize(
 
 def _quantize(
     run: Path, out: Path, method: str, bits: int, group_size: int, symmetric: bool,
-    act_order: bool, damp: float, lowrank: str, rank: int, grid_text: str | None, sweeps: int,
+    act_order: bool, damp: float, rotate_block: int, lowrank: str, rank: int, grid_text: str | None, sweeps: int,
     lowrank_target: str, weighting: str, min_tokens: int, sequential: bool, calib_data: str | None, calib_tokens: int,
     seq_len: int | None, batch_size: int, seed: int,
 ):  # fmt: skip
@@ -179,8 +188,8 @@ def _quantize(
         grid = square_grid(layers[0].config.router.num_experts)
     spec = QuantSpec(
         method=method, bits=bits, group_size=group_size, symmetric=symmetric,
-        act_order=act_order and method == "gptq", lowrank=lowrank,
-        rank=0 if lowrank == "none" else rank, grid=grid,
+        act_order=act_order and method == "gptq" and not rotate_block, lowrank=lowrank,
+        rank=0 if lowrank == "none" else rank, grid=grid, rotate_block=rotate_block,
     )  # fmt: skip
     cfg = QuantizeConfig(
         spec=spec, damp=damp, min_tokens=min_tokens, sweeps=sweeps, seed=seed,

@@ -48,10 +48,12 @@ from moelab.compress.quant.lowrank import (
     awq_scale,
     fit_lowrank,
 )
+from moelab.compress.quant.rotation import rotation_permutation
 from moelab.compress.quant.rtn import QuantizedTensor, quantize_rtn
 from moelab.core.config import GATED_ACTIVATIONS
 from moelab.core.experts.bank import ExpertBank
 from moelab.core.experts.quantized import QuantizedExpertBank, QuantizedProjection, QuantSpec
+from moelab.core.experts.rotation import rotate, rotate_hessian, unrotate
 from moelab.core.layer import MoELayer, MoEOutput
 from moelab.errors import InvalidValueError
 from moelab.models.hooks import moe_layers
@@ -260,13 +262,21 @@ def output_error(W: Tensor, W_hat: Tensor, sums: Tensor) -> float:
 
 def _quantize_projection(
     W: Tensor, acc: HessianAccumulator, cfg: QuantizeConfig, under: Tensor
-) -> QuantizedTensor:
+) -> tuple[QuantizedTensor, Tensor | None]:
+    """Codes of ``W [E, O, I]`` and, with ``spec.rotate_block``, the rotation's column order
+    ``perm [E, I]`` (then the codes quantize ``W R_e`` with the Hessians ``R_eᵀ H R_e``)."""
     spec = cfg.spec
+    H = acc.hessians()
+    perm = None
+    if spec.rotate_block:
+        perm = rotation_permutation(W, H)
+        W = rotate(W, perm, spec.rotate_block)
+        H = rotate_hessian(H, perm, spec.rotate_block)
     rtn = quantize_rtn(W, spec.bits, spec.group_size, spec.symmetric)
     if spec.method == "rtn":
-        return rtn
+        return rtn, perm
     q = gptq_quantize(
-        W, acc.hessians().float(), spec.bits, spec.group_size, symmetric=spec.symmetric,
+        W, H.float(), spec.bits, spec.group_size, symmetric=spec.symmetric,
         damp=cfg.damp, act_order=spec.act_order, block_size=cfg.block_size,
     )  # fmt: skip
     if under.any():  # weight-derived fallback for experts calibration barely reached
@@ -276,7 +286,7 @@ def _quantize_projection(
             q.zeros[under] = rtn.zeros[under]
         if q.g_idx is not None:
             q.g_idx[under] = torch.arange(W.shape[2]) // spec.group_size
-    return q
+    return q, perm
 
 
 def quantize_layer(
@@ -320,12 +330,16 @@ def quantize_layer(
         elif spec.lowrank != "none" and target == "weight-once":
             factors = fit(W)  # kept: no refit to the quantization error [K]
             base = W - factors.dense()
-        q = _quantize_projection(base, acc, cfg, under)
+        q, perm = _quantize_projection(base, acc, cfg, under)
         What = q.dequantize()
+        if perm is not None:
+            What = unrotate(What, perm, spec.rotate_block)
         q_err[name] = output_error(base, What, acc.sums)
         if spec.lowrank != "none" and factors is None:
             factors = fit(W - What)
-        proj = QuantizedProjection.from_codes(spec, q.codes, q.scales, q.zeros, q.g_idx, factors)
+        proj = QuantizedProjection.from_codes(
+            spec, q.codes, q.scales, q.zeros, q.g_idx, factors, perm=perm
+        )
         if factors is not None:
             lr_err[name] = output_error(W, What + proj.lowrank.dense(), acc.sums)
         projections[name] = proj

@@ -36,6 +36,7 @@ from moelab.core.experts.qformat import (
     packed_size,
     unpack_codes,
 )
+from moelab.core.experts.rotation import check_rotation, unrotate
 from moelab.errors import InvalidValueError
 
 LOWRANK_CHOICES = ("none", *SCHEMES)
@@ -56,6 +57,10 @@ class QuantSpec:
         lowrank: ``"none"``, ``"per-expert"``, ``"shared-1d"``, ``"tileq"`` (TileQ as the
             authors' code does it) or ``"tileq-core"`` (moelab's variant with r × r cores).
         rank: r of the low-rank correction (0 with ``lowrank="none"``).
+        rotate_block: 0 (off) or the Walsh block ``b`` of the partial block-Hadamard rotation
+            with column permutation applied before GPTQ (the authors' rotated GPTQ,
+            :mod:`moelab.core.experts.rotation`); GPTQ without act-order only; a per-expert
+            permutation ``perm`` ``[E, I]`` is stored.
         grid: ``(M, N)`` TileQ grid. ``tileq``: the code's orientation [K] — M grid rows, each
             sharing one *input-side* factor, N columns each sharing one output-side factor,
             ``M·N >= E`` (empty cells allowed); ``tileq-core``: M row (output-side) factors,
@@ -72,9 +77,17 @@ class QuantSpec:
     lowrank: str = "none"
     rank: int = 0
     grid: tuple[int, int] | None = None
+    rotate_block: int = 0
 
     def __post_init__(self) -> None:
         check_bits(self.bits)
+        if not isinstance(self.rotate_block, int) or self.rotate_block < 0:
+            raise InvalidValueError(f"rotate_block: must be an int >= 0, got {self.rotate_block!r}")
+        if self.rotate_block and (self.method != "gptq" or self.act_order):
+            raise InvalidValueError(
+                "rotate_block: the rotation orders the columns itself; it needs GPTQ without "
+                "act-order"
+            )
         if self.method not in ("rtn", "gptq"):
             raise InvalidValueError(f"method: must be rtn or gptq, got {self.method!r}")
         if not isinstance(self.group_size, int) or self.group_size < 1:
@@ -119,6 +132,8 @@ class QuantSpec:
         any matrix side; the ``tileq-core`` grid must factor E, the ``tileq`` grid must have
         at least E cells)."""
         for w in widths:
+            if self.rotate_block:
+                check_rotation(self.rotate_block, w)
             if w % self.group_size:
                 raise InvalidValueError(
                     f"group_size: {self.group_size} does not divide the projection width {w}"
@@ -202,6 +217,8 @@ class QuantizedProjection(nn.Module):
         self.register_buffer("zeros", zeros)
         g_idx = torch.zeros(E, d_in, dtype=torch.int16) if spec.act_order else None
         self.register_buffer("g_idx", g_idx)
+        perm = torch.arange(d_in, dtype=torch.int16).repeat(E, 1) if spec.rotate_block else None
+        self.register_buffer("perm", perm)
         self.lowrank = _empty_factors(spec, E, d_out, d_in)
 
     @classmethod
@@ -213,9 +230,12 @@ class QuantizedProjection(nn.Module):
         zeros: Tensor | None,
         g_idx: Tensor | None,
         lowrank: LowRankFactors | None,
+        perm: Tensor | None = None,
     ) -> QuantizedProjection:
         """Pack ``codes [E, O, I]`` (int, in range), ``scales [E, O, G]``, ``zeros [E, O, G]``
-        (asymmetric), ``g_idx [E, I]`` (act-order) and the factors into a projection.
+        (asymmetric), ``g_idx [E, I]`` (act-order), the factors and the rotation's column
+        order ``perm [E, I]`` (``rotate_block`` specs; codes in the rotated basis) into a
+        projection.
 
         Raises:
             ValueError: shapes or presence of zeros/g_idx/factors disagree with ``spec``.
@@ -233,6 +253,14 @@ class QuantizedProjection(nn.Module):
             raise InvalidValueError(
                 "lowrank: factors must be given exactly when spec.lowrank != 'none'"
             )
+        if (perm is None) != (not spec.rotate_block):
+            raise InvalidValueError("perm: must be given exactly for rotate_block specs")
+        if perm is not None:
+            if perm.shape != proj.perm.shape:
+                raise InvalidValueError(
+                    f"perm: expected {tuple(proj.perm.shape)}, got {tuple(perm.shape)}"
+                )
+            proj.perm = perm.to(torch.int16)
         proj.codes = pack_codes(codes, spec.bits)
         proj.scales = scales.to(torch.float16).view(torch.int16)
         if zeros is not None:
@@ -272,11 +300,15 @@ class QuantizedProjection(nn.Module):
         return unpack_codes(self.zeros, self.spec.bits, self.scales.shape)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
-        """``[E, O, I]`` dequantized weights (without the low-rank correction)."""
-        return dequantize(
+        """``[E, O, I]`` dequantized weights (without the low-rank correction; rotated back
+        to the original basis, ``Q R_eᵀ``, for ``rotate_block`` specs)."""
+        w = dequantize(
             self.unpacked_codes(), self.scale_values, self.unpacked_zeros(), self.spec.bits,
             self.spec.group_size, self.g_idx, dtype,
         )  # fmt: skip
+        if self.perm is not None:
+            w = unrotate(w, self.perm, self.spec.rotate_block)
+        return w
 
     def weight(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """``[E, O, I]`` effective weights: dequantized plus the low-rank correction."""
@@ -286,13 +318,14 @@ class QuantizedProjection(nn.Module):
         return w
 
     def storage_bytes(self) -> dict[str, int]:
-        """Bytes as stored: ``codes``, ``scales`` (fp16), ``zeros``, ``g_idx`` (int16) and
+        """Bytes as stored: ``codes``, ``scales`` (fp16), ``zeros``, ``g_idx``, ``perm`` (int16) and
         ``lowrank`` (fp16 factors; the int64 grid map is metadata and not counted)."""
         return {
             "codes": self.codes.numel(),
             "scales": self.scales.numel() * FLOAT_BYTES,
             "zeros": self.zeros.numel() if self.zeros is not None else 0,
             "g_idx": self.g_idx.numel() * 2 if self.g_idx is not None else 0,
+            "perm": self.perm.numel() * 2 if self.perm is not None else 0,
             "lowrank": self.lowrank.extra_params() * FLOAT_BYTES if self.lowrank is not None else 0,
         }
 
