@@ -7,8 +7,9 @@ Layout (same files and checksum manifest as :mod:`moelab.models.io`)::
                         "quantization": {"format_version": 2, "spec": QuantSpec.to_dict()}}
     model.safetensors  non-expert weights as usual; per MoE layer and projection
                        ``blocks.{i}.ffn.experts.projections.{gate,up,down}.{codes,scales,
-                       zeros,g_idx}`` and ``...lowrank.{U,V,S,in_scale,row_of,col_of}`` (factors float16,
-                       scales float16 bit patterns as int16, codes/zeros bit-packed uint8);
+                       zeros,g_idx,perm}`` and ``...lowrank.{U,V,S,in_scale,row_of,
+                       col_of}`` (factors float16, scales float16 bit patterns as int16,
+                       codes/zeros bit-packed uint8, perm int16 for rotated GPTQ);
                        metadata {"format_version": "1", "quantization_format_version": "2"}
     manifest.json      sha256 + size of every file
 
