@@ -12,7 +12,10 @@ and low-rank compensation:
   ``per-expert`` (LoPRo's per-matrix form) and ``tileq`` (one shared-Σ SVD of the block
   matrix on a k-means grid: 4×2 for 8 experts, 4×4 for 16); with ``--rotate-block B`` their
   GPTQ rows quantize the permuted, partially block-Hadamard-rotated residual (the authors'
-  rotated GPTQ, act-order off; plain ``none`` GPTQ keeps act-order);
+  rotated GPTQ, act-order off; plain ``none`` GPTQ keeps act-order); with ``--w1-weightings
+  awq diag`` the same pipeline also runs with one layer-pooled ``sqrt(diag H)`` scale shared
+  by all experts instead of the per-expert AWQ scales (target ``W1d``, our variant [I]: the
+  per-expert scales un-scale the shared factors' errors by up to ``1/min s_e``);
 - with ``--old``, moelab's earlier reconstruction, target ``A`` (fit ``W − Q(W)``, layer-pooled
   ``(H + λI)^{1/2}`` weighting): ``per-expert``, ``shared-1d`` and ``tileq-core`` (r × r
   cores, HOOI, balanced most-square grid).
@@ -41,7 +44,8 @@ tokens; 4 k evaluation tokens per domain (the same tokens for every setting).
 Usage::
 
     python benchmarks/quantize.py --ranks 2 4 8                  # both runs
-    python benchmarks/quantize.py --runs /work/runs/e16 --ranks 2 4 8 --old --rotate-block 64
+    python benchmarks/quantize.py --runs /work/runs/e16 --ranks 2 4 8 --old --rotate-block 64 \\
+        --w1-weightings awq diag
 """
 
 from __future__ import annotations
@@ -77,7 +81,8 @@ from moelab.models.hooks import moe_layers
 from moelab.train.evaluate import evaluate
 
 # target label -> (QuantizeConfig.target, QuantizeConfig.weighting)
-TARGETS = {"W1": ("weight-once", "awq"), "A": ("error", None)}
+TARGETS = {"W1": ("weight-once", "awq"), "W1d": ("weight-once", "diag"), "A": ("error", None)}
+W1_LABELS = {"awq": "W1", "diag": "W1d"}
 
 
 def default_grid(E: int) -> tuple[int, int]:
@@ -151,11 +156,12 @@ def fused_speed(model, calib, specs_models: dict[str, object]) -> dict[str, floa
     return out
 
 
-def settings(ranks: list[int], old: bool) -> list[tuple[str, str, int]]:
+def settings(ranks: list[int], old: bool, w1: list[str]) -> list[tuple[str, str, int]]:
     """``(scheme, target label, rank)`` of every low-rank row (plus ``("none", "-", 0)``)."""
     out = [("none", "-", 0)]
     for r in ranks:
-        out += [("per-expert", "W1", r), ("tileq", "W1", r)]
+        for wt in w1:
+            out += [("per-expert", W1_LABELS[wt], r), ("tileq", W1_LABELS[wt], r)]
         if old:
             out += [("per-expert", "A", r), ("shared-1d", "A", r), ("tileq-core", "A", r)]
     return out
@@ -216,6 +222,14 @@ def main() -> None:
         default=0,
         help="target W1's GPTQ rows: the authors' permuted partial block-Hadamard rotation of "
         "the residual with this Walsh block (e.g. 64; act-order off); 0: off",
+    )
+    ap.add_argument(
+        "--w1-weightings",
+        nargs="+",
+        default=["awq"],
+        choices=sorted(W1_LABELS),
+        help="input scales of the code pipeline's rows: awq (the code's per-expert s_e; target "
+        "W1) and/or diag (one layer-pooled sqrt(diag H) shared by the experts [I]; target W1d)",
     )
     ap.add_argument("--methods", nargs="+", default=["rtn", "gptq"], choices=["rtn", "gptq"])
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared box)")
@@ -287,9 +301,9 @@ def main() -> None:
         speed_models = {}
         for bits in args.bits:
             for method in args.methods:
-                for scheme, target, rank in settings(args.ranks, args.old):
+                for scheme, target, rank in settings(args.ranks, args.old, args.w1_weightings):
                     t0 = time.time()
-                    rot = args.rotate_block if method == "gptq" and target == "W1" else 0
+                    rot = args.rotate_block if method == "gptq" and target.startswith("W1") else 0
                     spec = QuantSpec(
                         method=method, bits=bits, group_size=args.group_size, symmetric=False,
                         act_order=method == "gptq" and not rot, lowrank=scheme, rank=rank,
@@ -364,7 +378,7 @@ def print_claim(rows: list[dict]) -> None:
           "code counts it;")  # fmt: skip
     print("kept = (bpb none − bpb TileQ) / (bpb none − bpb per-expert), only where plain")
     print("quantization's increase over fp is >= 5x its paired per-window standard error):")
-    pairs = {"W1": "tileq", "A": "tileq-core"}
+    pairs = {"W1": "tileq", "W1d": "tileq", "A": "tileq-core"}
     for run in dict.fromkeys(r["run"] for r in rows):
         fp = next(r for r in rows if r["run"] == run and r["bits"] == "fp")
         for bits in dict.fromkeys(r["bits"] for r in rows if r["run"] == run and r["bits"] != "fp"):
