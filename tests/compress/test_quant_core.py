@@ -12,15 +12,18 @@ import torch
 from moelab.compress.quant import (
     HessianAccumulator,
     activation_whitening,
+    awq_scale,
     calibration_error,
     fit_lowrank,
     fit_tileq,
+    fit_tileq_core,
     gptq_quantize,
     lowrank_extra_params,
     quantize_rtn,
+    tileq_placement,
 )
 from moelab.compress.quant.assignment import min_cost_assignment
-from moelab.compress.quant.bicluster import grid_assignment
+from moelab.compress.quant.bicluster import grid_assignment, kmeans, ring_placement
 from moelab.core.experts.lowrank import LowRankFactors, expert_of_rows
 from moelab.core.experts.qformat import pack_codes, packed_size, unpack_codes
 
@@ -181,17 +184,17 @@ def test_biclustering_recovers_a_planted_grid():
     assert torch.equal(torch.sort(row_of * 4 + col_of).values, torch.arange(16))
 
 
-def test_tileq_fits_a_planted_grid_and_refinement_does_not_hurt():
+def test_tileq_core_fits_a_planted_grid_and_refinement_does_not_hurt():
     T, _ = _planted(noise=0.02)
     d = torch.rand(24, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) + 0.5
-    _, c0 = fit_tileq(T, d, 3, (4, 4), sweeps=0)
-    f2, c2 = fit_tileq(T, d, 3, (4, 4), sweeps=2)
+    _, c0 = fit_tileq_core(T, d, 3, (4, 4), sweeps=0)
+    f2, c2 = fit_tileq_core(T, d, 3, (4, 4), sweeps=2)
     assert c2 >= c0 - 1e-9 and c2 > 0.95
     res = ((T - f2.dense()) * d.float()).norm() / (T * d.float()).norm()
     assert res < 0.2
 
 
-@pytest.mark.parametrize("scheme", ["per-expert", "shared-1d", "tileq"])
+@pytest.mark.parametrize("scheme", ["per-expert", "shared-1d", "tileq-core", "tileq"])
 def test_extra_memory_matches_formula(scheme):
     K, O, I, r = 16, 40, 24, 4
     T = torch.randn(K, O, I, generator=torch.Generator().manual_seed(0))
@@ -199,7 +202,8 @@ def test_extra_memory_matches_formula(scheme):
     formula = {
         "per-expert": K * r * (I + O),
         "shared-1d": r * I + K * r * O,
-        "tileq": 4 * r * O + 4 * r * I + K * r * r,
+        "tileq-core": 4 * r * O + 4 * r * I + K * r * r,
+        "tileq": r * (4 * I + 4 * O) + K * I,  # factors + per-expert input un-scaling
     }[scheme]
     assert f.extra_params() == formula == lowrank_extra_params(scheme, K, I, O, r, (4, 4))
 
@@ -235,7 +239,7 @@ def test_full_whitening_fit_minimises_the_output_error():
 
 
 @pytest.mark.parametrize("weighting", ["diag", "full"])
-@pytest.mark.parametrize("scheme", ["per-expert", "shared-1d", "tileq"])
+@pytest.mark.parametrize("scheme", ["per-expert", "shared-1d", "tileq-core", "tileq"])
 def test_fused_low_rank_path_equals_per_expert_reference(scheme, weighting):
     g = torch.Generator().manual_seed(1)
     K, O, I, r = 16, 20, 12, 3
@@ -245,7 +249,12 @@ def test_fused_low_rank_path_equals_per_expert_reference(scheme, weighting):
     else:
         X = torch.randn(50, I, generator=g, dtype=torch.float64)
         d = activation_whitening(X.T @ X)
-    f = fit_lowrank(scheme, T, d, r, (4, 4))
+    if scheme == "tileq" and weighting == "full":  # tileq: per-expert AWQ-style scales instead
+        d = torch.rand(K, I, generator=g).double() + 0.5
+        f = fit_lowrank(scheme, T, d, r, (4, 4), per_expert_scale=True)
+        assert f.in_scale is not None and not torch.equal(f.in_scale[0], f.in_scale[1])
+    else:
+        f = fit_lowrank(scheme, T, d, r, (4, 4))
     counts = torch.tensor([3, 0, 1, 5, 2, 0, 0, 4, 1, 1, 7, 2, 0, 3, 1, 2])
     x = torch.randn(int(counts.sum()), I, generator=g)
     experts = expert_of_rows(counts)
@@ -265,9 +274,148 @@ def test_factor_grid_validation():
     U, V = torch.zeros(2, 4, 1), torch.zeros(2, 3, 1)
     with pytest.raises(ValueError, match="share one grid cell"):
         LowRankFactors(
-            "tileq", U, V, torch.tensor([0, 0]), torch.tensor([1, 1]), torch.zeros(2, 1, 1)
+            "tileq-core", U, V, torch.tensor([0, 0]), torch.tensor([1, 1]), torch.zeros(2, 1, 1)
         )
+    with pytest.raises(ValueError, match="in_scale"):
+        LowRankFactors("tileq", U, V, torch.tensor([0, 1]), torch.tensor([1, 1]))
     with pytest.raises(ValueError, match="grid"):
-        fit_tileq(torch.zeros(6, 4, 3), torch.ones(3, dtype=torch.float64), 1, (4, 4))
+        fit_tileq_core(torch.zeros(6, 4, 3), torch.ones(3, dtype=torch.float64), 1, (4, 4))
+    with pytest.raises(ValueError, match="fewer cells"):
+        fit_tileq(torch.zeros(6, 4, 3), torch.ones(6, 3), 1, (2, 2))
+    with pytest.raises(ValueError, match="scales"):
+        fit_tileq(torch.zeros(4, 4, 3), torch.zeros(4, 3), 1, (2, 2))
     with pytest.raises(ValueError, match="rank"):
         fit_lowrank("per-expert", torch.zeros(2, 4, 3), torch.ones(3, dtype=torch.float64), 4)
+
+
+# ------------------------------------------------------- TileQ as the authors' code does it
+def _orth(n, d, r, g):
+    return torch.linalg.qr(torch.randn(n, d, r, generator=g, dtype=torch.float64)).Q
+
+
+def _planted_code_grid(cells, M, N, I=6, O=8, r=3, seed=0):
+    """Experts whose *scaled* weights ``B_e = diag(s_e) W_eᵀ = P_m Σ Q_nᵀ`` share input-side
+    bases ``P_m`` by grid row, output-side bases ``Q_n`` by column and one Σ."""
+    g = torch.Generator().manual_seed(seed)
+    P, Q = _orth(M, I, r, g), _orth(N, O, r, g)
+    sigma = torch.tensor([3.0, 2.0, 1.0], dtype=torch.float64)[:r]
+    s = torch.rand(len(cells), I, generator=g, dtype=torch.float64) + 0.5
+    W = torch.stack([((P[m] * sigma) @ Q[n].T / s[e, :, None]).T for e, (m, n) in enumerate(cells)])
+    return W, s
+
+
+def test_tileq_full_rank_reconstructs_every_expert_exactly_with_empty_cells():
+    g = torch.Generator().manual_seed(4)
+    K, O, I = 7, 5, 4
+    W = torch.randn(K, O, I, generator=g, dtype=torch.float64)
+    s = torch.rand(K, I, generator=g, dtype=torch.float64) + 0.5
+    f, captured = fit_tileq(W, s, min(2 * I, 4 * O), (2, 4))  # 8 cells, one empty
+    assert f.S is None and f.U.shape == (4, O, 8) and f.V.shape == (2, I, 8)
+    assert captured == pytest.approx(1.0)
+    for e in range(K):
+        assert float((f.delta(e) - W[e]).abs().max()) < 1e-12
+    # lower rank: strictly worse, so the test above can fail
+    f2, c2 = fit_tileq(W, s, 3, (2, 4))
+    assert c2 < 0.99 and float((f2.dense() - W).abs().max()) > 1e-3
+
+
+def test_tileq_shared_sigma_reproduces_experts_with_shared_subspaces():
+    M, N = 2, 4
+    hidden = [(m, n) for m in range(M) for n in range(N)]
+    perm = torch.randperm(8, generator=torch.Generator().manual_seed(1)).tolist()
+    W, s = _planted_code_grid([hidden[p] for p in perm], M, N)
+    f, captured = fit_tileq(W, s, 3, (M, N))
+    rel = (f.dense() - W).norm(dim=(1, 2)) / W.norm(dim=(1, 2))
+    assert float(rel.max()) < 1e-6 and captured == pytest.approx(1.0)
+    assert f.S is None and f.extra_params() == 3 * (M * 6 + N * 8) + 8 * 6
+    # one SVD, one Σ: a rank-2 fit loses exactly the third singular value's share
+    _, c2 = fit_tileq(W, s, 2, (M, N))
+    assert c2 == pytest.approx((9 + 4) / 14)
+
+
+def test_tileq_placement_groups_shared_subspaces_and_leaves_cells_empty():
+    M, N = 2, 4
+    cells = [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2)]  # K = 7 < 8 cells
+    order = [5, 2, 0, 6, 3, 1, 4]
+    hidden = [cells[i] for i in order]
+    W, s = _planted_code_grid(hidden, M, N, seed=3)
+    B = s.unsqueeze(-1) * W.transpose(1, 2)
+    row, col = tileq_placement(B, (M, N), 6, seed=0)
+    hr = torch.tensor([c[0] for c in hidden])
+    hc = torch.tensor([c[1] for c in hidden])
+    assert torch.equal(hr[:, None] == hr, row[:, None] == row)
+    assert torch.equal(hc[:, None] == hc, col[:, None] == col)
+    assert (row * N + col).unique().numel() == 7  # distinct cells, one left empty
+    again = tileq_placement(B, (M, N), 6, seed=0)
+    assert torch.equal(again[0], row) and torch.equal(again[1], col)
+    f, _ = fit_tileq(W, s, 3, (M, N))
+    assert torch.equal(f.col_of, row) and torch.equal(f.row_of, col)
+
+
+def test_ring_placement_follows_the_code():
+    # two experts want cell (0, 0): the second takes the first free cell of ring 1,
+    # dr = -1 first (wrapping to the last row)
+    row, col = ring_placement(torch.tensor([0, 0, 1]), torch.tensor([0, 0, 1]), (3, 3))
+    assert row.tolist() == [0, 2, 1] and col.tolist() == [0, 0, 1]
+    with pytest.raises(ValueError, match="fewer cells"):
+        ring_placement(torch.zeros(5, dtype=torch.long), torch.zeros(5, dtype=torch.long), (2, 2))
+
+
+def test_awq_scale_hand_computed():
+    m = torch.tensor([[1.0, 2.0, 4.0], [1e-3, 1.0, 1.0], [5.0, 5.0, 5.0]], dtype=torch.float64)
+    s = awq_scale(m, torch.tensor([3, 3, 0]))
+    f = m[0] ** 2.4
+    torch.testing.assert_close(s[0], f / torch.sqrt(f.max() * f.min()))
+    # ratio 1e7.2 at p = 2.4; p lowered by 0.2 until 1e3·p < 1e5: p = 1.6
+    f = m[1] ** 1.6
+    torch.testing.assert_close(s[1], f / torch.sqrt(f.max() * f.min()))
+    assert torch.equal(s[2], torch.ones(3, dtype=torch.float64))  # no rows: ones
+
+
+def test_kmeans_is_seeded_and_separates_clusters():
+    g = torch.Generator().manual_seed(0)
+    X = torch.cat([torch.randn(5, 3, generator=g) * 0.01 + c for c in (0.0, 5.0, -5.0)])
+    lab = kmeans(X, 3, seed=1)
+    assert lab.tolist() == [0] * 5 + [1] * 5 + [2] * 5
+    assert torch.equal(kmeans(X, 3, seed=1), lab)
+
+
+# ------------------------------------------------- the authors' rotation before GPTQ
+def _code_rotation(perm, I, b):
+    """The code's matrices: ``Ppermute`` (column j = e_{perm[j]}) and ``diagI_rot`` (identity
+    on the first b columns, block Walsh-Hadamard on the rest), built as hadamard_utils does."""
+    P = torch.zeros(I, I, dtype=torch.float64)
+    P[perm, torch.arange(I)] = 1.0
+    Hb = torch.tensor([[1.0]], dtype=torch.float64)
+    while Hb.shape[0] < b:
+        Hb = torch.cat([torch.cat([Hb, Hb], 1), torch.cat([Hb, -Hb], 1)], 0)
+    rot = torch.block_diag(*[Hb / b**0.5] * (I // b))
+    D = torch.zeros(I, I, dtype=torch.float64)
+    D[:b, :b] = torch.eye(b, dtype=torch.float64)
+    D[b:, b:] = rot[b:, b:]
+    return P @ D
+
+
+def test_rotation_matches_the_code_matrices_and_inverts():
+    from moelab.core.experts.rotation import rotate, rotate_hessian, unrotate
+
+    g = torch.Generator().manual_seed(0)
+    E, O, I, b = 2, 5, 12, 4
+    X = torch.randn(E, O, I, generator=g, dtype=torch.float64)
+    perm = torch.stack([torch.randperm(I, generator=g) for _ in range(E)])
+    R = torch.stack([_code_rotation(perm[e], I, b) for e in range(E)])
+    torch.testing.assert_close(R[0].T @ R[0], torch.eye(I, dtype=torch.float64))
+    torch.testing.assert_close(rotate(X, perm, b), X @ R)
+    torch.testing.assert_close(unrotate(rotate(X, perm, b), perm, b), X)
+    A = torch.randn(E, I, I, generator=g, dtype=torch.float64)
+    H = A @ A.transpose(1, 2)
+    torch.testing.assert_close(rotate_hessian(H, perm, b), R.transpose(1, 2) @ H @ R)
+
+
+def test_rotation_permutation_hand_computed():
+    from moelab.compress.quant.rotation import rotation_permutation
+
+    res = torch.tensor([[[4.0, 1.0, 2.0, 2.0]]])  # mean |res| per column (one row)
+    H = torch.diag(torch.tensor([1.0, 1.0, 2.0, 4.0]))[None]  # log2 diag: 0, 0, 1, 2
+    # score = mean|res| / (log2 H − min + 1) = 4, 1, 1, 2/3 -> increasing: 3, 1, 2, 0
+    assert rotation_permutation(res, H).tolist() == [[3, 1, 2, 0]]

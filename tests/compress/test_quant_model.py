@@ -3,6 +3,7 @@ bit for bit, under-calibrated experts, bad input, and the ``moelab quantize`` co
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -28,9 +29,9 @@ def _spec(**kw):
     return QuantSpec(**base)
 
 
-def _quantized(make_model, make_batches, **kw):
+def _quantized(make_model, make_batches, target=None, weighting=None, **kw):
     model = make_model()
-    cfg = QuantizeConfig(spec=_spec(**kw), min_tokens=2)
+    cfg = QuantizeConfig(spec=_spec(**kw), min_tokens=2, target=target, weighting=weighting)
     report = quantize_model(model, make_batches(4, 2, 8), cfg)
     return model, report
 
@@ -39,7 +40,11 @@ def _quantized(make_model, make_batches, **kw):
     "kw",
     [
         {},
+        {"grid": (2, 4)},  # tileq with two empty cells
+        {"grid": (2, 4), "act_order": False, "rotate_block": 4},  # + the rotated GPTQ
+        {"lowrank": "tileq-core"},
         {"lowrank": "per-expert", "grid": None},
+        {"lowrank": "per-expert", "grid": None, "target": "weight-once", "weighting": "awq"},
         {"lowrank": "shared-1d", "grid": None, "method": "rtn", "act_order": False, "bits": 3},
         {"lowrank": "none", "rank": 0, "grid": None, "bits": 2, "symmetric": True},
     ],
@@ -72,30 +77,45 @@ def test_quantized_bank_equals_a_dense_bank_of_its_effective_weights(make_model,
     assert report.bits_per_param > kw.get("bits", 4)
 
 
-def test_bits_per_param_counts_codes_scales_zeros_gidx_and_factors(make_model, make_batches):
-    _, report = _quantized(make_model, make_batches)
+@pytest.mark.parametrize("lowrank", ["tileq-core", "tileq"])
+def test_bits_per_param_counts_codes_scales_zeros_gidx_and_factors(
+    make_model, make_batches, lowrank
+):
+    _, report = _quantized(make_model, make_batches, lowrank=lowrank)
     E, D, Fh, g, r = 6, 16, 12, 4, 3
     per_layer = 0
     for I, O in ((D, Fh), (D, Fh), (Fh, D)):  # noqa: E741  gate, up, down: (in, out)
         n = E * O * I
         bits = n * 4 + (n // g) * (16 + 4) + E * I * 16  # codes, fp16 scales, 4-bit zeros, g_idx
-        bits += 16 * (2 * r * O + 3 * r * I + E * r * r)  # tileq 2x3 factors
+        if lowrank == "tileq-core":
+            bits += 16 * (2 * r * O + 3 * r * I + E * r * r)  # 2x3 factors + r x r cores
+        else:  # 2 input-side and 3 output-side factors (Σ folded in) + E·I input un-scaling
+            bits += 16 * (2 * r * I + 3 * r * O + E * I)
         per_layer += bits
     weights = 3 * E * D * Fh
     assert report.layers[0].weights == weights
     assert report.bits_per_param == pytest.approx(per_layer / weights)
 
 
-def test_saved_folder_loads_bit_for_bit_and_checksums_guard_it(make_model, make_batches, tmp_path):
-    model, _ = _quantized(make_model, make_batches)
+@pytest.mark.parametrize("grid, rot", [((2, 3), 0), ((2, 4), 0), ((2, 4), 4)])
+def test_saved_folder_loads_bit_for_bit_and_checksums_guard_it(
+    make_model, make_batches, tmp_path, grid, rot
+):
+    kw = {"act_order": False, "rotate_block": rot} if rot else {}
+    model, _ = _quantized(make_model, make_batches, grid=grid, **kw)
     ids = make_batches(1, 2, 8, seed=9)[0]
     with torch.no_grad():
         before = model(ids).logits
     save_model(model, tmp_path / "q")
     cfg = json.loads((tmp_path / "q" / "config.json").read_text())
     assert cfg["quantization"]["spec"]["lowrank"] == "tileq"
+    assert cfg["quantization"]["format_version"] == 2
     loaded = load_model(tmp_path / "q")
     assert isinstance(moe_layers(loaded)[0].experts, QuantizedExpertBank)
+    want = moe_layers(model)[0].experts.projections["gate"].lowrank
+    got = moe_layers(loaded)[0].experts.projections["gate"].lowrank
+    for name in ("U", "V", "in_scale", "row_of", "col_of"):
+        assert torch.equal(getattr(got, name), getattr(want, name))
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, before)
     data = bytearray((tmp_path / "q" / "model.safetensors").read_bytes())
@@ -103,6 +123,54 @@ def test_saved_folder_loads_bit_for_bit_and_checksums_guard_it(make_model, make_
     (tmp_path / "q" / "model.safetensors").write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="checksum"):
         load_model(tmp_path / "q")
+
+
+@pytest.mark.parametrize("method, rot", [("rtn", 0), ("gptq", 0), ("gptq", 4)])
+def test_tileq_stores_the_quantized_residual_plus_the_kept_weight_fit(
+    make_model, make_batches, method, rot
+):
+    """Stored layer == Q(W − L) + L exactly, with L the code-style fit of W itself (AWQ
+    scales from each expert's own rows), not refitted to the quantization error."""
+    from moelab.compress.quant import awq_scale, fit_lowrank
+    from moelab.compress.quant.pipeline import _projection_weights
+
+    model = make_model()
+    batches = make_batches(4, 2, 8)
+    weights = _projection_weights(moe_layers(model)[0].experts)
+    hess = collect_hessians(model, batches)[0]
+    spec = _spec(method=method, act_order=False, grid=(2, 4), rotate_block=rot)
+    cfg = QuantizeConfig(spec=spec, min_tokens=2, sequential=False)
+    assert (cfg.lowrank_target, cfg.lowrank_weighting) == ("weight-once", "awq")
+    quantize_model(model, batches, cfg)
+    bank = moe_layers(model)[0].experts
+    for name, W in weights.items():
+        proj = bank.projections[name]
+        acc = hess.inter if name == "down" else hess.inputs
+        L = copy.deepcopy(proj.lowrank).float().dense()  # as the pipeline computed it
+        # L is the tileq fit of the fp weight (fp16-rounded as stored)
+        f = fit_lowrank("tileq", W, awq_scale(acc.mean_abs(), acc.counts), 3, (2, 4),
+                        per_expert_scale=True)  # fmt: skip
+        torch.testing.assert_close(L, f.half().float().dense(), rtol=0, atol=2e-6)
+        assert float(L.norm()) > 0.3 * float(W.norm())  # a fit of W, not of a small error
+        if method == "rtn":  # the residual's codes are exactly RTN of W − L
+            q = quantize_rtn(W - L, 4, 4)
+            assert torch.equal(proj.unpacked_codes(), q.codes)
+        deq = proj.dequantize(torch.float64)
+        if rot:  # codes live in the rotated basis: Q(W − L) R_eᵀ is what dequantize gives
+            from moelab.compress.quant import gptq_quantize
+            from moelab.compress.quant.rotation import rotation_permutation
+            from moelab.core.experts.rotation import rotate, rotate_hessian, unrotate
+
+            H = acc.hessians()
+            perm = rotation_permutation(W - L, H)
+            assert torch.equal(proj.perm.long(), perm)
+            q = gptq_quantize(rotate(W - L, perm, rot), rotate_hessian(H, perm, rot).float(), 4, 4)
+            assert torch.equal(proj.unpacked_codes(), q.codes)  # GPTQ of the rotated residual
+            torch.testing.assert_close(deq, unrotate(q.dequantize(torch.float64), perm, rot))
+        L64 = proj.lowrank.dense().double()
+        assert torch.equal(proj.weight(torch.float64), deq + L64)
+        assert float((L64 - L.double()).abs().max()) < 1e-6
+        assert float((deq + L64 - W.double()).norm()) < 0.1 * float(W.norm())
 
 
 def test_under_calibrated_experts_get_weight_derived_scales(make_model, make_batches):
@@ -133,7 +201,19 @@ def test_bad_input_is_refused(make_model, make_batches):
     with pytest.raises(ValueError, match="bits"):
         QuantSpec(bits=5)
     with pytest.raises(ValueError, match="grid: 4x4 does not factor the 6 experts"):
-        quantize_model(model, batches, QuantizeConfig(spec=_spec(grid=(4, 4))))
+        quantize_model(
+            model, batches, QuantizeConfig(spec=_spec(lowrank="tileq-core", grid=(4, 4)))
+        )
+    with pytest.raises(ValueError, match="grid: 2x2 has fewer cells than the 6 experts"):
+        quantize_model(model, batches, QuantizeConfig(spec=_spec(grid=(2, 2))))
+    with pytest.raises(ValueError, match="rotate_block: the rotation orders"):
+        _spec(rotate_block=4)  # act-order on
+    with pytest.raises(ValueError, match="rotate_block: must be a power of two"):
+        quantize_model(model, batches, QuantizeConfig(spec=_spec(act_order=False, rotate_block=8)))
+    with pytest.raises(ValueError, match="weighting: tileq needs a diagonal"):
+        QuantizeConfig(spec=_spec(), weighting="full")
+    with pytest.raises(ValueError, match="weighting: 'awq'"):
+        QuantizeConfig(spec=_spec(lowrank="shared-1d", grid=None), weighting="awq")
     with pytest.raises(ValueError, match="rank: 13 exceeds"):
         quantize_model(model, batches, QuantizeConfig(spec=_spec(rank=13)))
     with pytest.raises(ValueError, match="group_size: 5 does not divide"):
@@ -186,17 +266,20 @@ def cli_model(tmp_path):
     return folder, text
 
 
-def test_cli_quantizes_and_the_folder_evaluates(cli_model, tmp_path):
+@pytest.mark.parametrize("rot", ["0", "16"])
+def test_cli_quantizes_and_the_folder_evaluates(cli_model, tmp_path, rot):
     folder, text = cli_model
     out = tmp_path / "q"
     res = runner.invoke(app, ["quantize", str(folder), "--out", str(out), "--bits", "3",
                               "--group-size", "16", "--lowrank", "tileq", "--rank", "4",
+                              "--rotate-block", rot,
                               "--calib-data", str(text), "--calib-tokens", "512",
                               "--seq-len", "32", "--json"])  # fmt: skip
     assert res.exit_code == 0, res.output
     report = json.loads((out / "quantize.json").read_text())
     assert report["spec"]["grid"] == [2, 2] and report["spec"]["bits"] == 3
     assert report["bits_per_param"] > 3
+    assert (report["lowrank_target"], report["weighting"]) == ("weight-once", "awq")
     ev = runner.invoke(app, ["eval", str(out), "--data", str(text), "--tokens", "256", "--json"])
     assert ev.exit_code == 0, ev.output
     # quantizing a quantized folder is refused, nothing written
@@ -210,7 +293,9 @@ def test_cli_quantizes_and_the_folder_evaluates(cli_model, tmp_path):
     ("flags", "needle"),
     [
         (["--bits", "5"], "bits"),
-        (["--lowrank", "tileq", "--grid", "3x3"], "grid: 3x3 does not factor"),
+        (["--lowrank", "tileq-core", "--grid", "3x3"], "grid: 3x3 does not factor"),
+        (["--lowrank", "tileq", "--grid", "1x3"], "grid: 1x3 has fewer cells"),
+        (["--rotate-block", "3"], "rotate_block: must be a power of two"),
         (["--lowrank", "per-expert", "--rank", "64"], "rank: 64 exceeds"),
         (["--group-size", "7"], "group_size"),
         (["--calib-tokens", "100000"], "calib"),
@@ -286,3 +371,14 @@ def test_other_activations_biases_and_lora(experts, tmp_path):
     save_model(model, tmp_path / "q")
     with torch.no_grad():
         assert torch.equal(load_model(tmp_path / "q")(ids).logits, after)
+
+
+def test_version_1_folders_read_their_tileq_as_tileq_core():
+    from moelab.models.quantized import read_quantization
+
+    spec = _spec(lowrank="tileq-core").to_dict()
+    spec["lowrank"] = "tileq"  # what a version-1 folder wrote for the cored form
+    assert read_quantization({"format_version": 1, "spec": spec}, "x").lowrank == "tileq-core"
+    assert read_quantization({"format_version": 2, "spec": spec}, "x").lowrank == "tileq"
+    with pytest.raises(ValueError, match="format_version 3"):
+        read_quantization({"format_version": 3, "spec": spec}, "x")

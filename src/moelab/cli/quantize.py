@@ -1,5 +1,6 @@
 """``moelab quantize``: post-training quantization of the routed experts (RTN or GPTQ, with
-optional low-rank compensation: per-expert, 1-D shared or TileQ's 2-D grid).
+optional low-rank compensation: per-expert, 1-D shared, TileQ's 2-D grid as the authors' code
+does it (``tileq``) or moelab's TileQ variant with r × r cores (``tileq-core``)).
 
 The written folder evaluates, analyses and generates like any run:
 
@@ -67,22 +68,47 @@ def quantize(
         bool, Opt(help="GPTQ: quantize columns by decreasing Hessian diagonal.")
     ] = True,
     damp: Annotated[float, Opt(help="GPTQ dampening (fraction of mean diag H).")] = 0.01,
-    lowrank: Annotated[str, Opt(help="none, per-expert, shared-1d or tileq.")] = "none",
+    rotate_block: Annotated[
+        int,
+        Opt(
+            help="GPTQ on the permuted, partially block-Hadamard-rotated residual (the TileQ/"
+            "LoPRo authors' rotation; Walsh block size, a power of two dividing the widths; "
+            "turns act-order off). 0: off."
+        ),
+    ] = 0,
+    lowrank: Annotated[
+        str,
+        Opt(
+            help="none, per-expert, shared-1d, tileq (the authors' code: fit W with per-expert "
+            "AWQ scales once, quantize the residual, one shared Σ, k-means grid) or tileq-core "
+            "(moelab's variant: r x r cores, HOOI, balanced grid)."
+        ),
+    ] = "none",
     rank: Annotated[int, Opt(help="Rank of the low-rank compensation.")] = 8,
     grid: Annotated[
-        str | None, Opt(help="TileQ grid MxN with M·N = experts (default: most square).")
+        str | None,
+        Opt(
+            help="TileQ grid MxN. tileq: M rows sharing the input-side factor, N columns, "
+            "M·N >= experts (default: M = power of two >= sqrt(E)); tileq-core: M·N = experts "
+            "(default: most square)."
+        ),
     ] = None,
-    sweeps: Annotated[int, Opt(help="TileQ HOOI refinement sweeps.")] = 2,
+    sweeps: Annotated[int, Opt(help="tileq-core HOOI refinement sweeps.")] = 2,
     lowrank_target: Annotated[
         str,
         Opt(
-            help="Fit the factors to the quantization 'error' W − Q(W), or to the 'weight' "
-            "first and quantize the residual."
+            help="Fit the factors to the quantization 'error' W − Q(W); to the 'weight' first, "
+            "quantize the residual and refit; or 'weight-once' (fit W, quantize the residual, "
+            "keep the fit); 'auto': weight-once for tileq, error otherwise."
         ),
-    ] = "error",
+    ] = "auto",
     weighting: Annotated[
-        str, Opt(help="Low-rank activation weighting: 'full' (H+λI)^1/2 or 'diag' sqrt(diag H).")
-    ] = "full",
+        str,
+        Opt(
+            help="Low-rank activation weighting: 'full' (H+λI)^1/2, 'diag' sqrt(diag H), 'awq' "
+            "(per-expert mean|x| scales; per-expert/tileq); 'auto': awq for tileq, else full."
+        ),
+    ] = "auto",
     min_tokens: Annotated[
         int, Opt(help="Experts routed fewer calibration rows get RTN (under-calibrated).")
     ] = 16,
@@ -104,10 +130,12 @@ def quantize(
     Examples:
       moelab quantize runs/main --method gptq --bits 3 --out runs/main-q3
       moelab quantize runs/e16 --bits 2 --lowrank tileq --rank 8 --grid 4x4 --out runs/e16-tq2
+      moelab quantize runs/e16 --bits 2 --lowrank tileq --rank 4 --rotate-block 64 --out runs/e16-tr2
+      moelab quantize runs/e16 --bits 2 --lowrank tileq-core --rank 8 --out runs/e16-tc2
       moelab quantize runs/main --method rtn --bits 4 --lowrank per-expert --out runs/main-r4
     """
     report, table = guarded(
-        _quantize, run, out, method, bits, group_size, symmetric, act_order, damp, lowrank,
+        _quantize, run, out, method, bits, group_size, symmetric, act_order, damp, rotate_block, lowrank,
         rank, grid, sweeps, lowrank_target, weighting, min_tokens, sequential, calib_data, calib_tokens, seq_len,
         batch_size, seed,
     )  # fmt: skip
@@ -123,7 +151,7 @@ def quantize(
 
 def _quantize(
     run: Path, out: Path, method: str, bits: int, group_size: int, symmetric: bool,
-    act_order: bool, damp: float, lowrank: str, rank: int, grid_text: str | None, sweeps: int,
+    act_order: bool, damp: float, rotate_block: int, lowrank: str, rank: int, grid_text: str | None, sweeps: int,
     lowrank_target: str, weighting: str, min_tokens: int, sequential: bool, calib_data: str | None, calib_tokens: int,
     seq_len: int | None, batch_size: int, seed: int,
 ):  # fmt: skip
@@ -131,6 +159,7 @@ def _quantize(
     from moelab.compress import calibration_documents, calibration_set, domain_streams
     from moelab.compress.progress import TokenProgress
     from moelab.compress.quant import QuantizeConfig, quantize_model
+    from moelab.compress.quant.lowrank import tileq_grid
     from moelab.compress.quant.pipeline import run_data
     from moelab.core.experts.quantized import QuantSpec
     from moelab.models.hooks import moe_layers
@@ -143,8 +172,10 @@ def _quantize(
         if v < 1:
             raise InvalidValueError(f"{name}: must be >= 1, got {v}")
     grid = parse_grid(grid_text)
-    if grid is not None and lowrank != "tileq":
-        raise InvalidValueError(f"grid: only used with --lowrank tileq, got --lowrank {lowrank}")
+    if grid is not None and lowrank not in ("tileq", "tileq-core"):
+        raise InvalidValueError(
+            f"grid: only used with --lowrank tileq or tileq-core, got --lowrank {lowrank}"
+        )
     model, tokenizer = load_run(run)
     if is_quantized(model):
         raise InvalidValueError(f"run: {run} is already quantized; quantize the full-precision run")
@@ -152,15 +183,18 @@ def _quantize(
     if not layers:
         raise InvalidValueError(f"run: {run} has no MoE layer to quantize")
     if lowrank == "tileq" and grid is None:
+        grid = tileq_grid(layers[0].config.router.num_experts)
+    if lowrank == "tileq-core" and grid is None:
         grid = square_grid(layers[0].config.router.num_experts)
     spec = QuantSpec(
         method=method, bits=bits, group_size=group_size, symmetric=symmetric,
-        act_order=act_order and method == "gptq", lowrank=lowrank,
-        rank=0 if lowrank == "none" else rank, grid=grid,
+        act_order=act_order and method == "gptq" and not rotate_block, lowrank=lowrank,
+        rank=0 if lowrank == "none" else rank, grid=grid, rotate_block=rotate_block,
     )  # fmt: skip
     cfg = QuantizeConfig(
         spec=spec, damp=damp, min_tokens=min_tokens, sweeps=sweeps, seed=seed,
-        sequential=sequential, target=lowrank_target, weighting=weighting,
+        sequential=sequential, target=None if lowrank_target == "auto" else lowrank_target,
+        weighting=None if weighting == "auto" else weighting,
     )  # fmt: skip
     for layer in layers:
         ex = layer.config.experts
@@ -185,8 +219,8 @@ def _quantize(
         calibration={"data": calib_data or "held-out documents of the run's training data",
                      "tokens": calib.n_tokens, "seq_len": S, "seed": seed,
                      "sequential": sequential, "domains": list(calib.domain_names)},
-        lowrank_target=lowrank_target,
-        weighting=weighting,
+        lowrank_target=cfg.lowrank_target,
+        weighting=cfg.lowrank_weighting,
     )  # fmt: skip
     write_derived_run(
         out, model, tokenizer, read_run_info(run) if has_run else None, QUANTIZE_FILE, report, run

@@ -4,12 +4,13 @@
 Layout (same files and checksum manifest as :mod:`moelab.models.io`)::
 
     config.json        {"format_version": 1, "model": {...},
-                        "quantization": {"format_version": 1, "spec": QuantSpec.to_dict()}}
+                        "quantization": {"format_version": 2, "spec": QuantSpec.to_dict()}}
     model.safetensors  non-expert weights as usual; per MoE layer and projection
                        ``blocks.{i}.ffn.experts.projections.{gate,up,down}.{codes,scales,
-                       zeros,g_idx}`` and ``...lowrank.{U,V,S,row_of,col_of}`` (factors float16,
-                       scales float16 bit patterns as int16, codes/zeros bit-packed uint8);
-                       metadata {"format_version": "1", "quantization_format_version": "1"}
+                       zeros,g_idx,perm}`` and ``...lowrank.{U,V,S,in_scale,row_of,
+                       col_of}`` (factors float16, scales float16 bit patterns as int16,
+                       codes/zeros bit-packed uint8, perm int16 for rotated GPTQ);
+                       metadata {"format_version": "1", "quantization_format_version": "2"}
     manifest.json      sha256 + size of every file
 
 :func:`moelab.models.io.load_model` reads such a folder like any other (it calls
@@ -26,7 +27,7 @@ from moelab.core.layer import MoELayer
 from moelab.errors import InvalidValueError
 from moelab.models.transformer import MoETransformer
 
-QUANT_FORMAT_VERSION = 1
+QUANT_FORMAT_VERSION = 2  # 2: ``tileq`` is the authors'-code form; version 1's is ``tileq-core``
 
 
 def is_quantized(model: MoETransformer) -> bool:
@@ -97,7 +98,10 @@ def read_quantization(section: Any, where: str) -> QuantSpec:
             f"{where}: quantization format_version {v!r} is not one this moelab reads "
             f"(1..{QUANT_FORMAT_VERSION})"
         )
+    spec = dict(section["spec"])
+    if v == 1 and spec.get("lowrank") == "tileq":  # version 1's tileq had r x r cores
+        spec["lowrank"] = "tileq-core"
     try:
-        return QuantSpec.from_dict(section["spec"])
+        return QuantSpec.from_dict(spec)
     except (TypeError, ValueError) as e:
         raise InvalidValueError(f"{where}: invalid quantization spec ({e})") from e

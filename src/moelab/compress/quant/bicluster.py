@@ -124,3 +124,112 @@ def grid_assignment(
         if obj > best[2]:
             best = (row_of, col_of, obj)
     return best
+
+
+# --------------------------------------------------------------------------------------------
+# TileQ's placement as the authors' code does it (``place_blocks_optimized_uv_coherence`` in
+# ``get_scale_quant.py``, vendored in nicyyyy/GLoRCQ [K]): independent k-means of the
+# flattened, L2-normalised top singular vectors on each side, then ring search for a free cell.
+
+
+def kmeans(X: Tensor, k: int, *, n_init: int = 10, max_iter: int = 300, seed: int = 0) -> Tensor:
+    """Seeded Lloyd k-means with k-means++ starts (the code calls sklearn's
+    ``KMeans(n_clusters=k, random_state=0, n_init=10)`` [K]; sklearn is not a dependency, so
+    this is our own [I]).
+
+    Args:
+        X: ``[n, d]`` float features.
+        k: clusters (clipped to ``n`` [I]; sklearn would refuse ``k > n``).
+        n_init: seeded restarts; the run with the lowest inertia is kept.
+    Returns:
+        ``[n]`` int64 labels in ``[0, k)``, renumbered in order of first appearance [I]
+        (deterministic for a given seed).
+    Raises:
+        ValueError: ``X`` not 2-D or empty, ``k < 1`` or ``n_init < 1``.
+    """
+    if X.dim() != 2 or X.shape[0] == 0:
+        raise InvalidValueError(f"X: expected a non-empty [n, d] matrix, got {tuple(X.shape)}")
+    if k < 1 or n_init < 1:
+        raise InvalidValueError(f"k, n_init: must be >= 1, got {k}, {n_init}")
+    X = X.double()
+    n = X.shape[0]
+    k = min(k, n)
+    gen = torch.Generator().manual_seed(seed)
+    best, best_inertia = torch.zeros(n, dtype=torch.int64), float("inf")
+    for _ in range(n_init):
+        centers = [X[int(torch.randint(0, n, (1,), generator=gen))]]
+        for _ in range(1, k):
+            d2 = torch.cdist(X, torch.stack(centers)).pow(2).min(1).values
+            if float(d2.sum()) <= 0:
+                idx = int(torch.randint(0, n, (1,), generator=gen))
+            else:
+                idx = int(torch.multinomial(d2 / d2.sum(), 1, generator=gen))
+            centers.append(X[idx])
+        C = torch.stack(centers)
+        labels = torch.cdist(X, C).argmin(1)
+        for _ in range(max_iter):
+            for j in range(k):
+                members = labels == j
+                if members.any():
+                    C[j] = X[members].mean(0)
+            new = torch.cdist(X, C).argmin(1)
+            if torch.equal(new, labels):
+                break
+            labels = new
+        inertia = float((X - C[labels]).pow(2).sum())
+        if inertia < best_inertia - 1e-12:
+            best, best_inertia = labels, inertia
+    order = {}
+    for lab in best.tolist():
+        order.setdefault(lab, len(order))
+    return torch.tensor([order[lab] for lab in best.tolist()], dtype=torch.int64)
+
+
+def ring_placement(
+    row_groups: Tensor, col_groups: Tensor, grid: tuple[int, int]
+) -> tuple[Tensor, Tensor]:
+    """Place experts on an ``M × N`` grid at the free cell nearest their (row cluster, column
+    cluster) — the code's rule [K]: groups of experts with the same cluster pair, in order of
+    first appearance, each member in expert order; rings ``|dr| + |dc| = radius`` around the
+    base cell ``(min(rg, M−1), min(cg, N−1))`` with wrap-around, ``dr`` from ``−radius`` up;
+    any expert left over takes the first free cell in row-major order.
+
+    Args:
+        row_groups, col_groups: ``[K]`` int64 cluster labels.
+        grid: ``(M, N)`` with ``M·N >= K``.
+    Returns:
+        ``(row [K], col [K])`` int64; distinct cells, ``M·N − K`` cells left empty.
+    Raises:
+        ValueError: fewer cells than experts.
+    """
+    M, N = grid
+    K = row_groups.shape[0]
+    if M * N < K:
+        raise InvalidValueError(f"grid: {M}x{N} has fewer cells than the {K} experts")
+    groups: dict[tuple[int, int], list[int]] = {}
+    for e, (rg, cg) in enumerate(zip(row_groups.tolist(), col_groups.tolist(), strict=True)):
+        groups.setdefault((rg, cg), []).append(e)
+    used = [[False] * N for _ in range(M)]
+    row = torch.full((K,), -1, dtype=torch.int64)
+    col = torch.full((K,), -1, dtype=torch.int64)
+    for (rg, cg), members in groups.items():
+        base_r, base_c = min(rg, M - 1), min(cg, N - 1)
+        todo = list(members)
+        for radius in range(max(M, N) + 1):
+            for dr in range(-radius, radius + 1):
+                rest = radius - abs(dr)
+                for dc in [-rest, rest] if rest else [0]:
+                    r, c = (base_r + dr) % M, (base_c + dc) % N
+                    if todo and not used[r][c]:
+                        e = todo.pop(0)
+                        used[r][c] = True
+                        row[e], col[e] = r, c
+            if not todo:
+                break
+        for r in range(M):
+            for c in range(N):
+                if todo and not used[r][c]:
+                    e = todo.pop(0)
+                    used[r][c] = True
+                    row[e], col[e] = r, c
+    return row, col

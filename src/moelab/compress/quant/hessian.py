@@ -22,6 +22,7 @@ class HessianAccumulator:
     Attributes:
         sums: ``[E, I, I]`` float64.
         counts: ``[E]`` int64 rows seen per expert.
+        abs_sums: ``[E, I]`` float64 ``Σ |x|`` per expert (TileQ's AWQ-style input scale).
     """
 
     def __init__(self, num_experts: int, in_features: int, device=None) -> None:
@@ -29,6 +30,7 @@ class HessianAccumulator:
             num_experts, in_features, in_features, dtype=torch.float64, device=device
         )
         self.counts = torch.zeros(num_experts, dtype=torch.int64, device=device)
+        self.abs_sums = torch.zeros(num_experts, in_features, dtype=torch.float64, device=device)
 
     def add(self, x_N: Tensor, counts: Tensor) -> None:
         """Add rows sorted by expert: ``x_N [N, I]``, ``counts [E]`` int64 (sums to N).
@@ -49,6 +51,7 @@ class HessianAccumulator:
             if c:
                 xe = x[start : start + c]
                 self.sums[e].addmm_(xe.T, xe)
+                self.abs_sums[e] += xe.abs().sum(0)
                 start += c
         self.counts += counts.to(self.counts.device)
 
@@ -56,6 +59,11 @@ class HessianAccumulator:
         """``[E, I, I]`` float64 ``(2/n_e) Σ x xᵀ`` (zeros for an expert that saw no row)."""
         n = self.counts.clamp_min(1).to(torch.float64)
         return 2.0 * self.sums / n.view(-1, 1, 1)
+
+    def mean_abs(self) -> Tensor:
+        """``[E, I]`` float64 ``mean_t |x_{e,t}|`` over each expert's own rows (zeros for an
+        expert that saw no row)."""
+        return self.abs_sums / self.counts.clamp_min(1).to(torch.float64).unsqueeze(-1)
 
     def pooled(self) -> Tensor:
         """``[I, I]`` float64 ``(2/Σn) Σ_e Σ x xᵀ``, the layer-shared second moment over all

@@ -12,8 +12,11 @@ Per MoE layer (in depth order) and projection (gate, up, down — or up, down fo
 3. experts that calibration routed fewer than ``min_tokens`` rows to are *under-calibrated*:
    they get the weight-derived RTN codes and scales instead of GPTQ's (a Hessian from a
    handful of rows over-fits them) and are listed in the report;
-4. fit the low-rank compensation of ``W − Q(W)`` weighted by the layer-pooled activation
-   scale (:mod:`moelab.compress.quant.lowrank`);
+4. fit the low-rank compensation (:mod:`moelab.compress.quant.lowrank`): by default of
+   ``W − Q(W)`` weighted by the layer-pooled activation weighting; for ``lowrank="tileq"``
+   as the authors' code does it — ``L = fit(W)`` with per-expert AWQ scales, fitted once
+   and kept, the residual ``W − L`` quantized, ``Q(W − L) + L`` stored (``target =
+   "weight-once"``, ``weighting = "awq"``);
 5. swap the layer's bank for a :class:`~moelab.core.experts.quantized.QuantizedExpertBank`.
 
 ``sequential=True`` (GPTQ's own recipe) calibrates layer ``l`` on the outputs of the already
@@ -39,11 +42,18 @@ from torch import Tensor
 from moelab.compress.calibration import RunData, route, routed_pairs
 from moelab.compress.quant.gptq import gptq_quantize
 from moelab.compress.quant.hessian import HessianAccumulator
-from moelab.compress.quant.lowrank import activation_scale, activation_whitening, fit_lowrank
+from moelab.compress.quant.lowrank import (
+    activation_scale,
+    activation_whitening,
+    awq_scale,
+    fit_lowrank,
+)
+from moelab.compress.quant.rotation import rotation_permutation
 from moelab.compress.quant.rtn import QuantizedTensor, quantize_rtn
 from moelab.core.config import GATED_ACTIVATIONS
 from moelab.core.experts.bank import ExpertBank
 from moelab.core.experts.quantized import QuantizedExpertBank, QuantizedProjection, QuantSpec
+from moelab.core.experts.rotation import rotate, rotate_hessian, unrotate
 from moelab.core.layer import MoELayer, MoEOutput
 from moelab.errors import InvalidValueError
 from moelab.models.hooks import moe_layers
@@ -63,14 +73,20 @@ class QuantizeConfig:
         seed: grid-assignment restarts' seed.
         sequential: calibrate each layer on the quantized layers before it.
         target: what the low-rank factors are fitted to: ``"error"`` (quantize, then
-            compensate ``W − Q(W)``; the research notes' option A, the default) or
-            ``"weight"`` (option B: fit ``L₀`` to ``W``, quantize the residual ``W − L₀``,
-            then refit the factors to ``W − Q(W − L₀)``).
-        weighting: the low-rank fit's activation weighting: ``"full"`` (default; ``S = (H +
+            compensate ``W − Q(W)``; the research notes' option A), ``"weight"`` (option B:
+            fit ``L₀`` to ``W``, quantize the residual ``W − L₀``, then refit the factors to
+            ``W − Q(W − L₀)``; moelab's) or ``"weight-once"`` (the authors' code [K]: fit
+            ``L`` to ``W`` once, quantize ``W − L``, store ``Q(W − L) + L``; LoPRo
+            ``res = W − lora``, ``QR = Q + lora``). None (default): ``"weight-once"`` for
+            ``lowrank="tileq"``, ``"error"`` otherwise.
+        weighting: the low-rank fit's activation weighting: ``"full"`` (``S = (H +
             λI)^{1/2}`` with the layer-pooled H and λ = ``damp``·mean diag, so the fit minimises
-            the pooled output error itself) or ``"diag"`` (``D = diag(sqrt(diag H))``, the
-            research notes' step 1). [I] We default to full: on the main run at 2 bits (RTN)
-            it tripled the per-expert compensation's bits-per-byte gain over diag.
+            the pooled output error itself), ``"diag"`` (``D = diag(sqrt(diag H))``, the
+            research notes' step 1) or ``"awq"`` (the code's per-expert ``s_e`` from each
+            expert's own rows, :func:`~moelab.compress.quant.lowrank.awq_scale` [K];
+            per-expert and tileq only). None (default): ``"awq"`` for tileq, ``"full"``
+            otherwise. [I] full rather than diag for the others: on the main run at 2 bits
+            (RTN) it tripled the per-expert compensation's bits-per-byte gain over diag.
     Raises:
         ValueError: a field out of range (act-order needs GPTQ).
     """
@@ -82,14 +98,25 @@ class QuantizeConfig:
     sweeps: int = 2
     seed: int = 0
     sequential: bool = True
-    target: str = "error"
-    weighting: str = "full"
+    target: str | None = None
+    weighting: str | None = None
 
     def __post_init__(self) -> None:
-        if self.weighting not in ("diag", "full"):
-            raise InvalidValueError(f"weighting: must be 'diag' or 'full', got {self.weighting!r}")
-        if self.target not in ("error", "weight"):
-            raise InvalidValueError(f"target: must be 'error' or 'weight', got {self.target!r}")
+        if self.weighting not in (None, "diag", "full", "awq"):
+            raise InvalidValueError(
+                f"weighting: must be 'diag', 'full' or 'awq', got {self.weighting!r}"
+            )
+        if self.target not in (None, "error", "weight", "weight-once"):
+            raise InvalidValueError(
+                f"target: must be 'error', 'weight' or 'weight-once', got {self.target!r}"
+            )
+        lr = self.spec.lowrank
+        if lr == "tileq" and self.lowrank_weighting == "full":
+            raise InvalidValueError("weighting: tileq needs a diagonal scale ('awq' or 'diag')")
+        if self.lowrank_weighting == "awq" and lr not in ("none", "per-expert", "tileq"):
+            raise InvalidValueError(
+                f"weighting: 'awq' (per-expert input scales) needs per-expert or tileq, not {lr!r}"
+            )
         if not 0 < self.damp <= 1:
             raise InvalidValueError(f"damp: must be in (0, 1], got {self.damp}")
         if self.block_size < 1:
@@ -101,6 +128,20 @@ class QuantizeConfig:
         if self.spec.act_order and self.spec.method != "gptq":
             raise InvalidValueError("act_order: only GPTQ orders columns (method='gptq')")
 
+    @property
+    def lowrank_target(self) -> str:
+        """The target in effect (the default resolved for the scheme)."""
+        if self.target is not None:
+            return self.target
+        return "weight-once" if self.spec.lowrank == "tileq" else "error"
+
+    @property
+    def lowrank_weighting(self) -> str:
+        """The weighting in effect (the default resolved for the scheme)."""
+        if self.weighting is not None:
+            return self.weighting
+        return "awq" if self.spec.lowrank == "tileq" else "full"
+
 
 @dataclass
 class LayerReport:
@@ -111,7 +152,7 @@ class LayerReport:
         tokens: ``[E]`` calibration rows routed to each expert.
         under_calibrated: experts with fewer than ``min_tokens`` rows (RTN fallback).
         quant_error: per projection, :func:`output_error` of the quantized part against what
-            it quantized (``W``, or ``W − L₀`` with ``target="weight"``).
+            it quantized (``W``, or the residual ``W − L`` with the weight targets).
         lowrank_error: per projection, the error of ``Q + L`` against ``W``.
         bytes: stored bytes per component (codes, scales, zeros, g_idx, lowrank).
         weights: expert weight entries represented.
@@ -221,13 +262,21 @@ def output_error(W: Tensor, W_hat: Tensor, sums: Tensor) -> float:
 
 def _quantize_projection(
     W: Tensor, acc: HessianAccumulator, cfg: QuantizeConfig, under: Tensor
-) -> QuantizedTensor:
+) -> tuple[QuantizedTensor, Tensor | None]:
+    """Codes of ``W [E, O, I]`` and, with ``spec.rotate_block``, the rotation's column order
+    ``perm [E, I]`` (then the codes quantize ``W R_e`` with the Hessians ``R_eᵀ H R_e``)."""
     spec = cfg.spec
+    H = acc.hessians()
+    perm = None
+    if spec.rotate_block:
+        perm = rotation_permutation(W, H)
+        W = rotate(W, perm, spec.rotate_block)
+        H = rotate_hessian(H, perm, spec.rotate_block)
     rtn = quantize_rtn(W, spec.bits, spec.group_size, spec.symmetric)
     if spec.method == "rtn":
-        return rtn
+        return rtn, perm
     q = gptq_quantize(
-        W, acc.hessians().float(), spec.bits, spec.group_size, symmetric=spec.symmetric,
+        W, H.float(), spec.bits, spec.group_size, symmetric=spec.symmetric,
         damp=cfg.damp, act_order=spec.act_order, block_size=cfg.block_size,
     )  # fmt: skip
     if under.any():  # weight-derived fallback for experts calibration barely reached
@@ -237,7 +286,7 @@ def _quantize_projection(
             q.zeros[under] = rtn.zeros[under]
         if q.g_idx is not None:
             q.g_idx[under] = torch.arange(W.shape[2]) // spec.group_size
-    return q
+    return q, perm
 
 
 def quantize_layer(
@@ -255,24 +304,42 @@ def quantize_layer(
     projections: dict[str, QuantizedProjection] = {}
     q_err: dict[str, float] = {}
     lr_err: dict[str, float] = {}
+    target, weighting = cfg.lowrank_target, cfg.lowrank_weighting
     for name, W in weights.items():
         acc = hess.inter if name == "down" else hess.inputs
-        Hp = acc.pooled()
-        d = activation_scale(Hp) if cfg.weighting == "diag" else activation_whitening(Hp, cfg.damp)
+        if weighting == "awq":
+            d = awq_scale(acc.mean_abs(), acc.counts)  # [E, I], each expert its own rows
+        elif weighting == "diag":
+            d = activation_scale(acc.pooled())
+        else:
+            d = activation_whitening(acc.pooled(), cfg.damp)
 
         def fit(target: Tensor, d: Tensor = d):
-            return fit_lowrank(
-                spec.lowrank, target, d, spec.rank, spec.grid, sweeps=cfg.sweeps, seed=cfg.seed
-            )
+            f = fit_lowrank(
+                spec.lowrank, target, d, spec.rank, spec.grid, sweeps=cfg.sweeps, seed=cfg.seed,
+                per_expert_scale=weighting == "awq",
+            )  # fmt: skip
+            for t in ("U", "V", "S", "in_scale"):  # round as stored (float16) before use
+                if getattr(f, t) is not None:
+                    setattr(f, t, getattr(f, t).to(torch.float16).float())
+            return f
 
-        base = W
-        if spec.lowrank != "none" and cfg.target == "weight":
+        base, factors = W, None
+        if spec.lowrank != "none" and target == "weight":
             base = W - fit(W).dense()
-        q = _quantize_projection(base, acc, cfg, under)
+        elif spec.lowrank != "none" and target == "weight-once":
+            factors = fit(W)  # kept: no refit to the quantization error [K]
+            base = W - factors.dense()
+        q, perm = _quantize_projection(base, acc, cfg, under)
         What = q.dequantize()
+        if perm is not None:
+            What = unrotate(What, perm, spec.rotate_block)
         q_err[name] = output_error(base, What, acc.sums)
-        factors = fit(W - What) if spec.lowrank != "none" else None
-        proj = QuantizedProjection.from_codes(spec, q.codes, q.scales, q.zeros, q.g_idx, factors)
+        if spec.lowrank != "none" and factors is None:
+            factors = fit(W - What)
+        proj = QuantizedProjection.from_codes(
+            spec, q.codes, q.scales, q.zeros, q.g_idx, factors, perm=perm
+        )
         if factors is not None:
             lr_err[name] = output_error(W, What + proj.lowrank.dense(), acc.sums)
         projections[name] = proj

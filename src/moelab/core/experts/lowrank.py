@@ -9,21 +9,32 @@ correction of a matrix ``W_e [O, I]`` is
   extra parameters ``K·r·(I + O)``;
 - 1-D shared: one column factor (``N = 1``), one row factor per expert (``M = K``), no core;
   ``r·I + K·r·O``;
-- TileQ 2-D (arXiv 2605.09281): ``K = M·N`` experts bijectively on an ``M × N`` grid, shared
-  row factors ``U_m``, shared column factors ``Ṽ_n`` and an ``r × r`` core per expert;
-  ``M·r·O + N·r·I + K·r²``.
+- ``tileq`` — TileQ 2-D (arXiv 2605.09281) as the authors' code builds it
+  (``get_experts_2Dlora`` in ``get_scale_quant.py``, vendored in nicyyyy/GLoRCQ [K]):
+  ``K <= cells`` experts on a grid (empty cells allowed), shared output-side factors ``U``
+  (with the one shared length-r ``Σ`` folded in), shared input-side factors ``V``, **no core**,
+  and a per-expert input un-scaling ``in_scale [K, I]`` (the code's ``Sa_e = 1/s_e``):
 
-``Ṽ`` already carries the inverse activation scaling (``Ṽ = D⁻¹V``), so inference never touches
-the calibration statistics.
+      ``L_e = U_{row(e)} · V_{col(e)}ᵀ · diag(in_scale_e)``;
+
+  extra parameters ``r·(#U·O + #V·I) + K·I``;
+- ``tileq-core`` — moelab's own variant (a strict generalisation we measured): ``K = M·N``
+  experts bijectively on an ``M × N`` grid, shared row factors ``U_m``, shared column factors
+  ``Ṽ_n`` and an ``r × r`` core per expert; ``M·r·O + N·r·I + K·r²``.
+
+Except for ``tileq``'s ``in_scale``, ``Ṽ`` already carries the inverse activation scaling
+(``Ṽ = D⁻¹V``), so inference never touches the calibration statistics.
 
 The fused path (TileQ's "global input projection, routing-weighted accumulation,
 reconstruction") runs every selected expert's correction with three dense GEMMs and two
 masks, no per-expert loop:
 
+0. (``tileq`` only) ``x ← x ⊙ in_scale[e]`` — one gathered element-wise product per row;
 1. ``z = x · [Ṽ_1 … Ṽ_N]`` — one GEMM ``[rows, I] × [I, N·r]`` (the input projection onto all
    column factors), then keep only the block ``col(e)`` of each row's expert;
 2. ``h = z · C`` with the block matrix ``C [N·r, M·r]`` whose block ``(col(e), row(e))`` is
-   ``S_eᵀ`` (the cell ↔ expert map is a bijection, so ``C`` holds every core once), then keep
+   ``S_eᵀ`` (identity without cores; the expert → cell map is injective, so ``C`` holds every
+   core once and an empty cell's block is zero), then keep
    only block ``row(e)``; for the token form the rows are scaled by their combine weights and
    summed per token (routing-weighted accumulation into each grid row's ``r`` slots);
 3. ``y = h · [U_1 … U_M]ᵀ`` — one GEMM ``[., M·r] × [M·r, O]`` (the reconstruction).
@@ -41,7 +52,7 @@ from torch import Tensor, nn
 
 from moelab.errors import InvalidValueError
 
-SCHEMES = ("per-expert", "shared-1d", "tileq")
+SCHEMES = ("per-expert", "shared-1d", "tileq-core", "tileq")
 
 
 def expert_of_rows(counts: Tensor) -> Tensor:
@@ -55,12 +66,12 @@ class LowRankFactors(nn.Module):
     Buffers:
         U: ``[M, O, r]`` row factors.
         V: ``[N, I, r]`` column factors (``Ṽ = D⁻¹V``, activation scaling folded in).
-        S: ``[K, r, r]`` cores (tileq only; absent means identity).
-        row_of, col_of: ``[K]`` int64 grid cell of every expert.
+        S: ``[K, r, r]`` cores (tileq-core only; absent means identity).
+        in_scale: ``[K, I]`` per-expert input un-scaling (tileq only; the code's ``Sa_e``).
+        row_of, col_of: ``[K]`` int64 grid cell of every expert (indices into ``U`` / ``V``).
 
     Raises:
-        ValueError: inconsistent shapes, or a grid map that is not a bijection onto the cells
-            it uses (two experts on one cell).
+        ValueError: inconsistent shapes, or a grid map that puts two experts on one cell.
     """
 
     def __init__(
@@ -71,6 +82,7 @@ class LowRankFactors(nn.Module):
         row_of: Tensor,
         col_of: Tensor,
         S: Tensor | None = None,
+        in_scale: Tensor | None = None,
     ) -> None:
         super().__init__()
         if scheme not in SCHEMES:
@@ -85,8 +97,16 @@ class LowRankFactors(nn.Module):
             raise InvalidValueError(f"col_of: expected [{K}], got {tuple(col_of.shape)}")
         if S is not None and S.shape != (K, r, r):
             raise InvalidValueError(f"S: expected [{K}, {r}, {r}], got {tuple(S.shape)}")
-        if scheme == "tileq" and S is None:
-            raise InvalidValueError("S: the tileq scheme needs per-expert cores")
+        if scheme == "tileq-core" and S is None:
+            raise InvalidValueError("S: the tileq-core scheme needs per-expert cores")
+        if scheme == "tileq" and S is not None:
+            raise InvalidValueError("S: the tileq scheme has one shared Σ (folded in U), no cores")
+        if (scheme == "tileq") != (in_scale is not None):
+            raise InvalidValueError("in_scale: given exactly for the tileq scheme")
+        if in_scale is not None and in_scale.shape != (K, V.shape[1]):
+            raise InvalidValueError(
+                f"in_scale: expected [{K}, {V.shape[1]}], got {tuple(in_scale.shape)}"
+            )
         cells = row_of.long() * V.shape[0] + col_of.long()
         if int(row_of.max()) >= U.shape[0] or int(col_of.max()) >= V.shape[0]:
             raise InvalidValueError("row_of/col_of: grid index out of range")
@@ -96,6 +116,7 @@ class LowRankFactors(nn.Module):
         self.register_buffer("U", U.contiguous())
         self.register_buffer("V", V.contiguous())
         self.register_buffer("S", S.contiguous() if S is not None else None)
+        self.register_buffer("in_scale", in_scale.contiguous() if in_scale is not None else None)
         self.register_buffer("row_of", row_of.long().clone())
         self.register_buffer("col_of", col_of.long().clone())
 
@@ -114,8 +135,10 @@ class LowRankFactors(nn.Module):
         return self.U.shape[0], self.V.shape[0]
 
     def extra_params(self) -> int:
-        """Stored factor entries (``U``, ``V`` and ``S``; the int grid map is not counted)."""
-        return self.U.numel() + self.V.numel() + (self.S.numel() if self.S is not None else 0)
+        """Stored factor entries (``U``, ``V``, ``S`` and ``in_scale``; the int grid map is not
+        counted)."""
+        n = self.U.numel() + self.V.numel()
+        return n + sum(t.numel() for t in (self.S, self.in_scale) if t is not None)
 
     def _core(self, e: int) -> Tensor:
         if self.S is None:
@@ -123,10 +146,11 @@ class LowRankFactors(nn.Module):
         return self.S[e]
 
     def delta(self, e: int) -> Tensor:
-        """Expert ``e``'s dense correction ``L_e = U S Ṽᵀ`` ``[O, I]``."""
+        """Expert ``e``'s dense correction ``L_e = U S Ṽᵀ`` (``· diag(in_scale_e)``) ``[O, I]``."""
         U = self.U[self.row_of[e]]
         V = self.V[self.col_of[e]]
-        return U @ self._core(e) @ V.T
+        L = U @ self._core(e) @ V.T
+        return L * self.in_scale[e] if self.in_scale is not None else L
 
     def dense(self) -> Tensor:
         """All corrections ``[K, O, I]``."""
@@ -151,6 +175,8 @@ class LowRankFactors(nn.Module):
         r = self.rank
         dt = x_N.dtype
         rows = x_N.shape[0]
+        if self.in_scale is not None:
+            x_N = x_N * self.in_scale.to(dt)[experts]
         V_cat = self.V.to(dt).permute(1, 0, 2).reshape(-1, N * r)
         z = (x_N @ V_cat).view(rows, N, r)
         if N > 1:
@@ -194,7 +220,7 @@ class LowRankFactors(nn.Module):
 
     def apply_loop(self, x_N: Tensor, counts: Tensor) -> Tensor:
         """Reference: one expert at a time on rows sorted by expert (``counts [K]``),
-        ``y_e = ((x_e Ṽ_c) S_eᵀ) U_mᵀ``. Returns ``[rows, O]``."""
+        ``y_e = (((x_e ⊙ in_scale_e) Ṽ_c) S_eᵀ) U_mᵀ``. Returns ``[rows, O]``."""
         out = x_N.new_zeros(x_N.shape[0], self.U.shape[1])
         start = 0
         dt = x_N.dtype
@@ -202,6 +228,8 @@ class LowRankFactors(nn.Module):
             if not c:
                 continue
             xe = x_N[start : start + c]
+            if self.in_scale is not None:
+                xe = xe * self.in_scale[e].to(dt)
             z = xe @ self.V[self.col_of[e]].to(dt)
             if self.S is not None:
                 z = z @ self.S[e].to(dt).T

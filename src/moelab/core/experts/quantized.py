@@ -12,7 +12,7 @@ token with the routing weights (:meth:`QuantizedExpertBank.forward_combined`, wh
 :class:`~moelab.core.layer.MoELayer` calls), TileQ's single-pass form.
 
 The bank's tensors are buffers named ``{proj}.codes``, ``{proj}.scales``, ``{proj}.zeros``,
-``{proj}.g_idx`` and ``{proj}.lowrank.{U,V,S,row_of,col_of}``, so a model holding it saves and
+``{proj}.g_idx`` and ``{proj}.lowrank.{U,V,S,in_scale,row_of,col_of}``, so a model holding it saves and
 loads with its ordinary state dict; :meth:`QuantizedExpertBank.empty` builds the buffers of
 the right shapes from a :class:`QuantSpec` for loading.
 """
@@ -36,9 +36,11 @@ from moelab.core.experts.qformat import (
     packed_size,
     unpack_codes,
 )
+from moelab.core.experts.rotation import check_rotation, unrotate
 from moelab.errors import InvalidValueError
 
 LOWRANK_CHOICES = ("none", *SCHEMES)
+TILEQ_SCHEMES = ("tileq", "tileq-core")
 FLOAT_BYTES = 2  # scales and low-rank factors are stored as float16
 
 
@@ -52,9 +54,17 @@ class QuantSpec:
         group_size: input columns per scale; must divide every projection's input width.
         symmetric: implicit zero point ``2^(bits−1)`` (no zeros stored) when True.
         act_order: GPTQ act-order groups (a ``g_idx`` per expert is stored).
-        lowrank: ``"none"``, ``"per-expert"``, ``"shared-1d"`` or ``"tileq"``.
+        lowrank: ``"none"``, ``"per-expert"``, ``"shared-1d"``, ``"tileq"`` (TileQ as the
+            authors' code does it) or ``"tileq-core"`` (moelab's variant with r × r cores).
         rank: r of the low-rank correction (0 with ``lowrank="none"``).
-        grid: ``(M, N)`` TileQ grid, ``M·N = E`` (tileq only).
+        rotate_block: 0 (off) or the Walsh block ``b`` of the partial block-Hadamard rotation
+            with column permutation applied before GPTQ (the authors' rotated GPTQ,
+            :mod:`moelab.core.experts.rotation`); GPTQ without act-order only; a per-expert
+            permutation ``perm`` ``[E, I]`` is stored.
+        grid: ``(M, N)`` TileQ grid. ``tileq``: the code's orientation [K] — M grid rows, each
+            sharing one *input-side* factor, N columns each sharing one output-side factor,
+            ``M·N >= E`` (empty cells allowed); ``tileq-core``: M row (output-side) factors,
+            N column (input-side) factors, ``M·N = E``.
     Raises:
         ValueError: any field out of range, naming it.
     """
@@ -67,9 +77,17 @@ class QuantSpec:
     lowrank: str = "none"
     rank: int = 0
     grid: tuple[int, int] | None = None
+    rotate_block: int = 0
 
     def __post_init__(self) -> None:
         check_bits(self.bits)
+        if not isinstance(self.rotate_block, int) or self.rotate_block < 0:
+            raise InvalidValueError(f"rotate_block: must be an int >= 0, got {self.rotate_block!r}")
+        if self.rotate_block and (self.method != "gptq" or self.act_order):
+            raise InvalidValueError(
+                "rotate_block: the rotation orders the columns itself; it needs GPTQ without "
+                "act-order"
+            )
         if self.method not in ("rtn", "gptq"):
             raise InvalidValueError(f"method: must be rtn or gptq, got {self.method!r}")
         if not isinstance(self.group_size, int) or self.group_size < 1:
@@ -85,8 +103,8 @@ class QuantSpec:
                 )
         elif not isinstance(self.rank, int) or self.rank < 1:
             raise InvalidValueError(f"rank: must be an int >= 1, got {self.rank!r}")
-        if (self.lowrank == "tileq") != (self.grid is not None):
-            raise InvalidValueError("grid: set exactly when lowrank='tileq'")
+        if (self.lowrank in TILEQ_SCHEMES) != (self.grid is not None):
+            raise InvalidValueError("grid: set exactly when lowrank is 'tileq' or 'tileq-core'")
         if self.grid is not None:
             g = tuple(self.grid)
             if len(g) != 2 or any(not isinstance(v, int) or v < 1 for v in g):
@@ -111,17 +129,24 @@ class QuantSpec:
     def check_model(self, num_experts: int, widths: tuple[int, ...]) -> None:
         """Raise ``ValueError`` when the spec does not fit E experts with input/output
         widths ``widths`` (group size must divide every input width; the rank must not exceed
-        any matrix side; the grid must factor E)."""
+        any matrix side; the ``tileq-core`` grid must factor E, the ``tileq`` grid must have
+        at least E cells)."""
         for w in widths:
+            if self.rotate_block:
+                check_rotation(self.rotate_block, w)
             if w % self.group_size:
                 raise InvalidValueError(
                     f"group_size: {self.group_size} does not divide the projection width {w}"
                 )
             if self.rank > w:
                 raise InvalidValueError(f"rank: {self.rank} exceeds the matrix side {w}")
-        if self.grid is not None and self.grid[0] * self.grid[1] != num_experts:
-            M, N = self.grid
+        if self.grid is None:
+            return
+        M, N = self.grid
+        if self.lowrank == "tileq-core" and num_experts != M * N:
             raise InvalidValueError(f"grid: {M}x{N} does not factor the {num_experts} experts")
+        if self.lowrank == "tileq" and num_experts > M * N:
+            raise InvalidValueError(f"grid: {M}x{N} has fewer cells than the {num_experts} experts")
 
 
 def _empty_factors(spec: QuantSpec, K: int, d_out: int, d_in: int) -> LowRankFactors | None:
@@ -142,8 +167,17 @@ def _empty_factors(spec: QuantSpec, K: int, d_out: int, d_in: int) -> LowRankFac
             torch.zeros(K, dtype=torch.long),
         )
     M, N = spec.grid
+    if spec.lowrank == "tileq":  # code orientation: M input-side factors, N output-side ones
+        return LowRankFactors(
+            "tileq",
+            torch.zeros(N, d_out, r),
+            torch.zeros(M, d_in, r),
+            ar // M,
+            ar % M,
+            in_scale=torch.zeros(K, d_in),
+        )
     return LowRankFactors(
-        "tileq",
+        "tileq-core",
         torch.zeros(M, d_out, r),
         torch.zeros(N, d_in, r),
         ar // N,
@@ -183,6 +217,8 @@ class QuantizedProjection(nn.Module):
         self.register_buffer("zeros", zeros)
         g_idx = torch.zeros(E, d_in, dtype=torch.int16) if spec.act_order else None
         self.register_buffer("g_idx", g_idx)
+        perm = torch.arange(d_in, dtype=torch.int16).repeat(E, 1) if spec.rotate_block else None
+        self.register_buffer("perm", perm)
         self.lowrank = _empty_factors(spec, E, d_out, d_in)
 
     @classmethod
@@ -194,9 +230,12 @@ class QuantizedProjection(nn.Module):
         zeros: Tensor | None,
         g_idx: Tensor | None,
         lowrank: LowRankFactors | None,
+        perm: Tensor | None = None,
     ) -> QuantizedProjection:
         """Pack ``codes [E, O, I]`` (int, in range), ``scales [E, O, G]``, ``zeros [E, O, G]``
-        (asymmetric), ``g_idx [E, I]`` (act-order) and the factors into a projection.
+        (asymmetric), ``g_idx [E, I]`` (act-order), the factors and the rotation's column
+        order ``perm [E, I]`` (``rotate_block`` specs; codes in the rotated basis) into a
+        projection.
 
         Raises:
             ValueError: shapes or presence of zeros/g_idx/factors disagree with ``spec``.
@@ -214,6 +253,14 @@ class QuantizedProjection(nn.Module):
             raise InvalidValueError(
                 "lowrank: factors must be given exactly when spec.lowrank != 'none'"
             )
+        if (perm is None) != (not spec.rotate_block):
+            raise InvalidValueError("perm: must be given exactly for rotate_block specs")
+        if perm is not None:
+            if perm.shape != proj.perm.shape:
+                raise InvalidValueError(
+                    f"perm: expected {tuple(proj.perm.shape)}, got {tuple(perm.shape)}"
+                )
+            proj.perm = perm.to(torch.int16)
         proj.codes = pack_codes(codes, spec.bits)
         proj.scales = scales.to(torch.float16).view(torch.int16)
         if zeros is not None:
@@ -227,7 +274,11 @@ class QuantizedProjection(nn.Module):
                     f"lowrank: factor shapes {tuple(lowrank.U.shape)}, {tuple(lowrank.V.shape)} do "
                     f"not match the spec's {tuple(want.U.shape)}, {tuple(want.V.shape)}"
                 )
-            for name in ("U", "V", "S"):  # stored as float16: round now so memory == disk
+            if (lowrank.in_scale is None) != (want.in_scale is None) or (
+                lowrank.in_scale is not None and lowrank.in_scale.shape != want.in_scale.shape
+            ):
+                raise InvalidValueError("lowrank: in_scale does not match the spec's")
+            for name in ("U", "V", "S", "in_scale"):  # stored as float16: memory == disk
                 t = getattr(lowrank, name)
                 if t is not None:
                     setattr(lowrank, name, t.to(torch.float16).to(t.dtype))
@@ -249,11 +300,15 @@ class QuantizedProjection(nn.Module):
         return unpack_codes(self.zeros, self.spec.bits, self.scales.shape)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
-        """``[E, O, I]`` dequantized weights (without the low-rank correction)."""
-        return dequantize(
+        """``[E, O, I]`` dequantized weights (without the low-rank correction; rotated back
+        to the original basis, ``Q R_eᵀ``, for ``rotate_block`` specs)."""
+        w = dequantize(
             self.unpacked_codes(), self.scale_values, self.unpacked_zeros(), self.spec.bits,
             self.spec.group_size, self.g_idx, dtype,
         )  # fmt: skip
+        if self.perm is not None:
+            w = unrotate(w, self.perm, self.spec.rotate_block)
+        return w
 
     def weight(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """``[E, O, I]`` effective weights: dequantized plus the low-rank correction."""
@@ -263,13 +318,14 @@ class QuantizedProjection(nn.Module):
         return w
 
     def storage_bytes(self) -> dict[str, int]:
-        """Bytes as stored: ``codes``, ``scales`` (fp16), ``zeros``, ``g_idx`` (int16) and
+        """Bytes as stored: ``codes``, ``scales`` (fp16), ``zeros``, ``g_idx``, ``perm`` (int16) and
         ``lowrank`` (fp16 factors; the int64 grid map is metadata and not counted)."""
         return {
             "codes": self.codes.numel(),
             "scales": self.scales.numel() * FLOAT_BYTES,
             "zeros": self.zeros.numel() if self.zeros is not None else 0,
             "g_idx": self.g_idx.numel() * 2 if self.g_idx is not None else 0,
+            "perm": self.perm.numel() * 2 if self.perm is not None else 0,
             "lowrank": self.lowrank.extra_params() * FLOAT_BYTES if self.lowrank is not None else 0,
         }
 
