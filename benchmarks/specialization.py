@@ -22,11 +22,17 @@ Usage::
 
     python benchmarks/specialization.py                          # sweep + 2 settings × 4 arms × 3 seeds
     python benchmarks/specialization.py --steps 200 --seeds 1 --sweep 0.01   # quick look
+    # the same split over two processes (one core each), then one table:
+    python benchmarks/specialization.py --sweep-only --threads 1
+    python benchmarks/specialization.py --lambdas 1e-3 1e-2 --settings plain --json a.json &
+    python benchmarks/specialization.py --lambdas 1e-3 1e-2 --settings shared --json b.json
+    python benchmarks/specialization.py --merge a.json b.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
@@ -156,6 +162,21 @@ def mean_sd(values: list[float]) -> str:
     return f"{m:.4f}±{sd:.4f}"
 
 
+SETTINGS = {"plain": False, "shared": True}
+
+
+def print_table(table: dict, steps: int, seeds: int, chosen: dict) -> None:
+    print(
+        f"\nSpecialization + cross-layer losses, mix corpus, {steps} steps, {seeds} "
+        f"seed(s), λ_spec={chosen['spec']:g}, λ_cross={chosen['cross']:g}; mean ± sd"
+    )
+    cols = ("bpb", "entropy", "coact_cos2", "expert_cos", "nmi")
+    heads = ("val bpb", "entropy", "coact cos²", "expert cos", "pathway NMI")
+    print(f"{'setting / arm':<40}" + "".join(f"{h:>16}" for h in heads))
+    for key, cell in table.items():
+        print(f"{key:<40}" + "".join(f"{mean_sd(cell[c]):>16}" for c in cols))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=1500)
@@ -163,13 +184,27 @@ def main() -> None:
     ap.add_argument("--sweep", type=float, nargs="+", default=[1e-3, 1e-2, 1e-1])
     ap.add_argument("--eval-tokens", type=int, default=8192, help="validation tokens/domain")
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
+    ap.add_argument("--lambdas", type=float, nargs=2, metavar=("SPEC", "CROSS"),
+                    help="skip the sweep and use these coefficients")  # fmt: skip
+    ap.add_argument("--sweep-only", action="store_true", help="run the sweep and stop")
+    ap.add_argument("--sweep-losses", nargs="+", default=["spec", "cross"],
+                    choices=["spec", "cross"], help="with --sweep-only: which sweeps to run")  # fmt: skip
+    ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS),
+                    help="run only these settings (split a run over processes)")  # fmt: skip
+    ap.add_argument("--json", type=Path, help="also write the table cells here")
+    ap.add_argument("--merge", nargs="+", type=Path, help="print the table of saved --json files")
     args = ap.parse_args()
+    if args.merge:
+        parts = [json.loads(f.read_text()) for f in args.merge]
+        table = {k: v for part in parts for k, v in part["table"].items()}
+        print_table(table, parts[0]["steps"], parts[0]["seeds"], parts[0]["lambdas"])
+        return
     torch.set_num_threads(args.threads)
     t0 = time.time()
     root = Path(tempfile.mkdtemp(prefix="spec-bench-"))
     # λ per loss: the single-loss arm's lowest validation loss on seed 0, E=16 k=4 setting
-    chosen = {}
-    for loss in ("spec", "cross"):
+    chosen = dict(zip(("spec", "cross"), args.lambdas, strict=True)) if args.lambdas else {}
+    for loss in () if args.lambdas else args.sweep_losses if args.sweep_only else ("spec", "cross"):
         scores = {}
         for lam in args.sweep:
             losses = arms(lam, lam)["LB + spec" if loss == "spec" else "LB + cross (Eq. 7)"]
@@ -177,25 +212,24 @@ def main() -> None:
         chosen[loss] = min(scores, key=scores.get)
         print(f"sweep {loss}: " + ", ".join(f"λ={k:g}: {v:.4f}" for k, v in scores.items())
               + f" -> λ={chosen[loss]:g}", flush=True)  # fmt: skip
-    table: dict[tuple[str, str], dict[str, list[float]]] = {}
-    for shared in (False, True):
+    if args.sweep_only:
+        return
+    table: dict[str, dict[str, list[float]]] = {}
+    for name_s in args.settings:
+        shared = SETTINGS[name_s]
         setting = "E=16 k=4 + shared" if shared else "E=16 k=4"
         for name, losses in arms(chosen["spec"], chosen["cross"]).items():
             for seed in range(args.seeds):
                 row = run_arm(root, name, losses, shared, seed, args)
-                cell = table.setdefault((setting, name), {})
+                cell = table.setdefault(f"{setting} / {name}", {})
                 for key, v in row.items():
                     cell.setdefault(key, []).append(v)
             print(f"{setting} / {name}: done at {time.time() - t0:.0f} s", flush=True)
-    print(
-        f"\nSpecialization + cross-layer losses, mix corpus, {args.steps} steps, {args.seeds} "
-        f"seed(s), λ_spec={chosen['spec']:g}, λ_cross={chosen['cross']:g}; mean ± sd"
-    )
-    cols = ("bpb", "entropy", "coact_cos2", "expert_cos", "nmi")
-    heads = ("val bpb", "entropy", "coact cos²", "expert cos", "pathway NMI")
-    print(f"{'setting / arm':<40}" + "".join(f"{h:>16}" for h in heads))
-    for (setting, name), cell in table.items():
-        print(f"{setting + ' / ' + name:<40}" + "".join(f"{mean_sd(cell[c]):>16}" for c in cols))
+    if args.json is not None:
+        args.json.write_text(json.dumps(
+            {"steps": args.steps, "seeds": args.seeds, "lambdas": chosen, "table": table}
+        ))  # fmt: skip
+    print_table(table, args.steps, args.seeds, chosen)
     print(f"total time {time.time() - t0:.0f} s")
 
 
