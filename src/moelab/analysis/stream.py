@@ -112,10 +112,7 @@ class LayerAccumulator:
         """Domain × expert statistics, or None when no batch carried labels."""
         if self.domain_counts is None:
             return None
-        c = self.domain_counts
-        if self.num_domains is not None and c.shape[0] < self.num_domains:
-            c = torch.cat([c, c.new_zeros(self.num_domains - c.shape[0], self.num_experts)])
-        return domain_stats_from_counts(c)
+        return domain_stats_from_counts(self.domain_counts)
 
 
 class RoutingAccumulator:
