@@ -51,7 +51,7 @@ from moelab.core.config import ExpertsConfig, LossConfig, MoEConfig, RouterConfi
 from moelab.core.layer import MoELayer
 
 HF_IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm")
-MOELAB_BACKENDS = ("torch", "loop")
+MOELAB_BACKENDS = ("auto", "torch", "loop")
 CHECK_TOL = 1e-4
 
 

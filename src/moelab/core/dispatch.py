@@ -58,7 +58,7 @@ class Dispatched:
     """Rows handed to the experts.
 
     Attributes:
-        x: ``[N, D]`` rows sorted by expert.
+        x: ``[N, D]`` rows sorted by expert (None when dispatched with ``gather=False``).
         counts: ``[E]`` int64 rows per expert.
         token_idx: ``[N]`` token of every sorted row.
         weight: ``[N]`` float32 combine weight of every sorted row.
@@ -68,7 +68,7 @@ class Dispatched:
         pair_weight: ``[N]`` combine weights in pair order (uniform plans).
     """
 
-    x: Tensor
+    x: Tensor | None
     counts: Tensor
     token_idx: Tensor
     weight: Tensor | None
@@ -90,11 +90,15 @@ class LocalDispatcher:
     def __init__(self, deterministic: bool = True) -> None:
         self.deterministic = deterministic
 
-    def dispatch(self, x_TD: Tensor, plan: RoutingPlan) -> Dispatched:
+    def dispatch(self, x_TD: Tensor, plan: RoutingPlan, gather: bool = True) -> Dispatched:
+        """Sort ``plan``'s pairs by expert; ``gather=False`` (uniform plans only) skips
+        gathering the rows, for experts that read ``x_TD[token_idx]`` themselves."""
         if plan.top_k is not None:
             return dispatch_uniform(
-                x_TD, plan.expert_idx, plan.weight, plan.num_experts, plan.top_k
+                x_TD, plan.expert_idx, plan.weight, plan.num_experts, plan.top_k, gather
             )
+        if not gather:
+            raise ValueError("gather=False needs a uniform plan (plan.top_k set)")
         order = torch.argsort(plan.expert_idx, stable=True)
         counts = expert_counts(plan.expert_idx, plan.num_experts)
         token_idx = plan.token_idx[order]
@@ -112,16 +116,21 @@ class LocalDispatcher:
         Returns ``[T, D]`` in the weights' dtype.
         """
         if d.top_k is not None:
-            w = d.pair_weight
-            y_pairs = _PermuteRows.apply(y_ND, d.inverse, d.order).to(w.dtype)
-            k = d.top_k
-            D = y_ND.shape[-1]
-            return torch.bmm(w.view(num_tokens, 1, k), y_pairs.view(num_tokens, k, D)).squeeze(1)
+            return self.combine_pairs(_PermuteRows.apply(y_ND, d.inverse, d.order), d, num_tokens)
         y = y_ND.to(d.weight.dtype) * d.weight.unsqueeze(-1)
         if y.device.type == "cpu" or not self.deterministic:
             out = y.new_zeros(num_tokens, y.shape[-1])
             return out.index_add(0, d.token_idx, y)
         return segment_combine(y, d.token_idx, num_tokens)
+
+    def combine_pairs(self, y_pairs: Tensor, d: Dispatched, num_tokens: int) -> Tensor:
+        """The combine of a uniform plan from expert outputs already in pair order
+        (``y_pairs [T·k, D]``, row ``t·k + j`` = token t's j-th expert): one batched matmul
+        ``w[T,1,k] @ y[T,k,D]`` in float32 (float64 for float64 weights) → ``[T, D]``."""
+        k = d.top_k
+        w = d.pair_weight
+        y = y_pairs.to(w.dtype).view(num_tokens, k, y_pairs.shape[-1])
+        return torch.bmm(w.view(num_tokens, 1, k), y).squeeze(1)
 
 
 def permute_rows(y: Tensor, perm: Tensor, inverse: Tensor) -> Tensor:
@@ -131,7 +140,12 @@ def permute_rows(y: Tensor, perm: Tensor, inverse: Tensor) -> Tensor:
 
 
 def dispatch_uniform(
-    x_TD: Tensor, expert_idx: Tensor, weight: Tensor, num_experts: int, k: int
+    x_TD: Tensor,
+    expert_idx: Tensor,
+    weight: Tensor,
+    num_experts: int,
+    k: int,
+    gather: bool = True,
 ) -> Dispatched:
     """Sort the pairs of a uniform (k per token, token-major) routing by expert.
 
@@ -139,6 +153,7 @@ def dispatch_uniform(
         x_TD: ``[T, D]`` rows; pair ``t·k + j`` belongs to row t.
         expert_idx: ``[T·k]`` int64 in ``[0, num_experts)``.
         weight: ``[T·k]`` float32 combine weights (pair order).
+        gather: False leaves ``Dispatched.x`` None (the fused CPU experts gather themselves).
     Returns:
         :class:`Dispatched` for :meth:`LocalDispatcher.combine` (gather-only backwards).
     """
@@ -148,7 +163,7 @@ def dispatch_uniform(
     inverse[order] = torch.arange(order.shape[0], device=order.device)
     token_idx = torch.div(order, k, rounding_mode="floor")
     return Dispatched(
-        x=_GatherTokens.apply(x_TD, token_idx, inverse, k),
+        x=_GatherTokens.apply(x_TD, token_idx, inverse, k) if gather else None,
         counts=counts,
         token_idx=token_idx,
         weight=None,

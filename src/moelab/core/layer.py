@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from moelab.core.config import MoEConfig
-from moelab.core.dispatch import LocalDispatcher
+from moelab.core.dispatch import Dispatched, LocalDispatcher
 from moelab.core.experts import ExpertBank, SharedExpert
 from moelab.core.losses import (
     SpecializationLoss,
@@ -114,6 +114,33 @@ class MoELayer(nn.Module):
                     f"mask: expected shape {tuple(x.shape[:-1])}, got {tuple(mask.shape)}"
                 )
 
+    def _experts(
+        self, x_TD: Tensor, plan: RoutingPlan, want_acts: bool
+    ) -> tuple[Tensor, Dispatched, Tensor | None]:
+        """Dispatch, experts and combine: ``(y [T, D] float32, dispatched, activations or
+        None)``."""
+        T = x_TD.shape[0]
+        if not want_acts and self._fuses_dispatch(x_TD, plan):
+            d = self.dispatcher.dispatch(x_TD, plan, gather=False)
+            return self.dispatcher.combine_pairs(self.experts.forward_pairs(x_TD, d), d, T), d, None
+        d = self.dispatcher.dispatch(x_TD, plan)
+        if want_acts:
+            expert_out, acts = self.experts(d.x, d.counts, return_activations=True)
+            return self.dispatcher.combine(expert_out, d, T), d, acts
+        if hasattr(self.experts, "forward_combined"):  # quantized bank: fused low-rank path
+            return self.experts.forward_combined(d, T, self.dispatcher.combine), d, None
+        return self.dispatcher.combine(self.experts(d.x, d.counts), d, T), d, None
+
+    def _fuses_dispatch(self, x_TD: Tensor, plan: RoutingPlan) -> bool:
+        """The fused CPU kernel gathers, computes and un-permutes in one pass (uniform plans,
+        local dispatch, plain in-memory experts)."""
+        return (
+            plan.top_k is not None
+            and isinstance(self.dispatcher, LocalDispatcher)
+            and isinstance(self.experts, ExpertBank)
+            and self.experts.fuses(x_TD)
+        )
+
     @property
     def needs_prefix_state(self) -> bool:
         """True when incremental decoding must carry router state (causal-prefix USMoE)."""
@@ -152,19 +179,9 @@ class MoELayer(nn.Module):
             plan = self.router(x_TD, token_mask=token_mask)
         else:
             plan = self.router(x_TD)
-        dispatched = self.dispatcher.dispatch(x_TD, plan)
         want_losses = torch.is_grad_enabled()
-        acts = None
-        if want_losses and self.specialization_loss is not None:
-            expert_out, acts = self.experts(
-                dispatched.x, dispatched.counts, return_activations=True
-            )
-            y = self.dispatcher.combine(expert_out, dispatched, T)
-        elif hasattr(self.experts, "forward_combined"):  # quantized bank: fused low-rank path
-            y = self.experts.forward_combined(dispatched, T, self.dispatcher.combine)
-        else:
-            expert_out = self.experts(dispatched.x, dispatched.counts)
-            y = self.dispatcher.combine(expert_out, dispatched, T)
+        want_acts = want_losses and self.specialization_loss is not None
+        y, dispatched, acts = self._experts(x_TD, plan, want_acts)
         if self.shared_expert is not None:
             y = y + self.shared_expert(x_TD).to(y.dtype)
         losses = self.config.losses

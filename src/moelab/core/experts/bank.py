@@ -5,6 +5,12 @@ the gate and up projections fused into ``w_gate_up [E, D, 2F]`` (gate block firs
 the transformers v5 ``gate_up_proj`` order); GELU-MLP experts: ``y = gelu(x·W_u)·W_d``.
 Weights are stored input-major (``[E, in, out]``) so each expert's matmul reads contiguous memory.
 
+Backends (``backend``): ``"auto"`` runs the fused CPU kernel (:mod:`moelab.core.experts.cpu_kernel`:
+whole expert chains as concurrent tasks, with the dispatch gather and un-permutation fused in)
+for plain experts on CPU when it is available, and otherwise :func:`grouped_mm`'s own
+``"auto"`` choice; ``"fused"`` requires the kernel; ``"loop"`` and ``"torch"`` force that
+grouped matmul.
+
 Other activations (``ExpertsConfig.activation``):
 
 - ``"gelu_tanh"``: ``gelu`` with the tanh approximation (HF ``gelu_pytorch_tanh``).
@@ -36,6 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from moelab.core.config import GATED_ACTIVATIONS, ExpertsConfig
+from moelab.core.experts import cpu_kernel
 from moelab.core.experts.grouped_mm import grouped_mm
 
 
@@ -88,6 +95,45 @@ class ExpertBank(nn.Module):
         """``α / r`` (0 without adapters)."""
         r = self.config.lora_rank
         return self.config.lora_alpha / r if r else 0.0
+
+    def fuses(self, x: Tensor) -> bool:
+        """True when the fused CPU kernel computes these experts on ``x`` (plain experts: no
+        bias, no LoRA; backend ``auto`` or ``fused``).
+
+        Raises:
+            RuntimeError: backend ``"fused"`` and the kernel cannot run ``x``.
+        """
+        if self.backend not in ("auto", "fused"):
+            return False
+        plain = not self.config.bias and not self.config.lora_rank
+        ok = plain and cpu_kernel.supports(x, self.config.activation)
+        if self.backend == "fused" and not ok:
+            raise RuntimeError(
+                "backend 'fused' needs plain CPU experts with activation in "
+                f"{sorted(cpu_kernel.ACTIVATIONS)} and a built kernel "
+                "(see moelab.core.experts.cpu_kernel)"
+            )
+        return ok
+
+    def forward_pairs(self, x_TD: Tensor, d) -> Tensor:
+        """Expert outputs in pair order from the unsorted tokens (the fused path, when
+        :meth:`fuses`): ``[T·k, D]``, row p = the output of pair p's expert on its token.
+
+        Args:
+            x_TD: ``[T, D]`` tokens.
+            d: a uniform plan's :class:`~moelab.core.dispatch.Dispatched`, gathered or not.
+        """
+        return cpu_kernel.fused_experts(
+            x_TD,
+            self.w_in,
+            self.w_down,
+            d.counts,
+            self.config.activation,
+            src=d.token_idx,
+            dst=d.order,
+            num_out=d.order.shape[0],
+            top_k=d.top_k,
+        )
 
     def _project(self, x: Tensor, w: Tensor, counts: Tensor, which: str) -> Tensor:
         y = grouped_mm(x, w, counts, self.backend)
@@ -149,6 +195,10 @@ class ExpertBank(nn.Module):
         Returns:
             ``[N, D]`` expert outputs in the same order, or ``(outputs, activations)``.
         """
+        if not return_activations and self.fuses(x_ND):
+            return cpu_kernel.fused_experts(
+                x_ND, self.w_in, self.w_down, counts, self.config.activation
+            )
         h = self._project(x_ND, self.w_in, counts, "in")
         expert_of_row = None
         if self.config.bias:

@@ -1,0 +1,227 @@
+// Fused CPU expert kernel: every expert's whole feed-forward chain (gather, input projection,
+// activation, output projection, scatter) as one work item, the items spread over the intra-op
+// threads, each running single-threaded GEMMs. See moelab/core/experts/cpu_kernel.py.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+// Activation codes (cpu_kernel.ACTIVATIONS): 0 swiglu, 1 geglu, 2 gelu, 3 gelu_tanh.
+bool gated(int64_t act) { return act == 0 || act == 1; }
+
+at::Tensor act_fn(const at::Tensor& z, int64_t act) {
+  if (act == 0) return at::silu(z);
+  if (act == 1 || act == 3) return at::gelu(z, "tanh");
+  return at::gelu(z);
+}
+
+at::Tensor act_grad(const at::Tensor& grad, const at::Tensor& z, int64_t act) {
+  if (act == 0) return at::silu_backward(grad, z);
+  if (act == 1 || act == 3) return at::gelu_backward(grad, z, "tanh");
+  return at::gelu_backward(grad, z);
+}
+
+// a = act(gate) * up for gated activations, act(h) otherwise.
+at::Tensor activate(const at::Tensor& h, int64_t act, int64_t F) {
+  if (!gated(act)) return act_fn(h, act);
+  return act_fn(h.narrow(1, 0, F), act).mul_(h.narrow(1, F, F));
+}
+
+struct Item {
+  int64_t expert, begin, rows;
+};
+
+// Dynamic scheduling: each thread takes the next item (largest first) until none is left.
+// Autograd state is thread-local, so every worker enters inference mode itself: the kernel's
+// temporaries never record a graph (the Python autograd.Function owns the backward).
+template <typename Fn>
+void run_items(const std::vector<Item>& items, const Fn& fn) {
+  std::atomic<int64_t> next{0};
+  const int64_t n = static_cast<int64_t>(items.size());
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(), std::max<int64_t>(n, 1));
+  at::parallel_for(0, workers, 1, [&](int64_t lo, int64_t hi) {
+    c10::InferenceMode guard;
+    for (int64_t w = lo; w < hi; ++w) {
+      for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) fn(items[i]);
+    }
+  });
+}
+
+std::vector<int64_t> offsets(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> start(counts.size() + 1, 0);
+  for (size_t e = 0; e < counts.size(); ++e) start[e + 1] = start[e] + counts[e];
+  return start;
+}
+
+std::vector<Item> plan_items(const std::vector<int64_t>& counts, int64_t max_rows) {
+  const auto start = offsets(counts);
+  std::vector<Item> items;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    for (int64_t b = 0; b < counts[e]; b += max_rows) {
+      items.push_back({static_cast<int64_t>(e), start[e] + b, std::min(max_rows, counts[e] - b)});
+    }
+  }
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& a, const Item& b) { return a.rows > b.rows; });
+  return items;
+}
+
+// Rows [begin, begin + rows) of `t`, or of t[index] when `index` is defined (a row-wise
+// memcpy: index_select/index_copy_ parallelise internally, which a worker thread cannot use).
+at::Tensor rows_of(const at::Tensor& t, const c10::optional<at::Tensor>& index, int64_t begin,
+                   int64_t rows) {
+  if (!index.has_value()) return t.narrow(0, begin, rows);
+  auto out = at::empty({rows, t.size(1)}, t.options());
+  const int64_t bytes = t.size(1) * t.element_size();
+  const auto* idx = index->data_ptr<int64_t>() + begin;
+  const auto* from = static_cast<const char*>(t.data_ptr());
+  auto* to = static_cast<char*>(out.data_ptr());
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(to + r * bytes, from + idx[r] * bytes, bytes);
+  return out;
+}
+
+void put_rows(at::Tensor& out, const c10::optional<at::Tensor>& index, int64_t begin,
+              const at::Tensor& value) {
+  const int64_t rows = value.size(0);
+  if (!index.has_value()) {
+    out.narrow(0, begin, rows).copy_(value);
+    return;
+  }
+  const int64_t bytes = out.size(1) * out.element_size();
+  const auto* idx = index->data_ptr<int64_t>() + begin;
+  const auto* from = static_cast<const char*>(value.data_ptr());
+  auto* to = static_cast<char*>(out.data_ptr());
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(to + idx[r] * bytes, from + r * bytes, bytes);
+}
+
+// The memcpy paths trust the indices: check them once, before any thread starts.
+void check_index(const c10::optional<at::Tensor>& index, int64_t n, int64_t bound,
+                 const char* name) {
+  if (!index.has_value()) return;
+  TORCH_CHECK(index->scalar_type() == at::kLong && index->is_contiguous() && index->dim() == 1 &&
+                  index->size(0) == n,
+              name, ": expected a contiguous int64 vector of ", n, " rows");
+  const auto* idx = index->data_ptr<int64_t>();
+  for (int64_t r = 0; r < n; ++r) {
+    TORCH_CHECK(idx[r] >= 0 && idx[r] < bound, name, "[", r, "] = ", idx[r], " outside [0, ",
+                bound, ")");
+  }
+}
+
+}  // namespace
+
+// y[dst[r]] = expert_e(x[src[r]]) for the sorted rows r of expert e (src, dst default to r).
+// Returns (y [n_out, D], h [N, W] input projections when save_h, else an empty tensor).
+std::vector<at::Tensor> experts_forward(const at::Tensor& x, const at::Tensor& w_in,
+                                        const at::Tensor& w_down, std::vector<int64_t> counts,
+                                        int64_t act, c10::optional<at::Tensor> src,
+                                        c10::optional<at::Tensor> dst, int64_t n_out,
+                                        bool save_h, int64_t max_rows) {
+  const int64_t F = w_down.size(1);
+  int64_t N = 0;
+  for (auto c : counts) N += c;
+  TORCH_CHECK(x.is_contiguous(), "x must be contiguous");
+  check_index(src, N, x.size(0), "src");
+  check_index(dst, N, n_out, "dst");
+  TORCH_CHECK(src.has_value() || x.size(0) == N, "x has ", x.size(0), " rows, counts sum to ", N);
+  auto y = at::empty({n_out, w_down.size(2)}, x.options());
+  auto h_all = save_h ? at::empty({N, w_in.size(2)}, x.options()) : at::Tensor();
+  run_items(plan_items(counts, max_rows), [&](const Item& it) {
+    const auto xe = rows_of(x, src, it.begin, it.rows);
+    at::Tensor h;
+    if (save_h) {
+      h = h_all.narrow(0, it.begin, it.rows);
+      at::mm_out(h, xe, w_in[it.expert]);
+    } else {
+      h = at::mm(xe, w_in[it.expert]);
+    }
+    const auto a = activate(h, act, F);
+    if (dst.has_value()) {
+      put_rows(y, dst, it.begin, at::mm(a, w_down[it.expert]));
+    } else {
+      auto ye = y.narrow(0, it.begin, it.rows);
+      at::mm_out(ye, a, w_down[it.expert]);
+    }
+  });
+  return {y, h_all};
+}
+
+// Gradients of experts_forward given grad_y [n_out, D]: (grad of every sorted row's input,
+// [N, D] in sorted order, or [n_out, D] at dst[r] when pairs_out; grad_w_in, grad_w_down);
+// undefined when not wanted. Experts with no rows get zero weight gradients.
+std::vector<at::Tensor> experts_backward(const at::Tensor& grad_y, const at::Tensor& x,
+                                         const at::Tensor& h_all, const at::Tensor& w_in,
+                                         const at::Tensor& w_down, std::vector<int64_t> counts,
+                                         int64_t act, c10::optional<at::Tensor> src,
+                                         c10::optional<at::Tensor> dst, bool need_x,
+                                         bool need_w, bool pairs_out) {
+  const int64_t E = w_in.size(0), F = w_down.size(1);
+  const auto start = offsets(counts);
+  const int64_t N = start[E];
+  TORCH_CHECK(grad_y.is_contiguous(), "grad_y must be contiguous");
+  check_index(src, N, x.size(0), "src");
+  check_index(dst, N, grad_y.size(0), "dst");
+  at::Tensor gx, gw_in, gw_down;
+  if (need_x) gx = at::empty({pairs_out ? grad_y.size(0) : N, x.size(1)}, x.options());
+  if (need_w) {
+    gw_in = at::empty_like(w_in);
+    gw_down = at::empty_like(w_down);
+  }
+  std::vector<Item> items;
+  for (int64_t e = 0; e < E; ++e) {
+    if (counts[e]) {
+      items.push_back({e, start[e], counts[e]});
+    } else if (need_w) {
+      gw_in[e].zero_();
+      gw_down[e].zero_();
+    }
+  }
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& a, const Item& b) { return a.rows > b.rows; });
+  run_items(items, [&](const Item& it) {
+    const int64_t e = it.expert;
+    const auto gy = rows_of(grad_y, dst, it.begin, it.rows);
+    const auto h = h_all.narrow(0, it.begin, it.rows);
+    const auto ga = at::mm(gy, w_down[e].t());
+    at::Tensor gh;
+    if (gated(act)) {
+      const auto gate = h.narrow(1, 0, F), up = h.narrow(1, F, F);
+      const auto s = act_fn(gate, act);
+      if (need_w) {
+        auto gwd = gw_down[e];
+        at::mm_out(gwd, (s * up).t(), gy);
+      }
+      gh = at::empty({it.rows, 2 * F}, h.options());
+      auto gu = gh.narrow(1, F, F);
+      at::mul_out(gu, ga, s);
+      gh.narrow(1, 0, F).copy_(act_grad(ga.mul_(up), gate, act));
+    } else {
+      if (need_w) {
+        auto gwd = gw_down[e];
+        at::mm_out(gwd, act_fn(h, act).t(), gy);
+      }
+      gh = act_grad(ga, h, act);
+    }
+    if (need_w) {
+      auto gwi = gw_in[e];
+      at::mm_out(gwi, rows_of(x, src, it.begin, it.rows).t(), gh);
+    }
+    if (need_x && pairs_out) {
+      put_rows(gx, dst, it.begin, at::mm(gh, w_in[e].t()));
+    } else if (need_x) {
+      auto gxe = gx.narrow(0, it.begin, it.rows);
+      at::mm_out(gxe, gh, w_in[e].t());
+    }
+  });
+  return {gx, gw_in, gw_down};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("experts_forward", &experts_forward);
+  m.def("experts_backward", &experts_backward);
+}

@@ -1,0 +1,166 @@
+"""The fused CPU expert kernel against a per-expert float64 reference, and its fallback."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from moelab.core.config import ExpertsConfig, MoEConfig, RouterConfig
+from moelab.core.experts import cpu_kernel
+from moelab.core.layer import MoELayer
+
+needs_kernel = pytest.mark.skipif(cpu_kernel.kernel() is None, reason="no C++ toolchain")
+
+
+def reference(x, w_in, w_down, counts, activation, src=None, dst=None, num_out=None):
+    """Slow reference: one expert at a time, gather/scatter by plain indexing."""
+    rows = x if src is None else x[src]
+    Fh = w_down.shape[1]
+    outs, start = [], 0
+    for e, c in enumerate(counts.tolist()):
+        h = rows[start : start + c] @ w_in[e]
+        if activation == "swiglu":
+            a = F.silu(h[:, :Fh]) * h[:, Fh:]
+        elif activation == "geglu":
+            a = F.gelu(h[:, :Fh], approximate="tanh") * h[:, Fh:]
+        elif activation == "gelu":
+            a = F.gelu(h)
+        else:
+            a = F.gelu(h, approximate="tanh")
+        outs.append(a @ w_down[e])
+        start += c
+    y = torch.cat(outs) if outs else rows.new_zeros(0, w_down.shape[2])
+    if dst is None:
+        return y
+    return torch.zeros(num_out, y.shape[1], dtype=y.dtype).index_copy(0, dst, y)
+
+
+def problem(activation, T=13, k=3, E=5, D=6, Fh=4, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    W = 2 * Fh if activation in ("swiglu", "geglu") else Fh
+    x = torch.randn(T, D, generator=g, dtype=dtype, requires_grad=True)
+    w_in = torch.randn(E, D, W, generator=g, dtype=dtype, requires_grad=True)
+    w_down = torch.randn(E, Fh, D, generator=g, dtype=dtype, requires_grad=True)
+    expert_idx = torch.randint(0, E - 1, (T * k,), generator=g)  # expert E-1 gets no rows
+    order = torch.argsort(expert_idx, stable=True)
+    counts = torch.bincount(expert_idx, minlength=E)
+    return x, w_in, w_down, counts, order, k
+
+
+@needs_kernel
+@pytest.mark.parametrize("activation", sorted(cpu_kernel.ACTIVATIONS))
+@pytest.mark.parametrize("mode", ["sorted", "gather", "pairs"])
+def test_fused_experts_equal_the_reference_forward_and_backward(activation, mode):
+    x, w_in, w_down, counts, order, k = problem(activation)
+    if mode == "sorted":  # rows already sorted by expert
+        rows = x[order // k]
+        kw, args = {}, (rows, w_in, w_down)
+    elif mode == "gather":  # gather fused, output in sorted order
+        kw, args = {"src": order // k}, (x, w_in, w_down)
+    else:  # gather and un-permutation fused: the layer's path
+        kw = {"src": order // k, "dst": order, "num_out": order.shape[0], "top_k": k}
+        args = (x, w_in, w_down)
+    y = cpu_kernel.fused_experts(*args, counts, activation, **kw)
+    ref_kw = {key: v for key, v in kw.items() if key != "top_k"}
+    want = reference(*args, counts, activation, **ref_kw)
+    torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(want)
+    got = torch.autograd.grad(y, (x, w_in, w_down), g, retain_graph=True)
+    exp = torch.autograd.grad(want, (x, w_in, w_down), g)
+    for a, b in zip(got, exp, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert torch.count_nonzero(got[1][-1]) == 0 and torch.count_nonzero(got[2][-1]) == 0
+
+    def fn(*t):
+        return cpu_kernel.fused_experts(*t, counts, activation, **kw)
+
+    assert torch.autograd.gradcheck(fn, tuple(a.detach().requires_grad_() for a in args))
+
+
+@needs_kernel
+def test_tiled_experts_and_thread_counts_give_the_same_values(monkeypatch):
+    x, w_in, w_down, counts, order, k = problem("swiglu", T=64, k=2, E=3, dtype=torch.float32)
+    kw = {"src": order // k, "dst": order, "num_out": order.shape[0], "top_k": k}
+    base = cpu_kernel.fused_experts(x, w_in, w_down, counts, "swiglu", **kw)
+    monkeypatch.setattr(cpu_kernel, "_MIN_TILE_ROWS", 5)  # every expert split into tiles
+    tiled = cpu_kernel.fused_experts(x, w_in, w_down, counts, "swiglu", **kw)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        single = cpu_kernel.fused_experts(x, w_in, w_down, counts, "swiglu", **kw)
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(tiled, base, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(single, base, rtol=1e-6, atol=1e-6)
+
+
+@needs_kernel
+def test_out_of_range_indices_are_refused_before_any_copy():
+    x, w_in, w_down, counts, order, k = problem("gelu")
+    bad = (order // k).clone()
+    bad[3] = x.shape[0]
+    with pytest.raises(RuntimeError, match=r"src\[3\]"):
+        cpu_kernel.fused_experts(x.detach(), w_in.detach(), w_down.detach(), counts, "gelu", bad)
+    with pytest.raises(RuntimeError, match="int64"):
+        cpu_kernel.fused_experts(x.detach(), w_in, w_down, counts, "gelu", bad.int())
+
+
+def layer(activation="swiglu", bias=False, E=8, k=2, D=16, Fh=24):
+    cfg = MoEConfig(
+        router=RouterConfig(num_experts=E, top_k=k),
+        experts=ExpertsConfig(hidden_size=D, ffn_hidden_size=Fh, activation=activation, bias=bias),
+    )
+    torch.manual_seed(0)
+    return MoELayer(cfg)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_fused_path_equals_the_loop_backend(dtype):
+    fused = layer().to(dtype)
+    loop = layer().to(dtype)
+    loop.experts.backend = "loop"
+    x = torch.randn(4, 9, 16, dtype=dtype)
+    assert fused._fuses_dispatch(x.reshape(-1, 16), fused.router(x.reshape(-1, 16)))
+    outs = []
+    for m in (fused, loop):
+        xi = x.clone().requires_grad_()
+        out = m(xi)
+        loss = out.hidden_states.float().square().sum() + sum(out.aux_losses.values())
+        loss.backward()
+        outs.append((out.hidden_states, xi.grad, m.experts.w_in.grad, m.router.weight.grad))
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for a, b in zip(*outs, strict=True):
+        torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol)
+
+
+def test_without_the_kernel_the_layer_falls_back_to_the_loop(monkeypatch):
+    x = torch.randn(10, 16)
+    want = layer()
+    want.experts.backend = "loop"
+    expected = want(x).hidden_states
+    monkeypatch.setattr(cpu_kernel, "kernel", lambda: None)
+    got = layer()
+    assert not got.experts.fuses(x)
+    torch.testing.assert_close(got(x).hidden_states, expected, rtol=1e-5, atol=1e-6)
+    got.experts.backend = "fused"
+    with pytest.raises(RuntimeError, match="backend 'fused'"):
+        got(x)
+
+
+def test_experts_the_kernel_does_not_cover_use_the_loop():
+    m = layer(bias=True)
+    x = torch.randn(5, 16)
+    assert not m.experts.fuses(x)
+    m.experts.backend = "fused"
+    with pytest.raises(RuntimeError, match="plain CPU experts"):
+        m(x)
+
+
+def test_disabled_by_environment(monkeypatch):
+    monkeypatch.setenv("MOELAB_CPU_KERNEL", "0")
+    cpu_kernel.kernel.cache_clear()
+    try:
+        assert cpu_kernel.kernel() is None
+    finally:
+        monkeypatch.delenv("MOELAB_CPU_KERNEL")
+        cpu_kernel.kernel.cache_clear()
