@@ -1,5 +1,9 @@
 """The fused CPU expert kernel against a per-expert float64 reference, and its fallback."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -164,3 +168,14 @@ def test_disabled_by_environment(monkeypatch):
     finally:
         monkeypatch.delenv("MOELAB_CPU_KERNEL")
         cpu_kernel.kernel.cache_clear()
+
+
+@needs_kernel
+def test_a_build_lock_left_by_a_killed_build_does_not_hang_the_next_load():
+    from torch.utils.cpp_extension import get_default_build_root
+
+    build = Path(get_default_build_root()) / f"moelab_experts_cpu-{torch.__version__}"
+    (build / "lock").touch()  # what a build killed half-way leaves behind
+    code = "from moelab.core.experts import cpu_kernel; assert cpu_kernel.kernel() is not None"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=240)
+    assert not (build / "lock").exists()

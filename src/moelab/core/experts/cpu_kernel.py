@@ -14,13 +14,15 @@ per expert, and recomputes the activation from the saved input projection.
 Measured by ``benchmarks/layer_speed.py``; the README has the table.
 
 The kernel is compiled on first use with ``torch.utils.cpp_extension.load`` (C++ compiler and
-ninja required, ~30 s once; cached under ``TORCH_EXTENSIONS_DIR``). Where it cannot be built,
+ninja required, ~30 s once; cached in ``<TORCH_EXTENSIONS_DIR>/moelab_experts_cpu-<torch
+version>``; a build killed half-way is redone by the next process). Where it cannot be built,
 or with ``MOELAB_CPU_KERNEL=0``, :func:`kernel` returns None, and the experts run the PyTorch
 loop, which gives the same values.
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import math
 import os
@@ -46,15 +48,24 @@ def kernel() -> ModuleType | None:
     if os.environ.get("MOELAB_CPU_KERNEL", "1") == "0":
         return None
     try:
-        from torch.utils.cpp_extension import load
+        from torch.utils.cpp_extension import get_default_build_root, load
 
-        return load(
-            name="moelab_experts_cpu",
-            sources=[str(_SOURCE)],
-            extra_cflags=["-O3", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-            verbose=False,
-        )
+        build = Path(get_default_build_root()) / f"moelab_experts_cpu-{torch.__version__}"
+        build.mkdir(parents=True, exist_ok=True)
+        with open(build / "moelab.lock", "w") as guard:
+            # torch's own build lock is a plain file that a killed build leaves behind, and
+            # then every later load waits on it forever. An flock dies with its holder: while
+            # we hold it no other moelab process is building, so a leftover file is stale.
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            (build / "lock").unlink(missing_ok=True)
+            return load(
+                name="moelab_experts_cpu",
+                sources=[str(_SOURCE)],
+                extra_cflags=["-O3", "-fopenmp"],
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(build),
+                verbose=False,
+            )
     except Exception as exc:  # no compiler, no ninja, no Python headers: fall back
         warnings.warn(
             f"moelab: the fused CPU expert kernel could not be built ({type(exc).__name__}: "
