@@ -7,16 +7,23 @@ times, interleaved round-robin with medians of the repeats (``benchmarks/_timing
 
 - **training step**: forward, next-token cross-entropy plus each library's load-balancing
   loss (moelab: its configured aux losses; transformers: ``output_router_logits=True`` with
-  the exported ``router_aux_loss_coef``), backward, ``AdamW`` step; tokens/s;
+  the exported ``router_aux_loss_coef``), backward, optimizer step (``AdamW``; plain ``SGD``
+  for models over 50M parameters, whose two AdamW states would not fit in 24 GB); tokens/s;
 - **prefill**: one no-grad forward over a ``[1, S]`` prompt; tokens/s;
 - **greedy decode at batch 1**: moelab's serving engine against ``generate(do_sample=False)``;
   decode tokens/s ``(N−1) / (T(N) − T(1))`` (prefill cancels out), and whether the greedy
   tokens are identical.
 
+``--profile-decode`` instead profiles moelab's greedy decode (batch 1, after the prefill)
+with ``torch.profiler``, once with the experts on the per-expert ``loop`` backend (the CPU
+default before the fused kernel) and once on ``auto``, and prints where the time goes: the
+MoE layers' share and the top operators.
+
 Usage::
 
     python benchmarks/model_speed.py                                 # both models
     python benchmarks/model_speed.py --runs runs/main --repeats 3    # one model
+    python benchmarks/model_speed.py --runs runs/smollm2-moe --profile-decode
 """
 
 from __future__ import annotations
@@ -42,11 +49,13 @@ class Setting:
     train_seq: int
     prefill_seq: int
     decode_tokens: int
+    optimizer: str  # "adamw", or "sgd" where two models' AdamW states do not fit in memory
 
 
 SETTINGS = {
-    "small": Setting(train_batch=16, train_seq=256, prefill_seq=256, decode_tokens=65),
-    "large": Setting(train_batch=2, train_seq=128, prefill_seq=256, decode_tokens=17),
+    "small": Setting(16, 256, 256, 65, "adamw"),
+    # 692M parameters: two models with AdamW moments need ~28 GB; SGD keeps no state
+    "large": Setting(2, 128, 256, 17, "sgd"),
 }
 
 
@@ -54,10 +63,11 @@ def _ce(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
 
 
-def train_steps(model, hf, ids: torch.Tensor):
-    """One optimizer step each: ``(ours, theirs)`` closures (each with its own AdamW)."""
-    opt_ours = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    opt_hf = torch.optim.AdamW(hf.parameters(), lr=1e-6)
+def train_steps(model, hf, ids: torch.Tensor, optimizer: str):
+    """One optimizer step each: ``(ours, theirs)`` closures (each with its own optimizer)."""
+    make = torch.optim.AdamW if optimizer == "adamw" else torch.optim.SGD
+    opt_ours = make(model.parameters(), lr=1e-6)
+    opt_hf = make(hf.parameters(), lr=1e-6)
     coef = float(getattr(hf.config, "router_aux_loss_coef", 0.0) or 0.0)
 
     def ours() -> None:
@@ -94,7 +104,7 @@ def bench_run(run: Path, args) -> dict:
 
     model.train(), hf.train()
     ids = torch.randint(0, V, (s.train_batch, s.train_seq), generator=g)
-    ours, theirs = train_steps(model, hf, ids)
+    ours, theirs = train_steps(model, hf, ids, s.optimizer)
     t = interleaved_medians({"ours": ours, "hf": theirs}, repeats=args.repeats, budget_s=60)
     tokens = s.train_batch * s.train_seq
     row["train"] = (tokens / t["ours"], tokens / t["hf"])
@@ -134,6 +144,53 @@ def bench_run(run: Path, args) -> dict:
     return row
 
 
+def profile_decode(run: Path, tokens: int = 16) -> None:
+    """Profile ``tokens`` greedy decode steps of ``run`` on each expert backend."""
+    from torch.profiler import profile
+
+    from moelab.core.layer import MoELayer
+    from moelab.serve import Engine, SamplingParams
+
+    model = load_model(run).eval()
+    layers = [m for m in model.modules() if isinstance(m, MoELayer)]
+    started: dict[int, float] = {}
+    in_moe = [0.0]
+
+    def enter(m, args):
+        started[id(m)] = time.perf_counter()
+
+    def leave(m, args, out):
+        in_moe[0] += time.perf_counter() - started[id(m)]
+
+    hooks = [h for m in layers for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]  # fmt: skip
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, model.cfg.vocab_size, (16,), generator=gen).tolist()
+
+    def decode(profiled: bool):
+        engine = Engine(model, max_batch=1)
+        engine.submit(prompt, SamplingParams(max_tokens=tokens + 1, temperature=0))
+        engine.step()  # prefill + first token: not counted
+        in_moe[0] = 0.0
+        t = time.perf_counter()
+        with profile(enabled=profiled) as prof:
+            while engine.has_work():
+                engine.step()
+        return time.perf_counter() - t, prof
+
+    for backend in ("loop", "auto"):
+        for layer in layers:
+            layer.experts.backend = backend
+        decode(False)  # warm-up
+        wall, _ = decode(False)
+        moe = in_moe[0]
+        _, prof = decode(True)
+        print(f"\n{run.name}, experts backend {backend}: {tokens} decode steps, {tokens / wall:.1f} tok/s; "
+              f"MoE layers {moe * 1e3:.0f} of {wall * 1e3:.0f} ms ({moe / wall:.0%})")  # fmt: skip
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+    for h in hooks:
+        h.remove()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", nargs="+", type=Path,
@@ -142,9 +199,15 @@ def main() -> None:
                     help="where the HF exports are written (reused when present)")  # fmt: skip
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--profile-decode", action="store_true",
+                    help="profile moelab's decode on the loop and auto expert backends instead")  # fmt: skip
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.profile_decode:
+        for run in args.runs:
+            profile_decode(run)
+        return
     args.work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     rows = [bench_run(run, args) for run in args.runs]
@@ -155,7 +218,7 @@ def main() -> None:
     for r in rows:
         s = r["setting"]
         shapes = {
-            "train": f"{s.train_batch}×{s.train_seq}, AdamW",
+            "train": f"{s.train_batch}×{s.train_seq}, {'AdamW' if s.optimizer == 'adamw' else 'SGD'}",
             "prefill": f"1×{s.prefill_seq}",
             "decode": f"batch 1, {s.decode_tokens} tokens, identical: "
             + ("yes" if r["same_tokens"] else "NO"),

@@ -15,9 +15,8 @@ from moelab.core.layer import MoELayer
 needs_kernel = pytest.mark.skipif(cpu_kernel.kernel() is None, reason="no C++ toolchain")
 
 
-def reference(x, w_in, w_down, counts, activation, src=None, dst=None, num_out=None):
-    """Slow reference: one expert at a time, gather/scatter by plain indexing."""
-    rows = x if src is None else x[src]
+def expert_rows(rows, w_in, w_down, counts, activation):
+    """Slow reference: one expert at a time on rows sorted by expert."""
     Fh = w_down.shape[1]
     outs, start = [], 0
     for e, c in enumerate(counts.tolist()):
@@ -32,10 +31,14 @@ def reference(x, w_in, w_down, counts, activation, src=None, dst=None, num_out=N
             a = F.gelu(h, approximate="tanh")
         outs.append(a @ w_down[e])
         start += c
-    y = torch.cat(outs) if outs else rows.new_zeros(0, w_down.shape[2])
-    if dst is None:
-        return y
-    return torch.zeros(num_out, y.shape[1], dtype=y.dtype).index_copy(0, dst, y)
+    return torch.cat(outs)
+
+
+def token_reference(x, w_in, w_down, counts, activation, order, pair_weight, k):
+    """out[t] = Σ_j w[t·k + j] · expert(x[t]) by plain gather, scatter and sum."""
+    y = expert_rows(x[order // k], w_in, w_down, counts, activation)
+    y_pairs = torch.zeros_like(y).index_copy(0, order, y)
+    return (pair_weight.unsqueeze(1) * y_pairs).view(x.shape[0], k, -1).sum(1)
 
 
 def problem(activation, T=13, k=3, E=5, D=6, Fh=4, dtype=torch.float64, seed=0):
@@ -44,53 +47,64 @@ def problem(activation, T=13, k=3, E=5, D=6, Fh=4, dtype=torch.float64, seed=0):
     x = torch.randn(T, D, generator=g, dtype=dtype, requires_grad=True)
     w_in = torch.randn(E, D, W, generator=g, dtype=dtype, requires_grad=True)
     w_down = torch.randn(E, Fh, D, generator=g, dtype=dtype, requires_grad=True)
+    pair_weight = torch.rand(T * k, generator=g, dtype=dtype, requires_grad=True)
     expert_idx = torch.randint(0, E - 1, (T * k,), generator=g)  # expert E-1 gets no rows
     order = torch.argsort(expert_idx, stable=True)
     counts = torch.bincount(expert_idx, minlength=E)
-    return x, w_in, w_down, counts, order, k
+    return x, w_in, w_down, pair_weight, counts, order, k
+
+
+def check_against(fn, ref, inputs):
+    y, want = fn(*inputs), ref(*inputs)
+    torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(want)
+    got = torch.autograd.grad(y, inputs, g)
+    exp = torch.autograd.grad(want, inputs, g)
+    for a, b in zip(got, exp, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(fn, tuple(t.detach().requires_grad_() for t in inputs))
+    return got
 
 
 @needs_kernel
 @pytest.mark.parametrize("activation", sorted(cpu_kernel.ACTIVATIONS))
-@pytest.mark.parametrize("mode", ["sorted", "gather", "pairs"])
-def test_fused_experts_equal_the_reference_forward_and_backward(activation, mode):
-    x, w_in, w_down, counts, order, k = problem(activation)
-    if mode == "sorted":  # rows already sorted by expert
-        rows = x[order // k]
-        kw, args = {}, (rows, w_in, w_down)
-    elif mode == "gather":  # gather fused, output in sorted order
-        kw, args = {"src": order // k}, (x, w_in, w_down)
-    else:  # gather and un-permutation fused: the layer's path
-        kw = {"src": order // k, "dst": order, "num_out": order.shape[0], "top_k": k}
-        args = (x, w_in, w_down)
-    y = cpu_kernel.fused_experts(*args, counts, activation, **kw)
-    ref_kw = {key: v for key, v in kw.items() if key != "top_k"}
-    want = reference(*args, counts, activation, **ref_kw)
-    torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
-    g = torch.randn_like(want)
-    got = torch.autograd.grad(y, (x, w_in, w_down), g, retain_graph=True)
-    exp = torch.autograd.grad(want, (x, w_in, w_down), g)
-    for a, b in zip(got, exp, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+def test_sorted_rows_equal_the_reference_forward_and_backward(activation):
+    x, w_in, w_down, _, counts, order, k = problem(activation)
+    rows = x[order // k].detach().requires_grad_()
+    got = check_against(
+        lambda *t: cpu_kernel.fused_experts(*t, counts, activation),
+        lambda *t: expert_rows(*t, counts, activation),
+        (rows, w_in, w_down),
+    )
     assert torch.count_nonzero(got[1][-1]) == 0 and torch.count_nonzero(got[2][-1]) == 0
 
-    def fn(*t):
-        return cpu_kernel.fused_experts(*t, counts, activation, **kw)
 
-    assert torch.autograd.gradcheck(fn, tuple(a.detach().requires_grad_() for a in args))
+@needs_kernel
+@pytest.mark.parametrize("activation", sorted(cpu_kernel.ACTIVATIONS))
+def test_token_path_equals_gather_experts_scatter_and_combine(activation):
+    x, w_in, w_down, pair_weight, counts, order, k = problem(activation)
+    token_idx = order // k
+    got = check_against(
+        lambda x, a, b, w: cpu_kernel.fused_moe(
+            x, a, b, activation, counts, token_idx, order, w, k
+        ),
+        lambda x, a, b, w: token_reference(x, a, b, counts, activation, order, w, k),
+        (x, w_in, w_down, pair_weight),
+    )
+    assert torch.count_nonzero(got[1][-1]) == 0 and torch.count_nonzero(got[2][-1]) == 0
 
 
 @needs_kernel
 def test_tiled_experts_and_thread_counts_give_the_same_values(monkeypatch):
-    x, w_in, w_down, counts, order, k = problem("swiglu", T=64, k=2, E=3, dtype=torch.float32)
-    kw = {"src": order // k, "dst": order, "num_out": order.shape[0], "top_k": k}
-    base = cpu_kernel.fused_experts(x, w_in, w_down, counts, "swiglu", **kw)
+    x, w_in, w_down, pw, counts, order, k = problem("swiglu", T=64, k=2, E=3, dtype=torch.float32)
+    args = (x, w_in, w_down, "swiglu", counts, order // k, order, pw, k)
+    base = cpu_kernel.fused_moe(*args)
     monkeypatch.setattr(cpu_kernel, "_MIN_TILE_ROWS", 5)  # every expert split into tiles
-    tiled = cpu_kernel.fused_experts(x, w_in, w_down, counts, "swiglu", **kw)
+    tiled = cpu_kernel.fused_moe(*args)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        single = cpu_kernel.fused_experts(x, w_in, w_down, counts, "swiglu", **kw)
+        single = cpu_kernel.fused_moe(*args)
     finally:
         torch.set_num_threads(threads)
     torch.testing.assert_close(tiled, base, rtol=1e-6, atol=1e-6)
@@ -99,13 +113,14 @@ def test_tiled_experts_and_thread_counts_give_the_same_values(monkeypatch):
 
 @needs_kernel
 def test_out_of_range_indices_are_refused_before_any_copy():
-    x, w_in, w_down, counts, order, k = problem("gelu")
+    x, w_in, w_down, pw, counts, order, k = problem("gelu")
+    x, w_in, w_down, pw = (t.detach() for t in (x, w_in, w_down, pw))
     bad = (order // k).clone()
     bad[3] = x.shape[0]
     with pytest.raises(RuntimeError, match=r"src\[3\]"):
-        cpu_kernel.fused_experts(x.detach(), w_in.detach(), w_down.detach(), counts, "gelu", bad)
+        cpu_kernel.fused_moe(x, w_in, w_down, "gelu", counts, bad, order, pw, k)
     with pytest.raises(RuntimeError, match="int64"):
-        cpu_kernel.fused_experts(x.detach(), w_in, w_down, counts, "gelu", bad.int())
+        cpu_kernel.fused_moe(x, w_in, w_down, "gelu", counts, bad.int(), order, pw, k)
 
 
 def layer(activation="swiglu", bias=False, E=8, k=2, D=16, Fh=24):

@@ -116,21 +116,16 @@ class LocalDispatcher:
         Returns ``[T, D]`` in the weights' dtype.
         """
         if d.top_k is not None:
-            return self.combine_pairs(_PermuteRows.apply(y_ND, d.inverse, d.order), d, num_tokens)
+            w = d.pair_weight
+            y_pairs = _PermuteRows.apply(y_ND, d.inverse, d.order).to(w.dtype)
+            k = d.top_k
+            D = y_ND.shape[-1]
+            return torch.bmm(w.view(num_tokens, 1, k), y_pairs.view(num_tokens, k, D)).squeeze(1)
         y = y_ND.to(d.weight.dtype) * d.weight.unsqueeze(-1)
         if y.device.type == "cpu" or not self.deterministic:
             out = y.new_zeros(num_tokens, y.shape[-1])
             return out.index_add(0, d.token_idx, y)
         return segment_combine(y, d.token_idx, num_tokens)
-
-    def combine_pairs(self, y_pairs: Tensor, d: Dispatched, num_tokens: int) -> Tensor:
-        """The combine of a uniform plan from expert outputs already in pair order
-        (``y_pairs [T·k, D]``, row ``t·k + j`` = token t's j-th expert): one batched matmul
-        ``w[T,1,k] @ y[T,k,D]`` in float32 (float64 for float64 weights) → ``[T, D]``."""
-        k = d.top_k
-        w = d.pair_weight
-        y = y_pairs.to(w.dtype).view(num_tokens, k, y_pairs.shape[-1])
-        return torch.bmm(w.view(num_tokens, 1, k), y).squeeze(1)
 
 
 def permute_rows(y: Tensor, perm: Tensor, inverse: Tensor) -> Tensor:

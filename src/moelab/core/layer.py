@@ -122,7 +122,7 @@ class MoELayer(nn.Module):
         T = x_TD.shape[0]
         if not want_acts and self._fuses_dispatch(x_TD, plan):
             d = self.dispatcher.dispatch(x_TD, plan, gather=False)
-            return self.dispatcher.combine_pairs(self.experts.forward_pairs(x_TD, d), d, T), d, None
+            return self.experts.forward_tokens(x_TD, d), d, None
         d = self.dispatcher.dispatch(x_TD, plan)
         if want_acts:
             expert_out, acts = self.experts(d.x, d.counts, return_activations=True)

@@ -115,24 +115,26 @@ class ExpertBank(nn.Module):
             )
         return ok
 
-    def forward_pairs(self, x_TD: Tensor, d) -> Tensor:
-        """Expert outputs in pair order from the unsorted tokens (the fused path, when
-        :meth:`fuses`): ``[T·k, D]``, row p = the output of pair p's expert on its token.
+    def forward_tokens(self, x_TD: Tensor, d) -> Tensor:
+        """Experts and combine of a uniform plan from the unsorted tokens (the fused path,
+        when :meth:`fuses`; :func:`moelab.core.experts.cpu_kernel.fused_moe`).
 
         Args:
             x_TD: ``[T, D]`` tokens.
-            d: a uniform plan's :class:`~moelab.core.dispatch.Dispatched`, gathered or not.
+            d: the plan's :class:`~moelab.core.dispatch.Dispatched`, gathered or not.
+        Returns:
+            ``[T, D]`` in the combine weights' dtype (float32).
         """
-        return cpu_kernel.fused_experts(
+        return cpu_kernel.fused_moe(
             x_TD,
             self.w_in,
             self.w_down,
-            d.counts,
             self.config.activation,
-            src=d.token_idx,
-            dst=d.order,
-            num_out=d.order.shape[0],
-            top_k=d.top_k,
+            d.counts,
+            d.token_idx,
+            d.order,
+            d.pair_weight,
+            d.top_k,
         )
 
     def _project(self, x: Tensor, w: Tensor, counts: Tensor, which: str) -> Tensor:

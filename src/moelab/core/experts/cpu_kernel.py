@@ -78,7 +78,7 @@ def kernel() -> ModuleType | None:
 
 
 def supports(x: Tensor, activation: str) -> bool:
-    """True when :func:`fused_experts` can run ``x`` (CPU, floating point, a known activation)
+    """True when :func:`fused_experts` and :func:`fused_moe` can run ``x`` (CPU, floating point, a known activation)
     and the kernel is available."""
     return (
         x.device.type == "cpu"
@@ -93,98 +93,146 @@ def _max_tile_rows(num_rows: int) -> int:
     return max(_MIN_TILE_ROWS, per_item)
 
 
-class _FusedExperts(torch.autograd.Function):
+def _forward(x, w_in, w_down, counts, act, src, dst, save):
+    n = sum(counts)
+    return kernel().experts_forward(
+        x, w_in, w_down, counts, act, src, dst, n, save, _max_tile_rows(n)
+    )
+
+
+def _needs_save(*tensors: Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _check_available() -> None:
+    if kernel() is None:
+        raise RuntimeError("the fused CPU expert kernel is not available")
+
+
+class _SortedExperts(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w_in, w_down, counts, act, src, dst, n_out, save, k):
-        y, h = kernel().experts_forward(
-            x, w_in, w_down, counts, act, src, dst, n_out, save, _max_tile_rows(sum(counts))
-        )
+    def forward(ctx, x, w_in, w_down, counts, act, save):
+        y, h = _forward(x, w_in, w_down, counts, act, None, None, save)
         if save:
-            ctx.save_for_backward(x, h, w_in, w_down, src, dst)
-        ctx.counts, ctx.act, ctx.k = counts, act, k
+            ctx.save_for_backward(x, h, w_in, w_down)
+        ctx.counts, ctx.act = counts, act
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
-        x, h, w_in, w_down, src, dst = ctx.saved_tensors
-        need_x = ctx.needs_input_grad[0]
+        x, h, w_in, w_down = ctx.saved_tensors
         need_w = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
-        k = ctx.k
         gx, gw_in, gw_down = kernel().experts_backward(
-            grad_y.contiguous(),
-            x,
-            h,
-            w_in,
-            w_down,
-            ctx.counts,
-            ctx.act,
-            src,
-            dst,
-            need_x,
-            need_w,
-            k is not None,
-        )
-        if need_x and k is not None:  # pair order: token t's k rows are adjacent
-            gx = gx.view(x.shape[0], k, x.shape[1]).sum(1)
-        elif need_x and src is not None:  # rows sharing a source row (sequential on CPU)
-            gx = torch.zeros_like(x).index_add_(0, src, gx)
-        return gx, gw_in, gw_down, None, None, None, None, None, None, None
+            grad_y.contiguous(), x, h, w_in, w_down, ctx.counts, ctx.act,
+            None, None, None, ctx.needs_input_grad[0], need_w,
+        )  # fmt: skip
+        return gx, gw_in, gw_down, None, None, None
+
+
+class _TokenMoE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w_in, w_down, pair_weight, counts, act, token_idx, order, k, save):
+        y_pairs, h = _forward(x, w_in, w_down, counts, act, token_idx, order, save)
+        T, D = x.shape
+        w = pair_weight.view(T, 1, k)
+        out = torch.bmm(w, y_pairs.to(w.dtype).view(T, k, D)).squeeze(1)
+        if save:
+            ctx.save_for_backward(x, h, w_in, w_down, pair_weight, y_pairs, token_idx, order)
+        ctx.counts, ctx.act, ctx.k = counts, act, k
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, h, w_in, w_down, pair_weight, y_pairs, token_idx, order = ctx.saved_tensors
+        grad = grad.contiguous()
+        T, D = x.shape
+        k = ctx.k
+        need = ctx.needs_input_grad
+        grad_pw = None
+        if need[3]:  # d out[t] / d w[t, j] = y[t, j]
+            y = y_pairs.to(grad.dtype).view(T, k, D)
+            grad_pw = torch.bmm(y, grad.unsqueeze(-1)).view(T * k)
+        gx, gw_in, gw_down = kernel().experts_backward(
+            grad, x, h, w_in, w_down, ctx.counts, ctx.act,
+            token_idx, order, pair_weight.detach(), need[0], need[1] or need[2],
+        )  # fmt: skip
+        if gx is not None:  # pair order: token t's k rows are adjacent
+            gx = gx.view(T, k, D).sum(1)
+        return gx, gw_in, gw_down, grad_pw, None, None, None, None, None, None
 
 
 def fused_experts(
-    x: Tensor,
-    w_in: Tensor,
-    w_down: Tensor,
-    counts: Tensor,
-    activation: str,
-    src: Tensor | None = None,
-    dst: Tensor | None = None,
-    num_out: int | None = None,
-    top_k: int | None = None,
+    x: Tensor, w_in: Tensor, w_down: Tensor, counts: Tensor, activation: str
 ) -> Tensor:
-    """``y[dst[r]] = expert_e(x[src[r]])`` for every sorted row r of expert e.
+    """``y[r] = expert_e(x[r])`` for the rows r of expert e (rows sorted by expert).
 
     ``expert_e(z) = act(z·w_in[e])·w_down[e]``, with ``act(h) = f(h[:, :F]) ⊙ h[:, F:]`` for
     the gated activations (swiglu: f = silu; geglu: f = tanh-GELU) and ``f(h)`` otherwise
     (the definitions of :class:`moelab.core.experts.ExpertBank`).
 
     Args:
-        x: ``[M, D]`` CPU rows, contiguous (the sorted rows themselves when ``src`` is None).
+        x: ``[N, D]`` CPU rows sorted by expert.
         w_in: ``[E, D, W]`` (``W = 2F`` gated, ``F`` otherwise); w_down: ``[E, F, D]``; same
             dtype as x.
-        counts: ``[E]`` int64 rows per expert, in sorted order.
+        counts: ``[E]`` int64 rows per expert (sums to N).
         activation: a key of :data:`ACTIVATIONS`.
-        src: ``[N]`` int64, the row of x of every sorted row (fuses the dispatch gather).
-        dst: ``[N]`` int64 distinct, the output row of every sorted row (fuses the
-            un-permutation); requires ``num_out``.
-        num_out: output rows when ``dst`` is given.
-        top_k: promises ``dst`` is pair order of a uniform plan (``src = dst // top_k``):
-            the input gradient is then summed over each token's k adjacent rows, without a
-            scatter.
     Returns:
-        ``[num_out or N, D]``, differentiable w.r.t. x and both weights (the gradient of a row
-        of x that several sorted rows read is their sum, taken with a sequential
-        ``index_add_``). With ``dst``, output rows no sorted row maps to are uninitialised.
+        ``[N, D]``, differentiable w.r.t. x and both weights.
     Raises:
         RuntimeError: the kernel is unavailable (check :func:`supports` first).
     """
-    if kernel() is None:
-        raise RuntimeError("the fused CPU expert kernel is not available")
-    count_list = counts.tolist()
-    n = sum(count_list)
-    n_out = n if dst is None else int(num_out)
-    save = torch.is_grad_enabled() and (
-        x.requires_grad or w_in.requires_grad or w_down.requires_grad
+    _check_available()
+    save = _needs_save(x, w_in, w_down)
+    counts_list = counts.tolist()
+    return _SortedExperts.apply(
+        x.contiguous(), w_in, w_down, counts_list, ACTIVATIONS[activation], save
     )
-    return _FusedExperts.apply(
+
+
+def fused_moe(
+    x: Tensor,
+    w_in: Tensor,
+    w_down: Tensor,
+    activation: str,
+    counts: Tensor,
+    token_idx: Tensor,
+    order: Tensor,
+    pair_weight: Tensor,
+    top_k: int,
+) -> Tensor:
+    """A uniform plan's whole expert computation and combine from the unsorted tokens:
+    ``out[t] = Σ_j pair_weight[t·k + j] · expert_{e(t, j)}(x[t])``.
+
+    The dispatch gather, the un-permutation back to pair order and, in the backward, the
+    combine's per-pair gradient ``w · d out`` all happen inside the workers, so none of them
+    makes a pass over ``[T·k, D]`` memory of its own.
+
+    Args:
+        x: ``[T, D]`` CPU tokens; w_in, w_down, activation as in :func:`fused_experts`.
+        counts: ``[E]`` int64 pairs per expert.
+        token_idx: ``[T·k]`` int64, the token of every pair in expert-sorted order.
+        order: ``[T·k]`` int64, the pair index (``t·k + j``) of every sorted row.
+        pair_weight: ``[T·k]`` float32 (float64 for float64 routers) combine weights in pair
+            order.
+        top_k: k.
+    Returns:
+        ``[T, D]`` in pair_weight's dtype (the weighted sum is taken in it), differentiable
+        w.r.t. x, both weights and pair_weight.
+    Raises:
+        RuntimeError: the kernel is unavailable, or an index is out of range (checked before
+            any row is copied).
+    """
+    _check_available()
+    save = _needs_save(x, w_in, w_down, pair_weight)
+    return _TokenMoE.apply(
         x.contiguous(),
         w_in,
         w_down,
-        count_list,
+        pair_weight,
+        counts.tolist(),
         ACTIVATIONS[activation],
-        src,
-        dst,
-        n_out,
+        token_idx.contiguous(),
+        order.contiguous(),
+        top_k,
         save,
-        top_k if src is not None and dst is not None else None,
     )

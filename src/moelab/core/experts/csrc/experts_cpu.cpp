@@ -151,41 +151,58 @@ std::vector<at::Tensor> experts_forward(const at::Tensor& x, const at::Tensor& w
   return {y, h_all};
 }
 
-// Gradients of experts_forward given grad_y [n_out, D]: (grad of every sorted row's input,
-// [N, D] in sorted order, or [n_out, D] at dst[r] when pairs_out; grad_w_in, grad_w_down);
-// undefined when not wanted. Experts with no rows get zero weight gradients.
-std::vector<at::Tensor> experts_backward(const at::Tensor& grad_y, const at::Tensor& x,
+// Gradients of experts_forward. Sorted mode (no src/dst): `grad` [N, D] is the gradient of y
+// and the input gradient comes back per sorted row. Token mode (src, dst and pair_weight, the
+// layer's path): y was combined as out[t] = sum_j pair_weight[t·k + j] · y[t·k + j], `grad` is
+// d out [T, D] (the combine's dtype), each row's gradient pair_weight[dst[r]] · grad[src[r]] is
+// formed in the worker (never materialised for all pairs), and the input gradient comes back
+// in pair order [N, D]. Returns (grad rows, grad_w_in, grad_w_down), undefined when not
+// wanted; experts with no rows get zero weight gradients.
+std::vector<at::Tensor> experts_backward(const at::Tensor& grad, const at::Tensor& x,
                                          const at::Tensor& h_all, const at::Tensor& w_in,
                                          const at::Tensor& w_down, std::vector<int64_t> counts,
                                          int64_t act, c10::optional<at::Tensor> src,
-                                         c10::optional<at::Tensor> dst, bool need_x,
-                                         bool need_w, bool pairs_out) {
+                                         c10::optional<at::Tensor> dst,
+                                         c10::optional<at::Tensor> pair_weight, bool need_x,
+                                         bool need_w) {
   const int64_t E = w_in.size(0), F = w_down.size(1);
   const auto start = offsets(counts);
   const int64_t N = start[E];
-  TORCH_CHECK(grad_y.is_contiguous(), "grad_y must be contiguous");
+  const bool token_mode = pair_weight.has_value();
+  TORCH_CHECK(token_mode == (src.has_value() && dst.has_value()),
+              "token mode needs src, dst and pair_weight together");
+  TORCH_CHECK(grad.is_contiguous(), "grad must be contiguous");
   check_index(src, N, x.size(0), "src");
-  check_index(dst, N, grad_y.size(0), "dst");
+  check_index(dst, N, N, "dst");
+  TORCH_CHECK(grad.size(0) == (token_mode ? x.size(0) : N), "grad has ", grad.size(0), " rows");
   at::Tensor gx, gw_in, gw_down;
-  if (need_x) gx = at::empty({pairs_out ? grad_y.size(0) : N, x.size(1)}, x.options());
+  if (need_x) gx = at::empty({N, x.size(1)}, x.options());
   if (need_w) {
     gw_in = at::empty_like(w_in);
     gw_down = at::empty_like(w_down);
   }
   std::vector<Item> items;
   for (int64_t e = 0; e < E; ++e) {
-    if (counts[e]) {
-      items.push_back({e, start[e], counts[e]});
-    } else if (need_w) {
-      gw_in[e].zero_();
-      gw_down[e].zero_();
-    }
+    // an idle expert's zero weight gradient is a task too: at decode-sized batches most
+    // experts are idle and zero-filling their gradients is most of the work
+    if (counts[e] || need_w) items.push_back({e, start[e], counts[e]});
   }
   std::stable_sort(items.begin(), items.end(),
                    [](const Item& a, const Item& b) { return a.rows > b.rows; });
   run_items(items, [&](const Item& it) {
     const int64_t e = it.expert;
-    const auto gy = rows_of(grad_y, dst, it.begin, it.rows);
+    if (it.rows == 0) {
+      gw_in[e].zero_();
+      gw_down[e].zero_();
+      return;
+    }
+    at::Tensor gy;
+    if (token_mode) {
+      const auto w = pair_weight->index_select(0, dst->narrow(0, it.begin, it.rows));
+      gy = rows_of(grad, src, it.begin, it.rows).mul_(w.unsqueeze(1)).to(x.scalar_type());
+    } else {
+      gy = grad.narrow(0, it.begin, it.rows);
+    }
     const auto h = h_all.narrow(0, it.begin, it.rows);
     const auto ga = at::mm(gy, w_down[e].t());
     at::Tensor gh;
@@ -211,7 +228,7 @@ std::vector<at::Tensor> experts_backward(const at::Tensor& grad_y, const at::Ten
       auto gwi = gw_in[e];
       at::mm_out(gwi, rows_of(x, src, it.begin, it.rows).t(), gh);
     }
-    if (need_x && pairs_out) {
+    if (need_x && token_mode) {
       put_rows(gx, dst, it.begin, at::mm(gh, w_in[e].t()));
     } else if (need_x) {
       auto gxe = gx.narrow(0, it.begin, it.rows);
