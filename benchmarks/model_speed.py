@@ -29,6 +29,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from dataclasses import dataclass
@@ -172,7 +173,7 @@ def profile_decode(run: Path, tokens: int = 16) -> None:
         engine.step()  # prefill + first token: not counted
         in_moe[0] = 0.0
         t = time.perf_counter()
-        with profile(enabled=profiled) as prof:
+        with profile() if profiled else contextlib.nullcontext() as prof:
             while engine.has_work():
                 engine.step()
         return time.perf_counter() - t, prof
