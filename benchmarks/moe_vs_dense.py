@@ -5,19 +5,22 @@ budget; then it trains (``moelab.train.loop.train``) and the script prints the v
 per byte of both, overall and per domain. The dense twin has one SwiGLU FFN per layer whose
 width matches the MoE's *active* parameters per token (``moelab.models.dense_twin``).
 
-Learning rates: at the first budget every model trains once per ``--lrs`` value and keeps
-its best (lowest validation bits/byte); the later budgets reuse each model's own best. The
-dense twin is never run at the MoE's rate by default. ``--experts/--top-k/--expert-ffn``
-change the MoE (and so its twin) from the ``moelab train`` default.
+Sweeps, all at the first budget: the dense twin trains once per ``--dense-lrs`` value, the
+MoE once per ``--shapes`` entry (``E:k:F``, all with the same active parameters, so one twin
+serves them) and ``--moe-lrs`` value; each side keeps its best run (lowest validation
+bits/byte), and the later budgets rerun only those two settings. The twin gets its own
+learning-rate sweep, so it is not handicapped by the MoE's rate.
 
     python benchmarks/moe_vs_dense.py                                  # 2 × 240 s, mix corpus
-    python benchmarks/moe_vs_dense.py --budgets 120 240 480 --lrs 1e-3 2e-3 4e-3 --json out.json
+    python benchmarks/moe_vs_dense.py --budgets 120 240 480 --dense-lrs 1e-3 2e-3 4e-3 \
+        --shapes 8:2:384 16:2:384 32:4:192 --json out.json
     python benchmarks/moe_vs_dense.py --budgets 60 --data shakespeare
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import tempfile
@@ -27,7 +30,7 @@ from pathlib import Path
 import torch
 
 from moelab.data import sample_batch
-from moelab.models import MoETransformer, count_params, dense_twin_config
+from moelab.models import ModelConfig, MoETransformer, count_params, dense_twin_config
 from moelab.train.config import TrainConfig
 from moelab.train.loop import prepare_data, train
 from moelab.train.presets import default_model_config
@@ -59,7 +62,7 @@ def run_one(name, model_cfg, base, train_stream, budget, lr, root) -> dict:
     run_cfg = dataclasses.replace(
         cfg, steps=steps, warmup_steps=max(1, steps // 20), time_budget_s=budget * 1.15
     )
-    out = root / f"{name.replace(' ', '_')}-{budget:g}s-lr{lr:g}"
+    out = root / f"{name.replace(' ', '_').replace('/', '-')}-{budget:g}s-lr{lr:g}"
     result = train(dataclasses.replace(model_cfg), run_cfg, out, progress=False)
     ev = result.final_eval
     params = count_params(MoETransformer(model_cfg))
@@ -76,7 +79,7 @@ def run_one(name, model_cfg, base, train_stream, budget, lr, root) -> dict:
         "per_domain": {d: v.bits_per_byte for d, v in ev.per_domain.items()},
     }
     print(
-        f"{name:<11} {budget:5.0f} s  lr {lr:g}: {result.step} steps in {result.elapsed_s:.0f} s, "
+        f"{name:<13} {budget:5.0f} s  lr {lr:g}: {result.step} steps in {result.elapsed_s:.0f} s, "
         f"val bpb {row['val_bpb']:.4f}",
         flush=True,
     )
@@ -86,17 +89,18 @@ def run_one(name, model_cfg, base, train_stream, budget, lr, root) -> dict:
 def print_table(rows: list[dict], best: dict) -> None:
     domains = sorted(rows[0]["per_domain"])
     print(
-        f"\n{'budget':>6} {'model':<11} {'lr':>7} {'params':>8} {'active':>8} {'steps':>6} "
+        f"\n{'budget':>6} {'model':<13} {'lr':>7} {'params':>8} {'active':>8} {'steps':>6} "
         f"{'tokens':>8} {'val bpb':>8} " + " ".join(f"{d:>11}" for d in domains)
     )
     for r in rows:
-        mark = "*" if best.get((r["budget_s"], r["model"])) is r else " "
+        side = "dense twin" if r["model"] == "dense twin" else "moe"
+        mark = "*" if best.get((r["budget_s"], side)) is r else " "
         print(
-            f"{r['budget_s']:5.0f}s {r['model']:<11} {r['lr']:7.1e} {r['params'] / 1e6:7.2f}M "
+            f"{r['budget_s']:5.0f}s {r['model']:<13} {r['lr']:7.1e} {r['params'] / 1e6:7.2f}M "
             f"{r['active'] / 1e6:7.2f}M {r['steps']:>6} {r['tokens'] / 1e6:7.2f}M "
             f"{r['val_bpb']:8.4f}{mark}" + " ".join(f"{r['per_domain'][d]:11.4f}" for d in domains)
         )
-    print("(* = the model's best learning rate at that budget)")
+    print("(* = each side's best setting at that budget)")
     for budget in sorted({r["budget_s"] for r in rows}):
         moe, dense = best[(budget, "moe")], best[(budget, "dense twin")]
         gap = dense["val_bpb"] - moe["val_bpb"]
@@ -106,17 +110,27 @@ def print_table(rows: list[dict], best: dict) -> None:
         )
 
 
+def moe_shape(base: ModelConfig, spec: str) -> tuple[str, ModelConfig]:
+    """``"E:k:F"`` → (a label, ``base`` with E experts, top-k and expert width F)."""
+    E, k, F = (int(v) for v in spec.split(":"))
+    cfg = copy.deepcopy(base)
+    cfg.moe.router.num_experts, cfg.moe.router.top_k = E, k
+    cfg.moe.experts.ffn_hidden_size = F
+    return f"moe {E}x{k}/{F}", cfg
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--budgets", type=float, nargs="+", default=[240.0],
                     help="training seconds per model, one comparison per budget")  # fmt: skip
-    ap.add_argument("--lrs", type=float, nargs="+", default=None,
-                    help="learning rates tried by each model at the first budget (default: the preset's)")  # fmt: skip
-    ap.add_argument("--experts", type=int, default=None, help="MoE experts (default: preset)")
-    ap.add_argument("--top-k", type=int, default=None, help="MoE top-k (default: preset)")
-    ap.add_argument("--expert-ffn", type=int, default=None, help="expert FFN width (default: preset)")  # fmt: skip
+    ap.add_argument("--dense-lrs", type=float, nargs="+", default=None,
+                    help="the dense twin's learning rates (default: the preset's)")  # fmt: skip
+    ap.add_argument("--moe-lrs", type=float, nargs="+", default=None,
+                    help="the MoE's learning rates (default: the preset's)")  # fmt: skip
+    ap.add_argument("--shapes", nargs="+", default=None,
+                    help="MoE shapes E:k:F tried at the first budget (default: the preset's)")  # fmt: skip
     ap.add_argument("--data", default="mix")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="keep the runs here")
@@ -127,29 +141,39 @@ def main() -> None:
         data=args.data, seed=args.seed, eval_every=10**9, checkpoint_every=0, log_every=10
     )
     tokenizer, train_stream, _ = prepare_data(base, None)
-    moe_cfg = default_model_config()
-    moe_cfg.vocab_size = tokenizer.vocab_size
-    router, experts = moe_cfg.moe.router, moe_cfg.moe.experts
-    if args.experts is not None:
-        router.num_experts = args.experts
-    if args.top_k is not None:
-        router.top_k = args.top_k
-    if args.expert_ffn is not None:
-        experts.ffn_hidden_size = args.expert_ffn
-    models = {"moe": moe_cfg, "dense twin": dense_twin_config(moe_cfg)}
+    preset = default_model_config()
+    preset.vocab_size = tokenizer.vocab_size
+    r, e = preset.moe.router, preset.moe.experts
+    shapes = args.shapes or [f"{r.num_experts}:{r.top_k}:{e.ffn_hidden_size}"]
+    moes = [moe_shape(preset, spec) for spec in shapes]
+    dense = dense_twin_config(moes[0][1])
+    active = {c.moe.router.top_k * c.moe.experts.ffn_hidden_size for _, c in moes}
+    if len(active) > 1:  # the routers' E·D weights differ a little; the twin is the first's
+        raise SystemExit("--shapes: every shape needs the same active expert width k·F")
     root = args.out or Path(tempfile.mkdtemp(prefix="moe_vs_dense_"))
-    lrs = args.lrs or [base.lr]
     rows: list[dict] = []
     best: dict = {}
     for i, budget in enumerate(args.budgets):
-        for name, cfg in models.items():
-            tried = lrs if i == 0 else [best[(args.budgets[0], name)]["lr"]]
-            mine = [run_one(name, cfg, base, train_stream, budget, lr, root) for lr in tried]
-            best[(budget, name)] = min(mine, key=lambda r: r["val_bpb"])
+        if i == 0:
+            trials = {
+                "moe": [(n, c, lr) for n, c in moes for lr in args.moe_lrs or [base.lr]],
+                "dense twin": [("dense twin", dense, lr) for lr in args.dense_lrs or [base.lr]],
+            }
+        else:
+            first = args.budgets[0]
+            trials = {side: [best[(first, side)]["setting"]] for side in ("moe", "dense twin")}
+        for side, settings in trials.items():
+            mine = []
+            for name, cfg, lr in settings:
+                row = run_one(name, cfg, base, train_stream, budget, lr, root)
+                row["setting"] = (name, cfg, lr)
+                mine.append(row)
+            best[(budget, side)] = min(mine, key=lambda r: r["val_bpb"])
             rows += mine
         print_table(rows, best)
         if args.json:
-            args.json.write_text(json.dumps(rows, indent=1))
+            keep = [{k: v for k, v in r.items() if k != "setting"} for r in rows]
+            args.json.write_text(json.dumps(keep, indent=1))
     print(f"\nMoE vs dense twin, data={args.data}, seed={args.seed}, runs in {root}")
 
 

@@ -2,13 +2,12 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from moelab.core.config import ExpertsConfig, MoEConfig, RouterConfig
+from moelab.core.config import ExpertsConfig, LossConfig, MoEConfig, RouterConfig
 from moelab.core.experts import cpu_kernel
 from moelab.core.layer import MoELayer
 
@@ -112,7 +111,7 @@ def test_tiled_experts_and_thread_counts_give_the_same_values(monkeypatch):
 
 
 @needs_kernel
-def test_out_of_range_indices_are_refused_before_any_copy():
+def test_bad_indices_and_shapes_are_refused_before_any_copy():
     x, w_in, w_down, pw, counts, order, k = problem("gelu")
     x, w_in, w_down, pw = (t.detach() for t in (x, w_in, w_down, pw))
     bad = (order // k).clone()
@@ -121,6 +120,23 @@ def test_out_of_range_indices_are_refused_before_any_copy():
         cpu_kernel.fused_moe(x, w_in, w_down, "gelu", counts, bad, order, pw, k)
     with pytest.raises(RuntimeError, match="int64"):
         cpu_kernel.fused_moe(x, w_in, w_down, "gelu", counts, bad.int(), order, pw, k)
+    twice = order.clone()
+    twice[1] = twice[0]
+    with pytest.raises(RuntimeError, match="appears twice"):
+        cpu_kernel.fused_moe(x, w_in, w_down, "gelu", counts, order // k, twice, pw, k)
+    with pytest.raises(RuntimeError, match="width"):  # a gated activation needs w_in [E, D, 2F]
+        cpu_kernel.fused_moe(x, w_in, w_down, "swiglu", counts, order // k, order, pw, k)
+    with pytest.raises(RuntimeError, match="entries"):
+        cpu_kernel.fused_moe(x, w_in, w_down, "gelu", counts[:-1], order // k, order, pw, k)
+
+
+@needs_kernel
+def test_double_backward_refuses_instead_of_returning_partial_gradients():
+    x, w_in, w_down, pw, counts, order, k = problem("swiglu")
+    out = cpu_kernel.fused_moe(x, w_in, w_down, "swiglu", counts, order // k, order, pw, k)
+    (g,) = torch.autograd.grad(out.square().sum(), pw, create_graph=True)
+    with pytest.raises(RuntimeError, match=r"differentiate twice|not have been used in the graph"):
+        torch.autograd.grad(g.sum(), x)
 
 
 def layer(activation="swiglu", bias=False, E=8, k=2, D=16, Fh=24):
@@ -150,6 +166,40 @@ def test_layer_fused_path_equals_the_loop_backend(dtype):
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     for a, b in zip(*outs, strict=True):
         torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol)
+
+
+@needs_kernel
+def test_under_autocast_the_fused_layer_equals_the_loop():
+    fused, loop = layer(), layer()
+    loop.experts.backend = "loop"
+    x = torch.randn(4, 9, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a, b = fused(x).hidden_states, loop(x).hidden_states
+    assert a.dtype == b.dtype
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@needs_kernel
+def test_backend_fused_with_the_specialization_loss_uses_the_split_chain():
+    cfg = MoEConfig(
+        router=RouterConfig(num_experts=4, top_k=2),
+        experts=ExpertsConfig(hidden_size=16, ffn_hidden_size=8),
+        losses=LossConfig(specialization=True),
+    )
+    torch.manual_seed(0)
+    m = MoELayer(cfg)
+    m.experts.backend = "fused"
+    out = m(torch.randn(6, 16))
+    assert "specialization" in out.aux_losses and torch.isfinite(out.hidden_states).all()
+
+
+def test_tensor_subclass_weights_stay_off_the_kernel():
+    class Tagged(torch.Tensor):
+        pass
+
+    x = torch.randn(3, 4)
+    w = torch.randn(2, 4, 6).as_subclass(Tagged)
+    assert not cpu_kernel.supports(x, "swiglu", w)
 
 
 def test_without_the_kernel_the_layer_falls_back_to_the_loop(monkeypatch):
@@ -187,9 +237,7 @@ def test_disabled_by_environment(monkeypatch):
 
 @needs_kernel
 def test_a_build_lock_left_by_a_killed_build_does_not_hang_the_next_load():
-    from torch.utils.cpp_extension import get_default_build_root
-
-    build = Path(get_default_build_root()) / f"moelab_experts_cpu-{torch.__version__}"
+    build = cpu_kernel.build_directory()
     (build / "lock").touch()  # what a build killed half-way leaves behind
     code = "from moelab.core.experts import cpu_kernel; assert cpu_kernel.kernel() is not None"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=240)

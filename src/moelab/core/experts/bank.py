@@ -106,7 +106,7 @@ class ExpertBank(nn.Module):
         if self.backend not in ("auto", "fused"):
             return False
         plain = not self.config.bias and not self.config.lora_rank
-        ok = plain and cpu_kernel.supports(x, self.config.activation)
+        ok = plain and cpu_kernel.supports(x, self.config.activation, self.w_in, self.w_down)
         if self.backend == "fused" and not ok:
             raise RuntimeError(
                 "backend 'fused' needs plain CPU experts with activation in "
@@ -138,10 +138,12 @@ class ExpertBank(nn.Module):
         )
 
     def _project(self, x: Tensor, w: Tensor, counts: Tensor, which: str) -> Tensor:
-        y = grouped_mm(x, w, counts, self.backend)
+        # the kernel runs whole chains; when activations are wanted the chain is split here
+        backend = "auto" if self.backend == "fused" else self.backend
+        y = grouped_mm(x, w, counts, backend)
         if self.config.lora_rank:
             a, b = getattr(self, f"lora_A_{which}"), getattr(self, f"lora_B_{which}")
-            low = grouped_mm(grouped_mm(x, a, counts, self.backend), b, counts, self.backend)
+            low = grouped_mm(grouped_mm(x, a, counts, backend), b, counts, backend)
             y = y + self.lora_scale * low
         return y
 

@@ -14,24 +14,26 @@ per expert, and recomputes the activation from the saved input projection.
 Measured by ``benchmarks/layer_speed.py``; the README has the table.
 
 The kernel is compiled on first use with ``torch.utils.cpp_extension.load`` (C++ compiler and
-ninja required, ~30 s once; cached in ``<TORCH_EXTENSIONS_DIR>/moelab_experts_cpu-<torch
-version>``; a build killed half-way is redone by the next process). Where it cannot be built,
+ninja required, ~30 s once; cached in ``<TORCH_EXTENSIONS_DIR or torch's default>/
+moelab_experts_cpu-py<XY>-torch<version>``; a build killed half-way is redone by the next
+process). Where it cannot be built,
 or with ``MOELAB_CPU_KERNEL=0``, :func:`kernel` returns None, and the experts run the PyTorch
 loop, which gives the same values.
 """
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import math
 import os
+import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 ACTIVATIONS = {"swiglu": 0, "geglu": 1, "gelu": 2, "gelu_tanh": 3}
 """Activations the kernel implements (``ExpertsConfig.activation`` → the kernel's code)."""
@@ -41,6 +43,16 @@ _ITEMS_PER_THREAD = 4  # tile very large experts so every thread gets work in a 
 _MIN_TILE_ROWS = 256
 
 
+def build_directory() -> Path:
+    """Where the kernel is built: ``<TORCH_EXTENSIONS_DIR or torch's default root>/
+    moelab_experts_cpu-py<XY>-torch<version>``."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    py = f"py{sys.version_info.major}{sys.version_info.minor}"
+    return Path(root) / f"moelab_experts_cpu-{py}-torch{torch.__version__}"
+
+
 @functools.cache
 def kernel() -> ModuleType | None:
     """The compiled extension, or None when disabled (``MOELAB_CPU_KERNEL=0``) or not buildable
@@ -48,9 +60,11 @@ def kernel() -> ModuleType | None:
     if os.environ.get("MOELAB_CPU_KERNEL", "1") == "0":
         return None
     try:
-        from torch.utils.cpp_extension import get_default_build_root, load
+        import fcntl  # POSIX; elsewhere the ImportError falls back like a failed build
 
-        build = Path(get_default_build_root()) / f"moelab_experts_cpu-{torch.__version__}"
+        from torch.utils.cpp_extension import load
+
+        build = build_directory()
         build.mkdir(parents=True, exist_ok=True)
         with open(build / "moelab.lock", "w") as guard:
             # torch's own build lock is a plain file that a killed build leaves behind, and
@@ -67,21 +81,26 @@ def kernel() -> ModuleType | None:
                 verbose=False,
             )
     except Exception as exc:  # no compiler, no ninja, no Python headers: fall back
+        lines = str(exc).strip().splitlines() or [""]
+        why = next((line for line in lines if "error" in line.lower()), lines[-1])
         warnings.warn(
             f"moelab: the fused CPU expert kernel could not be built ({type(exc).__name__}: "
-            f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}); the experts "
-            "run the PyTorch loop instead (same values, slower)",
+            f"{why.strip()}); the experts run the PyTorch loop instead (same values, slower; "
+            "MOELAB_CPU_KERNEL=0 skips the build)",
             RuntimeWarning,
             stacklevel=2,
         )
         return None
 
 
-def supports(x: Tensor, activation: str) -> bool:
-    """True when :func:`fused_experts` and :func:`fused_moe` can run ``x`` (CPU, floating point, a known activation)
-    and the kernel is available."""
+def supports(x: Tensor, activation: str, *weights: Tensor) -> bool:
+    """True when :func:`fused_experts` and :func:`fused_moe` can run ``x`` with ``weights``:
+    CPU, floating point, a known activation, plain tensors (the kernel's worker threads cannot
+    run a tensor subclass's Python dispatch), and the kernel is available."""
+    plain = all(type(t) in (Tensor, torch.nn.Parameter) for t in (x, *weights))
     return (
-        x.device.type == "cpu"
+        plain
+        and x.device.type == "cpu"
         and x.is_floating_point()
         and activation in ACTIVATIONS
         and kernel() is not None
@@ -119,6 +138,7 @@ class _SortedExperts(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_y):
         x, h, w_in, w_down = ctx.saved_tensors
         need_w = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
@@ -142,6 +162,7 @@ class _TokenMoE(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         x, h, w_in, w_down, pair_weight, y_pairs, token_idx, order = ctx.saved_tensors
         grad = grad.contiguous()

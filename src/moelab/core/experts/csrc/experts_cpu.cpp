@@ -37,8 +37,9 @@ struct Item {
 };
 
 // Dynamic scheduling: each thread takes the next item (largest first) until none is left.
-// Autograd state is thread-local, so every worker enters inference mode itself: the kernel's
-// temporaries never record a graph (the Python autograd.Function owns the backward).
+// Autograd and autocast state is thread-local, so every worker enters inference mode and
+// leaves autocast itself: the kernel's temporaries never record a graph (the Python
+// autograd.Function owns the backward) and its GEMMs keep the inputs' dtype.
 template <typename Fn>
 void run_items(const std::vector<Item>& items, const Fn& fn) {
   std::atomic<int64_t> next{0};
@@ -46,6 +47,7 @@ void run_items(const std::vector<Item>& items, const Fn& fn) {
   const int64_t workers = std::min<int64_t>(at::get_num_threads(), std::max<int64_t>(n, 1));
   at::parallel_for(0, workers, 1, [&](int64_t lo, int64_t hi) {
     c10::InferenceMode guard;
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     for (int64_t w = lo; w < hi; ++w) {
       for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) fn(items[i]);
     }
@@ -76,6 +78,7 @@ std::vector<Item> plan_items(const std::vector<int64_t>& counts, int64_t max_row
 at::Tensor rows_of(const at::Tensor& t, const c10::optional<at::Tensor>& index, int64_t begin,
                    int64_t rows) {
   if (!index.has_value()) return t.narrow(0, begin, rows);
+  TORCH_CHECK(t.is_contiguous(), "rows_of: the source must be contiguous");
   auto out = at::empty({rows, t.size(1)}, t.options());
   const int64_t bytes = t.size(1) * t.element_size();
   const auto* idx = index->data_ptr<int64_t>() + begin;
@@ -92,6 +95,9 @@ void put_rows(at::Tensor& out, const c10::optional<at::Tensor>& index, int64_t b
     out.narrow(0, begin, rows).copy_(value);
     return;
   }
+  TORCH_CHECK(value.scalar_type() == out.scalar_type() && value.is_contiguous() &&
+                  value.size(1) == out.size(1),
+              "put_rows: rows of ", value.scalar_type(), " into ", out.scalar_type());
   const int64_t bytes = out.size(1) * out.element_size();
   const auto* idx = index->data_ptr<int64_t>() + begin;
   const auto* from = static_cast<const char*>(value.data_ptr());
@@ -99,18 +105,37 @@ void put_rows(at::Tensor& out, const c10::optional<at::Tensor>& index, int64_t b
   for (int64_t r = 0; r < rows; ++r) std::memcpy(to + idx[r] * bytes, from + r * bytes, bytes);
 }
 
-// The memcpy paths trust the indices: check them once, before any thread starts.
+// The memcpy paths trust the indices: check them once, before any thread starts. Output
+// indices must also be distinct (two workers must never write one row).
 void check_index(const c10::optional<at::Tensor>& index, int64_t n, int64_t bound,
-                 const char* name) {
+                 const char* name, bool distinct = false) {
   if (!index.has_value()) return;
   TORCH_CHECK(index->scalar_type() == at::kLong && index->is_contiguous() && index->dim() == 1 &&
                   index->size(0) == n,
               name, ": expected a contiguous int64 vector of ", n, " rows");
   const auto* idx = index->data_ptr<int64_t>();
+  std::vector<bool> seen(distinct ? bound : 0, false);
   for (int64_t r = 0; r < n; ++r) {
     TORCH_CHECK(idx[r] >= 0 && idx[r] < bound, name, "[", r, "] = ", idx[r], " outside [0, ",
                 bound, ")");
+    if (distinct) {
+      TORCH_CHECK(!seen[idx[r]], name, ": row ", idx[r], " appears twice");
+      seen[idx[r]] = true;
+    }
   }
+}
+
+void check_weights(const at::Tensor& w_in, const at::Tensor& w_down,
+                   const std::vector<int64_t>& counts, int64_t act) {
+  TORCH_CHECK(w_in.dim() == 3 && w_down.dim() == 3 && w_in.size(0) == w_down.size(0) &&
+                  w_in.size(1) == w_down.size(2),
+              "weights: expected w_in [E, D, W] and w_down [E, F, D]");
+  const int64_t F = w_down.size(1);
+  TORCH_CHECK(w_in.size(2) == (gated(act) ? 2 * F : F), "w_in: width ", w_in.size(2),
+              " does not match F = ", F);
+  TORCH_CHECK(static_cast<int64_t>(counts.size()) == w_in.size(0), "counts: ", counts.size(),
+              " entries for ", w_in.size(0), " experts");
+  for (auto c : counts) TORCH_CHECK(c >= 0, "counts: negative entry");
 }
 
 }  // namespace
@@ -122,12 +147,14 @@ std::vector<at::Tensor> experts_forward(const at::Tensor& x, const at::Tensor& w
                                         int64_t act, c10::optional<at::Tensor> src,
                                         c10::optional<at::Tensor> dst, int64_t n_out,
                                         bool save_h, int64_t max_rows) {
+  check_weights(w_in, w_down, counts, act);
   const int64_t F = w_down.size(1);
   int64_t N = 0;
   for (auto c : counts) N += c;
-  TORCH_CHECK(x.is_contiguous(), "x must be contiguous");
+  TORCH_CHECK(x.is_contiguous() && x.dim() == 2 && x.size(1) == w_in.size(1),
+              "x: expected contiguous [rows, D]");
   check_index(src, N, x.size(0), "src");
-  check_index(dst, N, n_out, "dst");
+  check_index(dst, N, n_out, "dst", true);
   TORCH_CHECK(src.has_value() || x.size(0) == N, "x has ", x.size(0), " rows, counts sum to ", N);
   auto y = at::empty({n_out, w_down.size(2)}, x.options());
   auto h_all = save_h ? at::empty({N, w_in.size(2)}, x.options()) : at::Tensor();
@@ -165,6 +192,7 @@ std::vector<at::Tensor> experts_backward(const at::Tensor& grad, const at::Tenso
                                          c10::optional<at::Tensor> dst,
                                          c10::optional<at::Tensor> pair_weight, bool need_x,
                                          bool need_w) {
+  check_weights(w_in, w_down, counts, act);
   const int64_t E = w_in.size(0), F = w_down.size(1);
   const auto start = offsets(counts);
   const int64_t N = start[E];
@@ -173,7 +201,7 @@ std::vector<at::Tensor> experts_backward(const at::Tensor& grad, const at::Tenso
               "token mode needs src, dst and pair_weight together");
   TORCH_CHECK(grad.is_contiguous(), "grad must be contiguous");
   check_index(src, N, x.size(0), "src");
-  check_index(dst, N, N, "dst");
+  check_index(dst, N, N, "dst", true);
   TORCH_CHECK(grad.size(0) == (token_mode ? x.size(0) : N), "grad has ", grad.size(0), " rows");
   at::Tensor gx, gw_in, gw_down;
   if (need_x) gx = at::empty({N, x.size(1)}, x.options());
