@@ -88,18 +88,14 @@ at::Tensor rows_of(const at::Tensor& t, const c10::optional<at::Tensor>& index, 
   return out;
 }
 
-void put_rows(at::Tensor& out, const c10::optional<at::Tensor>& index, int64_t begin,
-              const at::Tensor& value) {
+// out[index[begin + r]] = value[r] (the un-permutation into pair order).
+void put_rows(at::Tensor& out, const at::Tensor& index, int64_t begin, const at::Tensor& value) {
   const int64_t rows = value.size(0);
-  if (!index.has_value()) {
-    out.narrow(0, begin, rows).copy_(value);
-    return;
-  }
   TORCH_CHECK(value.scalar_type() == out.scalar_type() && value.is_contiguous() &&
                   value.size(1) == out.size(1),
               "put_rows: rows of ", value.scalar_type(), " into ", out.scalar_type());
   const int64_t bytes = out.size(1) * out.element_size();
-  const auto* idx = index->data_ptr<int64_t>() + begin;
+  const auto* idx = index.data_ptr<int64_t>() + begin;
   const auto* from = static_cast<const char*>(value.data_ptr());
   auto* to = static_cast<char*>(out.data_ptr());
   for (int64_t r = 0; r < rows; ++r) std::memcpy(to + idx[r] * bytes, from + r * bytes, bytes);
@@ -169,7 +165,7 @@ std::vector<at::Tensor> experts_forward(const at::Tensor& x, const at::Tensor& w
     }
     const auto a = activate(h, act, F);
     if (dst.has_value()) {
-      put_rows(y, dst, it.begin, at::mm(a, w_down[it.expert]));
+      put_rows(y, *dst, it.begin, at::mm(a, w_down[it.expert]));
     } else {
       auto ye = y.narrow(0, it.begin, it.rows);
       at::mm_out(ye, a, w_down[it.expert]);
@@ -257,7 +253,7 @@ std::vector<at::Tensor> experts_backward(const at::Tensor& grad, const at::Tenso
       at::mm_out(gwi, rows_of(x, src, it.begin, it.rows).t(), gh);
     }
     if (need_x && token_mode) {
-      put_rows(gx, dst, it.begin, at::mm(gh, w_in[e].t()));
+      put_rows(gx, *dst, it.begin, at::mm(gh, w_in[e].t()));
     } else if (need_x) {
       auto gxe = gx.narrow(0, it.begin, it.rows);
       at::mm_out(gxe, gh, w_in[e].t());
