@@ -97,7 +97,7 @@ from moelab.models import ModelConfig, MoETransformer
 from moelab.train.config import TrainConfig
 from moelab.train.expand_axes import Axis, ParamPlan, Region, full_region
 from moelab.train.optim import ShardedOptimizer, region_slices
-from moelab.train.schedule import lr_at
+from moelab.train.schedule import scheduled_lr
 
 INITS = ("sparkling", "random", "naive", "copy")
 STATES = ("asymmetric", "scaled", "symmetric")
@@ -728,13 +728,7 @@ def expand_optimizer(
     asym = spec.state in ("asymmetric", "scaled")
     rewarm: dict[str, Any] = {"rewarm_from": None, "rewarm_steps": 0}
     if asym:
-        eta_e = lr_at(
-            step,
-            lr=cfg.lr,
-            warmup_steps=cfg.warmup_steps,
-            total_steps=cfg.steps,
-            min_lr_ratio=cfg.min_lr_ratio,
-        )
+        eta_e = scheduled_lr(cfg, step)
         rewarm = {
             "rewarm_from": step,
             "rewarm_steps": spec.rewarm_steps,

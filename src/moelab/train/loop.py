@@ -75,7 +75,7 @@ from moelab.train.expand import (
 from moelab.train.metrics import MetricsLog
 from moelab.train.optim import PlainAdamW, build_optimizer
 from moelab.train.progress import TrainProgress
-from moelab.train.schedule import lr_at
+from moelab.train.schedule import scheduled_lr
 from moelab.utils.atomic import atomic_write_json
 from moelab.utils.jsonfile import read_json
 from moelab.utils.locking import folder_lock
@@ -531,13 +531,7 @@ def _train(
                 step_fn = DDP(module) if dist_info.enabled else module
                 if dist_info.is_main:
                     metrics.write(expansion_record(step, model.cfg, grown.spec))
-            lr = lr_at(
-                step,
-                lr=cfg.lr,
-                warmup_steps=cfg.warmup_steps,
-                total_steps=cfg.steps,
-                min_lr_ratio=cfg.min_lr_ratio,
-            )
+            lr = scheduled_lr(cfg, step)
             optimizer.set_lr(step, lr)
             t_step = time.perf_counter()
             counts = [

@@ -21,6 +21,17 @@ def lr_at(
     return lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def scheduled_lr(cfg, step: int) -> float:
+    """:func:`lr_at` with a :class:`~moelab.train.config.TrainConfig`'s schedule fields."""
+    return lr_at(
+        step,
+        lr=cfg.lr,
+        warmup_steps=cfg.warmup_steps,
+        total_steps=cfg.steps,
+        min_lr_ratio=cfg.min_lr_ratio,
+    )
+
+
 def rewarm_lr_at(
     step: int,
     *,
