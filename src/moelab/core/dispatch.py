@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from moelab.core.autocast import autocast_off
 from moelab.core.plan import RoutingPlan, expert_counts
 
 
@@ -120,7 +121,9 @@ class LocalDispatcher:
             y_pairs = _PermuteRows.apply(y_ND, d.inverse, d.order).to(w.dtype)
             k = d.top_k
             D = y_ND.shape[-1]
-            return torch.bmm(w.view(num_tokens, 1, k), y_pairs.view(num_tokens, k, D)).squeeze(1)
+            with autocast_off(w.device):  # the sum stays in float32 under mixed precision
+                out = torch.bmm(w.view(num_tokens, 1, k), y_pairs.view(num_tokens, k, D))
+            return out.squeeze(1)
         y = y_ND.to(d.weight.dtype) * d.weight.unsqueeze(-1)
         if y.device.type == "cpu" or not self.deterministic:
             out = y.new_zeros(num_tokens, y.shape[-1])

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from moelab.core.autocast import autocast_inputs
 from moelab.core.config import GATED_ACTIVATIONS, ExpertsConfig
 from moelab.core.experts import cpu_kernel
 from moelab.core.experts.grouped_mm import grouped_mm
@@ -125,10 +126,11 @@ class ExpertBank(nn.Module):
         Returns:
             ``[T, D]`` in the combine weights' dtype (float32).
         """
+        x_TD, w_in, w_down = autocast_inputs(x_TD, self.w_in, self.w_down)
         return cpu_kernel.fused_moe(
             x_TD,
-            self.w_in,
-            self.w_down,
+            w_in,
+            w_down,
             self.config.activation,
             d.counts,
             d.token_idx,
@@ -142,7 +144,9 @@ class ExpertBank(nn.Module):
         backend = "auto" if self.backend == "fused" else self.backend
         y = grouped_mm(x, w, counts, backend)
         if self.config.lora_rank:
-            a, b = getattr(self, f"lora_A_{which}"), getattr(self, f"lora_B_{which}")
+            _, a, b = autocast_inputs(
+                x, getattr(self, f"lora_A_{which}"), getattr(self, f"lora_B_{which}")
+            )
             low = grouped_mm(grouped_mm(x, a, counts, backend), b, counts, backend)
             y = y + self.lora_scale * low
         return y
@@ -199,22 +203,22 @@ class ExpertBank(nn.Module):
         Returns:
             ``[N, D]`` expert outputs in the same order, or ``(outputs, activations)``.
         """
-        if not return_activations and self.fuses(x_ND):
-            return cpu_kernel.fused_experts(
-                x_ND, self.w_in, self.w_down, counts, self.config.activation
-            )
-        h = self._project(x_ND, self.w_in, counts, "in")
+        fuse = not return_activations and self.fuses(x_ND)
+        x_ND, w_in, w_down = autocast_inputs(x_ND, self.w_in, self.w_down)
+        if fuse:
+            return cpu_kernel.fused_experts(x_ND, w_in, w_down, counts, self.config.activation)
+        h = self._project(x_ND, w_in, counts, "in")
         expert_of_row = None
         if self.config.bias:
             E = self.num_experts
             expert_of_row = torch.repeat_interleave(
                 torch.arange(E, device=x_ND.device), counts, output_size=x_ND.shape[0]
             )
-            h = h + self.b_in[expert_of_row]
+            h = h + autocast_inputs(h, self.b_in)[1][expert_of_row]
         a = self.activation(h)
-        y = self._project(a, self.w_down, counts, "down")
+        y = self._project(a, w_down, counts, "down")
         if expert_of_row is not None:
-            y = y + self.b_down[expert_of_row]
+            y = y + autocast_inputs(y, self.b_down)[1][expert_of_row]
         return (y, a) if return_activations else y
 
     def expert_output(self, x_TD: Tensor, expert: int) -> Tensor:

@@ -15,8 +15,8 @@ Measured by ``benchmarks/layer_speed.py``; the README has the table.
 
 The kernel is compiled on first use with ``torch.utils.cpp_extension.load`` (C++ compiler and
 ninja required, ~30 s once; cached in ``<TORCH_EXTENSIONS_DIR or torch's default>/
-moelab_experts_cpu-py<XY>-torch<version>``; a build killed half-way is redone by the next
-process). Where it cannot be built,
+moelab_experts_cpu-py<XY>-torch<version>-<source hash>``, shared by every checkout with the same
+source; a build killed half-way is redone by the next process). Where it cannot be built,
 or with ``MOELAB_CPU_KERNEL=0``, :func:`kernel` returns None, and the experts run the PyTorch
 loop, which gives the same values.
 """
@@ -24,8 +24,10 @@ loop, which gives the same values.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import os
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -45,12 +47,18 @@ _MIN_TILE_ROWS = 256
 
 def build_directory() -> Path:
     """Where the kernel is built: ``<TORCH_EXTENSIONS_DIR or torch's default root>/
-    moelab_experts_cpu-py<XY>-torch<version>``."""
+    moelab_experts_cpu-py<XY>-torch<version>-<source hash>``.
+
+    Keyed by the source's content rather than its path, so that every checkout or virtual
+    environment with the same source shares one build: ninja rebuilds whenever the compile
+    command changes, and the command names the source file.
+    """
     from torch.utils.cpp_extension import get_default_build_root
 
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
     py = f"py{sys.version_info.major}{sys.version_info.minor}"
-    return Path(root) / f"moelab_experts_cpu-{py}-torch{torch.__version__}"
+    digest = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
+    return Path(root) / f"moelab_experts_cpu-{py}-torch{torch.__version__}-{digest}"
 
 
 @functools.cache
@@ -72,9 +80,14 @@ def kernel() -> ModuleType | None:
             # we hold it no other moelab process is building, so a leftover file is stale.
             fcntl.flock(guard, fcntl.LOCK_EX)
             (build / "lock").unlink(missing_ok=True)
+            source = build / _SOURCE.name  # compiled from here: the same path for everyone
+            if not source.is_file():
+                tmp = source.with_suffix(".tmp")
+                shutil.copyfile(_SOURCE, tmp)
+                os.replace(tmp, source)
             return load(
                 name="moelab_experts_cpu",
-                sources=[str(_SOURCE)],
+                sources=[str(source)],
                 extra_cflags=["-O3", "-fopenmp"],
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(build),
@@ -128,6 +141,11 @@ def _check_available() -> None:
         raise RuntimeError("the fused CPU expert kernel is not available")
 
 
+# The combine's GEMMs keep their inputs' dtypes under autocast (the experts run in their
+# inputs' dtype, which ExpertBank chooses for autocast).
+_no_autocast = functools.partial(torch.autocast, "cpu", enabled=False)
+
+
 class _SortedExperts(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w_in, w_down, counts, act, save):
@@ -151,6 +169,7 @@ class _SortedExperts(torch.autograd.Function):
 
 class _TokenMoE(torch.autograd.Function):
     @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu")
     def forward(ctx, x, w_in, w_down, pair_weight, counts, act, token_idx, order, k, save):
         y_pairs, h = _forward(x, w_in, w_down, counts, act, token_idx, order, save)
         T, D = x.shape
@@ -163,6 +182,7 @@ class _TokenMoE(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
+    @torch.amp.custom_bwd(device_type="cpu")
     def backward(ctx, grad):
         x, h, w_in, w_down, pair_weight, y_pairs, token_idx, order = ctx.saved_tensors
         grad = grad.contiguous()
@@ -245,15 +265,16 @@ def fused_moe(
     """
     _check_available()
     save = _needs_save(x, w_in, w_down, pair_weight)
-    return _TokenMoE.apply(
-        x.contiguous(),
-        w_in,
-        w_down,
-        pair_weight,
-        counts.tolist(),
-        ACTIVATIONS[activation],
-        token_idx.contiguous(),
-        order.contiguous(),
-        top_k,
-        save,
-    )
+    with _no_autocast():
+        return _TokenMoE.apply(
+            x.contiguous(),
+            w_in,
+            w_down,
+            pair_weight,
+            counts.tolist(),
+            ACTIVATIONS[activation],
+            token_idx.contiguous(),
+            order.contiguous(),
+            top_k,
+            save,
+        )

@@ -7,13 +7,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from moelab.core import checks
+from moelab.core.autocast import autocast_off
 from moelab.core.config import RouterConfig
 from moelab.core.plan import RoutingPlan
 
 
 class Router(nn.Module):
-    """Linear router ``logits = x·Wᵀ`` computed in float32 whatever the input dtype (float64
-    inputs keep float64, for gradient checks; Megatron's ``moe_router_dtype``).
+    """Linear router ``logits = x·Wᵀ`` computed in float32 whatever the input dtype and the
+    autocast state (float64 inputs keep float64, for gradient checks; Megatron's
+    ``moe_router_dtype``).
 
     Subclasses turn the logits into a :class:`RoutingPlan` in :meth:`plan`. A router whose
     ``uses_batch_shape`` is True (USMoE) is called by the layer as
@@ -64,7 +66,8 @@ class Router(nn.Module):
         eps = self.config.jitter_eps
         if self.training and eps > 0 and not self.config.jitter_experts:
             x = x * torch.empty_like(x).uniform_(1.0 - eps, 1.0 + eps)
-        logits = F.linear(x, self.weight.to(x.dtype))
+        with autocast_off(x.device):  # float32 logits under mixed precision too
+            logits = F.linear(x, self.weight.to(x.dtype))
         if checks.value_checks() and not torch.isfinite(logits).all():
             raise ValueError("router logits are not finite: the layer input contains NaN or Inf")
         return logits
