@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from moelab.models import load_model
 from moelab.train.config import ConfigError
-from moelab.train.loop import train
+from moelab.train.loop import mixed_precision, train
 
 from .conftest import tiny_model, tiny_train
 
@@ -124,3 +124,25 @@ def test_lora_run_trains_only_the_adapters(tmp_path, corpus):
     sd, ref = tuned.state_dict(), base.state_dict()
     assert all(torch.equal(sd[k], v) for k, v in ref.items())  # base weights untouched
     assert any(sd[k].abs().sum() > 0 for k in sd if "lora_B" in k)  # the adapters learned
+
+
+def test_bf16_mixed_precision_trains_float32_weights_under_autocast(corpus, tmp_path):
+    cfg = tiny_train(corpus, steps=30, eval_every=30, precision="bf16")
+    with mixed_precision(cfg, torch.device("cpu")):
+        assert torch.is_autocast_enabled("cpu")
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+    with mixed_precision(tiny_train(corpus), torch.device("cpu")):
+        assert not torch.is_autocast_enabled("cpu")
+    train(tiny_model(), cfg, tmp_path / "bf16", progress=False)
+    train(
+        tiny_model(), tiny_train(corpus, steps=30, eval_every=30), tmp_path / "fp32", progress=False
+    )
+    bf16, fp32 = _train_losses(tmp_path / "bf16"), _train_losses(tmp_path / "fp32")
+    assert bf16[0][1] != fp32[0][1]  # the first forward already ran in bf16
+    assert abs(bf16[0][1] - fp32[0][1]) < 0.05  # ... and it is the same model
+    losses = [loss for _, loss in bf16]
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.3
+    weights = load_file(tmp_path / "bf16" / "model.safetensors")
+    assert {t.dtype for t in weights.values()} == {torch.float32}
+    with pytest.raises(ConfigError, match="precision"):
+        tiny_train(corpus, precision="fp16")

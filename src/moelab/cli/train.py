@@ -100,6 +100,7 @@ TRAIN_OPTIONS = [
     ConfigOption("rewarm_ratio", "rewarm_ratio", "Re-warmup peak of the new entries over the LR at the expansion (paper 1.3)."),
     ConfigOption("objective", "objective", "causal, or block-diffusion (masked block diffusion, +1 mask id)."),
     ConfigOption("block_size", "block_size", "Diffusion block size (divides --seq-len)."),
+    ConfigOption("precision", "precision", "fp32, or bf16 (mixed precision: bf16 GEMMs, float32 weights and router)."),
 ]  # fmt: skip
 
 

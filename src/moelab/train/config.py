@@ -84,6 +84,10 @@ class TrainConfig:
             block-diffusion ELBO of :mod:`moelab.train.diffusion`; a causal model, e.g. from
             ``init_from``, is first turned into a block-diffusion one with a new mask token).
         block_size: tokens per diffusion block (``seq_len`` must be a multiple of it).
+        precision: ``fp32``, or ``bf16``: the training forward runs under
+            ``torch.autocast(dtype=torch.bfloat16)`` (mixed precision: float32 weights,
+            gradients and AdamW state; bf16 GEMMs and attention; the router, the combine and
+            the loss stay float32). Validation always runs in float32.
     """
 
     data: str = "mix"
@@ -124,6 +128,7 @@ class TrainConfig:
     allow_noncausal_routing: bool = False
     objective: str = "causal"
     block_size: int = 8
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
         check_fields(self, ConfigError)
@@ -178,6 +183,8 @@ class TrainConfig:
             )
         if not self.data.strip():
             raise ConfigError("data: empty corpus name or path")
+        if self.precision not in ("fp32", "bf16"):
+            raise ConfigError(f"precision: must be fp32 or bf16, got {self.precision!r}")
         if self.optimizer not in ("adamw", "muon"):
             raise ConfigError(f"optimizer: must be adamw or muon, got {self.optimizer!r}")
         self._check_expansion()

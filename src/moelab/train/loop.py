@@ -28,7 +28,7 @@ import contextlib
 import math
 import signal
 import time
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,6 +109,13 @@ class _LossModule(nn.Module):
             return ce + aux, ce, aux, records
         out = self.model.loss(input_ids, targets, doc_ids=doc_ids)
         return out.loss, out.ce, out.aux_loss, out.output.records
+
+
+def mixed_precision(cfg: TrainConfig, device: torch.device) -> AbstractContextManager:
+    """The training forward's autocast context: bf16 for ``precision="bf16"``, else none."""
+    if cfg.precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return nullcontext()
 
 
 def _clip(model: nn.Module, max_norm: float) -> float:
@@ -548,7 +555,8 @@ def _train(
                 ctx = nullcontext() if sync else step_fn.no_sync()
                 with ctx:
                     doc_ids = batch.doc_ids if cfg.doc_masks else None
-                    loss, ce, aux, records = step_fn(batch.input_ids, batch.targets, doc_ids)
+                    with mixed_precision(cfg, batch.input_ids.device):
+                        loss, ce, aux, records = step_fn(batch.input_ids, batch.targets, doc_ids)
                     (loss / cfg.grad_accum).backward()
                 ce_sum += ce.item()
                 aux_sum += aux.item()
