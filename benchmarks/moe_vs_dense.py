@@ -9,12 +9,16 @@ Sweeps, all at the first budget: the dense twin trains once per ``--dense-lrs`` 
 MoE once per ``--shapes`` entry (``E:k:F``, all with the same active parameters, so one twin
 serves them) and ``--moe-lrs`` value; each side keeps its best run (lowest validation
 bits/byte), and the later budgets rerun only those two settings. The twin gets its own
-learning-rate sweep, so it is not handicapped by the MoE's rate.
+learning-rate sweep, so it is not handicapped by the MoE's rate. With ``--seeds`` every run
+is repeated per seed (initialisation and batch order); each side's best setting is the one
+with the lowest mean, and the gap is reported as mean ± sd over the seeds of the paired
+differences (dense − MoE at the same seed).
 
     python benchmarks/moe_vs_dense.py                                  # 2 × 240 s, mix corpus
     python benchmarks/moe_vs_dense.py --budgets 120 240 480 --dense-lrs 1e-3 2e-3 4e-3 \
         --shapes 8:2:384 16:2:384 32:4:192 --json out.json
     python benchmarks/moe_vs_dense.py --budgets 60 --data shakespeare
+    python benchmarks/moe_vs_dense.py --budgets 420 --dense-lrs 2e-3 --seeds 0 1 2
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import argparse
 import copy
 import dataclasses
 import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -32,11 +37,11 @@ import torch
 from moelab.data import sample_batch
 from moelab.models import ModelConfig, MoETransformer, count_params, dense_twin_config
 from moelab.train.config import TrainConfig
-from moelab.train.loop import prepare_data, train
+from moelab.train.loop import mixed_precision, prepare_data, train
 from moelab.train.presets import default_model_config
 
 
-def seconds_per_step(model_cfg, cfg: TrainConfig, train_stream, probe_steps: int = 4) -> float:
+def seconds_per_step(model_cfg, cfg: TrainConfig, train_stream, probe_steps: int = 10) -> float:
     """Median wall time of one optimizer step (forward, backward, AdamW) after one warm-up."""
     torch.manual_seed(cfg.seed)
     model = MoETransformer(model_cfg)
@@ -47,7 +52,9 @@ def seconds_per_step(model_cfg, cfg: TrainConfig, train_stream, probe_steps: int
         batch = sample_batch(train_stream, cfg.batch_size, cfg.seq_len, gen)
         t = time.perf_counter()
         for _ in range(cfg.grad_accum):
-            model.loss(batch.input_ids, batch.targets).loss.backward()
+            with mixed_precision(cfg, batch.input_ids.device):
+                loss = model.loss(batch.input_ids, batch.targets).loss
+            loss.backward()
         opt.step()
         opt.zero_grad()
         times.append(time.perf_counter() - t)
@@ -62,13 +69,15 @@ def run_one(name, model_cfg, base, train_stream, budget, lr, root) -> dict:
     run_cfg = dataclasses.replace(
         cfg, steps=steps, warmup_steps=max(1, steps // 20), time_budget_s=budget * 1.15
     )
-    out = root / f"{name.replace(' ', '_').replace('/', '-')}-{budget:g}s-lr{lr:g}"
+    label = name.replace(" ", "_").replace("/", "-")
+    out = root / f"{label}-{budget:g}s-lr{lr:g}-seed{base.seed}"
     result = train(dataclasses.replace(model_cfg), run_cfg, out, progress=False)
     ev = result.final_eval
     params = count_params(MoETransformer(model_cfg))
     row = {
         "model": name,
         "budget_s": budget,
+        "seed": base.seed,
         "lr": lr,
         "params": params["total"],
         "active": params["active_per_token"],
@@ -79,34 +88,44 @@ def run_one(name, model_cfg, base, train_stream, budget, lr, root) -> dict:
         "per_domain": {d: v.bits_per_byte for d, v in ev.per_domain.items()},
     }
     print(
-        f"{name:<13} {budget:5.0f} s  lr {lr:g}: {result.step} steps in {result.elapsed_s:.0f} s, "
+        f"{name:<13} {budget:5.0f} s  lr {lr:g} seed {base.seed}: {result.step} steps in {result.elapsed_s:.0f} s, "
         f"val bpb {row['val_bpb']:.4f}",
         flush=True,
     )
     return row
 
 
+def _mean_sd(xs: list[float]) -> tuple[float, float]:
+    return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0
+
+
 def print_table(rows: list[dict], best: dict) -> None:
+    """Every run, then per budget each side's best setting (mean ± sd over seeds) and the gap."""
     domains = sorted(rows[0]["per_domain"])
     print(
-        f"\n{'budget':>6} {'model':<13} {'lr':>7} {'params':>8} {'active':>8} {'steps':>6} "
-        f"{'tokens':>8} {'val bpb':>8} " + " ".join(f"{d:>11}" for d in domains)
+        f"\n{'budget':>6} {'model':<13} {'lr':>7} {'seed':>4} {'params':>8} {'active':>8} "
+        f"{'steps':>6} {'tokens':>8} {'val bpb':>8} " + " ".join(f"{d:>11}" for d in domains)
     )
     for r in rows:
         side = "dense twin" if r["model"] == "dense twin" else "moe"
-        mark = "*" if best.get((r["budget_s"], side)) is r else " "
+        mark = "*" if any(r is b for b in best.get((r["budget_s"], side), ())) else " "
         print(
-            f"{r['budget_s']:5.0f}s {r['model']:<13} {r['lr']:7.1e} {r['params'] / 1e6:7.2f}M "
-            f"{r['active'] / 1e6:7.2f}M {r['steps']:>6} {r['tokens'] / 1e6:7.2f}M "
-            f"{r['val_bpb']:8.4f}{mark}" + " ".join(f"{r['per_domain'][d]:11.4f}" for d in domains)
+            f"{r['budget_s']:5.0f}s {r['model']:<13} {r['lr']:7.1e} {r['seed']:>4} "
+            f"{r['params'] / 1e6:7.2f}M {r['active'] / 1e6:7.2f}M {r['steps']:>6} "
+            f"{r['tokens'] / 1e6:7.2f}M {r['val_bpb']:8.4f}{mark}"
+            + " ".join(f"{r['per_domain'][d]:11.4f}" for d in domains)
         )
     print("(* = each side's best setting at that budget)")
     for budget in sorted({r["budget_s"] for r in rows}):
         moe, dense = best[(budget, "moe")], best[(budget, "dense twin")]
-        gap = dense["val_bpb"] - moe["val_bpb"]
+        m, m_sd = _mean_sd([r["val_bpb"] for r in moe])
+        d, d_sd = _mean_sd([r["val_bpb"] for r in dense])
+        by_seed = {r["seed"]: r["val_bpb"] for r in moe}
+        gaps = [r["val_bpb"] - by_seed[r["seed"]] for r in dense if r["seed"] in by_seed]
+        g, g_sd = _mean_sd(gaps)
         print(
-            f"{budget:5.0f} s: MoE {moe['val_bpb']:.4f} vs dense {dense['val_bpb']:.4f}: "
-            f"MoE ahead by {gap:+.4f} bits/byte"
+            f"{budget:5.0f} s: MoE {m:.4f} ± {m_sd:.4f} vs dense {d:.4f} ± {d_sd:.4f} "
+            f"({len(moe)} seeds): MoE ahead by {g:+.4f} ± {g_sd:.4f} bits/byte"
         )
 
 
@@ -132,13 +151,16 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=None,
                     help="MoE shapes E:k:F tried at the first budget (default: the preset's)")  # fmt: skip
     ap.add_argument("--data", default="mix")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                    help="training precision of both models (TrainConfig.precision)")  # fmt: skip
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0],
+                    help="repeat every run per seed; report mean ± sd")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None, help="keep the runs here")
     ap.add_argument("--json", type=Path, default=None, help="write every row here")
     args = ap.parse_args()
 
     base = TrainConfig(
-        data=args.data, seed=args.seed, eval_every=10**9, checkpoint_every=0, log_every=10
+        data=args.data, precision=args.precision, eval_every=10**9, checkpoint_every=0, log_every=10
     )
     tokenizer, train_stream, _ = prepare_data(base, None)
     preset = default_model_config()
@@ -161,20 +183,24 @@ def main() -> None:
             }
         else:
             first = args.budgets[0]
-            trials = {side: [best[(first, side)]["setting"]] for side in ("moe", "dense twin")}
+            trials = {side: [best[(first, side)][0]["setting"]] for side in ("moe", "dense twin")}
         for side, settings in trials.items():
-            mine = []
+            runs = []
             for name, cfg, lr in settings:
-                row = run_one(name, cfg, base, train_stream, budget, lr, root)
-                row["setting"] = (name, cfg, lr)
-                mine.append(row)
-            best[(budget, side)] = min(mine, key=lambda r: r["val_bpb"])
-            rows += mine
+                per_seed = []
+                for seed in args.seeds:
+                    seeded = dataclasses.replace(base, seed=seed)
+                    row = run_one(name, cfg, seeded, train_stream, budget, lr, root)
+                    row["setting"] = (name, cfg, lr)
+                    per_seed.append(row)
+                runs.append(per_seed)
+                rows += per_seed
+            best[(budget, side)] = min(runs, key=lambda rs: _mean_sd([r["val_bpb"] for r in rs]))
         print_table(rows, best)
         if args.json:
             keep = [{k: v for k, v in r.items() if k != "setting"} for r in rows]
             args.json.write_text(json.dumps(keep, indent=1))
-    print(f"\nMoE vs dense twin, data={args.data}, seed={args.seed}, runs in {root}")
+    print(f"\nMoE vs dense twin, data={args.data}, seeds={args.seeds}, runs in {root}")
 
 
 if __name__ == "__main__":

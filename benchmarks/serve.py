@@ -14,6 +14,13 @@ batch) and in transformers (``moelab convert RUN DST --to hf``, ``AutoModelForCa
 generate n tokens (prefill + first token cancels out). Calls are interleaved round-robin and
 repeated (``benchmarks/_timing.py``); greedy tokens of both are compared.
 
+Decoding a small batch is bound by reading the weights, and an MoE batch reads more of them
+than one sequence does: every expert that any of the B tokens routes to. So the table also
+gives the read bound on batch B's speed-up over batch 1: B · bytes(1) / bytes(B), with
+bytes(B) the weights one decode step must read (everything but the expert banks and the
+embedding table, plus each layer's experts that the step's tokens chose, counted on this very
+greedy decode).
+
     python benchmarks/serve.py                                  # both models
     python benchmarks/serve.py --runs /work/runs/main --quick   # one model, smaller
 """
@@ -28,6 +35,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,8 +45,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _hf import decode_rate, ensure_hf, greedy_fns, load_hf
 from _timing import interleaved_medians
+from moelab.core.layer import MoELayer
 from moelab.data import load_tokenizer
-from moelab.models import load_model
+from moelab.models import MoETransformer, load_model
 
 PROMPTS = [
     "ROMEO:",
@@ -187,6 +196,36 @@ def load_test(run: Path, s: Setting, threads: int) -> list[dict]:
         proc.wait(timeout=60)
 
 
+def step_read_bytes(model: MoETransformer, decode: Callable[[], object], batch: int) -> float:
+    """Mean bytes of weights that one batch-``batch`` decode step of ``decode()`` reads:
+    the dense weights (all parameters outside the expert banks; the embedding table only when
+    it is also the LM head, since a lookup reads B rows) plus, per MoE layer, the experts its
+    tokens chose, averaged over the decode steps (the calls with ``batch`` tokens)."""
+    banks = {
+        id(p) for m in model.modules() if isinstance(m, MoELayer) for p in m.experts.parameters()
+    }
+    if not model.cfg.tie_embeddings:
+        banks.add(id(model.embed.weight))
+    dense = sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in banks)
+    expert_bytes, touched = {}, []
+
+    def hook(layer, args, out):
+        if out.plan.logits.shape[0] == batch:
+            if layer not in expert_bytes:
+                n = sum(p.numel() * p.element_size() for p in layer.experts.parameters())
+                expert_bytes[layer] = n / layer.experts.num_experts
+            touched.append(out.plan.expert_idx.unique().numel() * expert_bytes[layer])
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, MoELayer)]
+    try:
+        decode()
+    finally:
+        for h in handles:
+            h.remove()
+    steps = len(touched) / max(1, len(handles))
+    return dense + sum(touched) / steps
+
+
 def decode_compare(run: Path, hf_dir: Path, s: Setting) -> list[dict]:
     model = load_model(run).eval()
     tok = load_tokenizer(run)
@@ -209,9 +248,11 @@ def decode_compare(run: Path, hf_dir: Path, s: Setting) -> list[dict]:
         )
         ours_tps = decode_rate(B, N, t["moelab N"], t["moelab 1"])
         hf_tps = decode_rate(B, N, t["hf N"], t["hf 1"])
-        rows.append({"batch": B, "moelab": ours_tps, "hf": hf_tps, "same": same})
+        read = step_read_bytes(model, lambda B=B: ours(B, N), B)
+        rows.append({"batch": B, "moelab": ours_tps, "hf": hf_tps, "same": same, "read": read})
         print(f"  decode B={B}: moelab {ours_tps:.1f} tok/s, HF {hf_tps:.1f} tok/s, "
-              f"identical tokens: {same}", flush=True)  # fmt: skip
+              f"identical tokens: {same}, {read / 1e6:.0f} MB of weights read per step",
+              flush=True)  # fmt: skip
     return rows
 
 
@@ -255,13 +296,16 @@ def main() -> None:
         print()
     if decode_rows:
         print("| model | batch | new tokens | moelab decode tok/s | HF generate tok/s | "
-              "moelab / HF | moelab vs its batch 1 | identical greedy tokens |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|---|")
+              "moelab / HF | moelab vs its batch 1 | read bound on that | MB read per step | "
+              "identical greedy tokens |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for name, (s, rows) in decode_rows.items():
-            b1 = rows[0]["moelab"]
+            b1 = rows[0]
             for r in rows:
+                bound = r["batch"] * b1["read"] / r["read"]
                 print(f"| {name} | {r['batch']} | {s.decode_tokens} | {r['moelab']:.1f} | "
-                      f"{r['hf']:.1f} | {r['moelab'] / r['hf']:.2f}x | {r['moelab'] / b1:.2f}x | "
+                      f"{r['hf']:.1f} | {r['moelab'] / r['hf']:.2f}x | "
+                      f"{r['moelab'] / b1['moelab']:.2f}x | {bound:.2f}x | {r['read'] / 1e6:.0f} | "
                       f"{'yes' if r['same'] else 'no'} |")  # fmt: skip
 
 
