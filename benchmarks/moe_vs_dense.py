@@ -1,8 +1,8 @@
 """MoE vs its dense twin at equal wall-clock budgets, on the same real data, in one run.
 
-Each model first times a few training steps so that its cosine schedule ends exactly at the
-budget; then it trains (``moelab.train.loop.train``) and the script prints the validation bits
-per byte of both, overall and per domain. The dense twin has one SwiGLU FFN per layer whose
+An interleaved probe first times a few training steps of every model (in turn, repeated), so
+that each cosine schedule ends at the budget; then each trains (``moelab.train.loop.train``)
+and the script prints the validation bits per byte of both, overall and per domain. The dense twin has one SwiGLU FFN per layer whose
 width matches the MoE's *active* parameters per token (``moelab.models.dense_twin``).
 
 Sweeps, all at the first budget: the dense twin trains once per ``--dense-lrs`` value, the
@@ -10,7 +10,8 @@ MoE once per ``--shapes`` entry (``E:k:F``, all with the same active parameters,
 serves them) and ``--moe-lrs`` value; each side keeps its best run (lowest validation
 bits/byte), and the later budgets rerun only those two settings. The twin gets its own
 learning-rate sweep, so it is not handicapped by the MoE's rate. With ``--seeds`` every run
-is repeated per seed (initialisation and batch order); each side's best setting is the one
+is repeated per seed (initialisation, data split and batch order; the runs go seed by seed,
+MoE and twin in turn); each side's best setting is the one
 with the lowest mean, and the gap is reported as mean ± sd over the seeds of the paired
 differences (dense − MoE at the same seed).
 
@@ -41,30 +42,40 @@ from moelab.train.loop import mixed_precision, prepare_data, train
 from moelab.train.presets import default_model_config
 
 
-def seconds_per_step(model_cfg, cfg: TrainConfig, train_stream, probe_steps: int = 10) -> float:
-    """Median wall time of one optimizer step (forward, backward, AdamW) after one warm-up."""
-    torch.manual_seed(cfg.seed)
-    model = MoETransformer(model_cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+def seconds_per_step(
+    model_cfgs: dict[str, ModelConfig], cfg: TrainConfig, train_stream, rounds: int = 8
+) -> dict[str, float]:
+    """Median wall time of one optimizer step (forward, backward, AdamW) of every model,
+    measured interleaved: ``rounds`` rounds of 3 steps per model in turn, the first round a
+    warm-up. Interleaving puts every model under the same machine conditions; timing each
+    model just before its own run let a shared machine's drift decide the step counts."""
     gen = torch.Generator().manual_seed(cfg.seed)
-    times = []
-    for _ in range(probe_steps + 1):
-        batch = sample_batch(train_stream, cfg.batch_size, cfg.seq_len, gen)
-        t = time.perf_counter()
-        for _ in range(cfg.grad_accum):
-            with mixed_precision(cfg, batch.input_ids.device):
-                loss = model.loss(batch.input_ids, batch.targets).loss
-            loss.backward()
-        opt.step()
-        opt.zero_grad()
-        times.append(time.perf_counter() - t)
-    return sorted(times[1:])[len(times[1:]) // 2]
+    models = {}
+    for name, model_cfg in model_cfgs.items():
+        torch.manual_seed(cfg.seed)
+        model = MoETransformer(model_cfg)
+        models[name] = (model, torch.optim.AdamW(model.parameters(), lr=cfg.lr))
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for r in range(rounds):
+        for name, (model, opt) in models.items():
+            for _ in range(3):
+                batch = sample_batch(train_stream, cfg.batch_size, cfg.seq_len, gen)
+                t = time.perf_counter()
+                for _ in range(cfg.grad_accum):
+                    with mixed_precision(cfg, batch.input_ids.device):
+                        loss = model.loss(batch.input_ids, batch.targets).loss
+                    loss.backward()
+                opt.step()
+                opt.zero_grad()
+                if r:
+                    times[name].append(time.perf_counter() - t)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def run_one(name, model_cfg, base, train_stream, budget, lr, root) -> dict:
-    """Train ``model_cfg`` for ``budget`` seconds at ``lr``; the result row."""
+def run_one(name, model_cfg, base, train_stream, budget, lr, root, t_step) -> dict:
+    """Train ``model_cfg`` at ``lr`` for the steps that fit ``budget`` seconds at ``t_step``
+    seconds per step; the result row."""
     cfg = dataclasses.replace(base, lr=lr)
-    t_step = seconds_per_step(model_cfg, cfg, train_stream)
     steps = max(10, int(budget / t_step))
     run_cfg = dataclasses.replace(
         cfg, steps=steps, warmup_steps=max(1, steps // 20), time_budget_s=budget * 1.15
@@ -175,27 +186,30 @@ def main() -> None:
     root = args.out or Path(tempfile.mkdtemp(prefix="moe_vs_dense_"))
     rows: list[dict] = []
     best: dict = {}
+    t_step = seconds_per_step(
+        {name: cfg for name, cfg in [*moes, ("dense twin", dense)]}, base, train_stream
+    )
+    print("seconds per step (interleaved probe):", {k: round(v, 3) for k, v in t_step.items()})
     for i, budget in enumerate(args.budgets):
         if i == 0:
-            trials = {
-                "moe": [(n, c, lr) for n, c in moes for lr in args.moe_lrs or [base.lr]],
-                "dense twin": [("dense twin", dense, lr) for lr in args.dense_lrs or [base.lr]],
-            }
+            trials = [("moe", n, c, lr) for n, c in moes for lr in args.moe_lrs or [base.lr]]
+            trials += [
+                ("dense twin", "dense twin", dense, lr) for lr in args.dense_lrs or [base.lr]
+            ]
         else:
             first = args.budgets[0]
-            trials = {side: [best[(first, side)][0]["setting"]] for side in ("moe", "dense twin")}
-        for side, settings in trials.items():
-            runs = []
-            for name, cfg, lr in settings:
-                per_seed = []
-                for seed in args.seeds:
-                    seeded = dataclasses.replace(base, seed=seed)
-                    row = run_one(name, cfg, seeded, train_stream, budget, lr, root)
-                    row["setting"] = (name, cfg, lr)
-                    per_seed.append(row)
-                runs.append(per_seed)
-                rows += per_seed
-            best[(budget, side)] = min(runs, key=lambda rs: _mean_sd([r["val_bpb"] for r in rs]))
+            trials = [(side, *best[(first, side)][0]["setting"]) for side in ("moe", "dense twin")]
+        runs: list[list[dict]] = [[] for _ in trials]
+        for seed in args.seeds:  # seed-major, sides interleaved, so drift hits both alike
+            seeded = dataclasses.replace(base, seed=seed)
+            for j, (_, name, cfg, lr) in enumerate(trials):
+                row = run_one(name, cfg, seeded, train_stream, budget, lr, root, t_step[name])
+                row["setting"] = (name, cfg, lr)
+                runs[j].append(row)
+                rows.append(row)
+        for side in ("moe", "dense twin"):
+            mine = [rs for rs, trial in zip(runs, trials, strict=True) if trial[0] == side]
+            best[(budget, side)] = min(mine, key=lambda rs: _mean_sd([r["val_bpb"] for r in rs]))
         print_table(rows, best)
         if args.json:
             keep = [{k: v for k, v in r.items() if k != "setting"} for r in rows]
