@@ -64,7 +64,10 @@ def test_the_bank_under_autocast_computes_what_its_bf16_copy_computes(backend, b
         torch.testing.assert_close(g, w.float(), rtol=0, atol=0)
 
 
-@pytest.mark.skipif(len(BACKENDS) < 2, reason="no C++ toolchain: the fused kernel is not built")
+needs_kernel = pytest.mark.skipif(len(BACKENDS) < 2, reason="no C++ toolchain: no fused kernel")
+
+
+@needs_kernel
 def test_the_fused_token_path_under_autocast_computes_what_its_bf16_copy_computes():
     m = layer("auto")
     x = torch.randn(11, 16)
@@ -103,9 +106,8 @@ def test_the_router_stays_float32_under_autocast(backend):
     torch.testing.assert_close(plan.logits, want, rtol=0, atol=0)
 
 
+@needs_kernel
 def test_the_fused_and_loop_backends_agree_under_autocast():
-    if len(BACKENDS) < 2:
-        pytest.skip("no C++ toolchain: the fused kernel is not built")
     x = torch.randn(4, 9, 16)
     a, ga, _ = run(layer("auto"), x, autocast=True)
     b, gb, _ = run(layer("loop"), x, autocast=True)

@@ -204,7 +204,9 @@ class ExpertBank(nn.Module):
             ``[N, D]`` expert outputs in the same order, or ``(outputs, activations)``.
         """
         fuse = not return_activations and self.fuses(x_ND)
-        x_ND, w_in, w_down = autocast_inputs(x_ND, self.w_in, self.w_down)
+        x_ND, w_in, w_down, b_in, b_down = autocast_inputs(
+            x_ND, self.w_in, self.w_down, self.b_in, getattr(self, "b_down", None)
+        )
         if fuse:
             return cpu_kernel.fused_experts(x_ND, w_in, w_down, counts, self.config.activation)
         h = self._project(x_ND, w_in, counts, "in")
@@ -214,11 +216,11 @@ class ExpertBank(nn.Module):
             expert_of_row = torch.repeat_interleave(
                 torch.arange(E, device=x_ND.device), counts, output_size=x_ND.shape[0]
             )
-            h = h + autocast_inputs(h, self.b_in)[1][expert_of_row]
+            h = h + b_in[expert_of_row]
         a = self.activation(h)
         y = self._project(a, w_down, counts, "down")
         if expert_of_row is not None:
-            y = y + autocast_inputs(y, self.b_down)[1][expert_of_row]
+            y = y + b_down[expert_of_row]
         return (y, a) if return_activations else y
 
     def expert_output(self, x_TD: Tensor, expert: int) -> Tensor:

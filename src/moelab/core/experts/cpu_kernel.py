@@ -37,6 +37,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from moelab.core.autocast import autocast_off
+
 ACTIVATIONS = {"swiglu": 0, "geglu": 1, "gelu": 2, "gelu_tanh": 3}
 """Activations the kernel implements (``ExpertsConfig.activation`` → the kernel's code)."""
 
@@ -141,11 +143,6 @@ def _check_available() -> None:
         raise RuntimeError("the fused CPU expert kernel is not available")
 
 
-# The combine's GEMMs keep their inputs' dtypes under autocast (the experts run in their
-# inputs' dtype, which ExpertBank chooses for autocast).
-_no_autocast = functools.partial(torch.autocast, "cpu", enabled=False)
-
-
 class _SortedExperts(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w_in, w_down, counts, act, save):
@@ -169,12 +166,12 @@ class _SortedExperts(torch.autograd.Function):
 
 class _TokenMoE(torch.autograd.Function):
     @staticmethod
-    @torch.amp.custom_fwd(device_type="cpu")
     def forward(ctx, x, w_in, w_down, pair_weight, counts, act, token_idx, order, k, save):
         y_pairs, h = _forward(x, w_in, w_down, counts, act, token_idx, order, save)
         T, D = x.shape
         w = pair_weight.view(T, 1, k)
-        out = torch.bmm(w, y_pairs.to(w.dtype).view(T, k, D)).squeeze(1)
+        with autocast_off(x.device):  # the combine sums in the weights' dtype (float32)
+            out = torch.bmm(w, y_pairs.to(w.dtype).view(T, k, D)).squeeze(1)
         if save:
             ctx.save_for_backward(x, h, w_in, w_down, pair_weight, y_pairs, token_idx, order)
         ctx.counts, ctx.act, ctx.k = counts, act, k
@@ -182,7 +179,6 @@ class _TokenMoE(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    @torch.amp.custom_bwd(device_type="cpu")
     def backward(ctx, grad):
         x, h, w_in, w_down, pair_weight, y_pairs, token_idx, order = ctx.saved_tensors
         grad = grad.contiguous()
@@ -192,7 +188,8 @@ class _TokenMoE(torch.autograd.Function):
         grad_pw = None
         if need[3]:  # d out[t] / d w[t, j] = y[t, j]
             y = y_pairs.to(grad.dtype).view(T, k, D)
-            grad_pw = torch.bmm(y, grad.unsqueeze(-1)).view(T * k)
+            with autocast_off(grad.device):
+                grad_pw = torch.bmm(y, grad.unsqueeze(-1)).view(T * k)
         gx, gw_in, gw_down = kernel().experts_backward(
             grad, x, h, w_in, w_down, ctx.counts, ctx.act,
             token_idx, order, pair_weight.detach(), need[0], need[1] or need[2],
@@ -265,16 +262,15 @@ def fused_moe(
     """
     _check_available()
     save = _needs_save(x, w_in, w_down, pair_weight)
-    with _no_autocast():
-        return _TokenMoE.apply(
-            x.contiguous(),
-            w_in,
-            w_down,
-            pair_weight,
-            counts.tolist(),
-            ACTIVATIONS[activation],
-            token_idx.contiguous(),
-            order.contiguous(),
-            top_k,
-            save,
-        )
+    return _TokenMoE.apply(
+        x.contiguous(),
+        w_in,
+        w_down,
+        pair_weight,
+        counts.tolist(),
+        ACTIVATIONS[activation],
+        token_idx.contiguous(),
+        order.contiguous(),
+        top_k,
+        save,
+    )
