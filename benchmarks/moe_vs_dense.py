@@ -2,18 +2,20 @@
 
 An interleaved probe first times a few training steps of every model (in turn, repeated), so
 that each cosine schedule ends at the budget; then each trains (``moelab.train.loop.train``)
-and the script prints the validation bits per byte of both, overall and per domain. The dense twin has one SwiGLU FFN per layer whose
-width matches the MoE's *active* parameters per token (``moelab.models.dense_twin``).
+and the script prints the validation bits per byte of both, overall and per domain. The dense
+twin has one SwiGLU FFN per layer whose width matches the MoE's *active* parameters per token
+(``moelab.models.dense_twin``).
 
 Sweeps, all at the first budget: the dense twin trains once per ``--dense-lrs`` value, the
 MoE once per ``--shapes`` entry (``E:k:F``, all with the same active parameters, so one twin
 serves them) and ``--moe-lrs`` value; each side keeps its best run (lowest validation
 bits/byte), and the later budgets rerun only those two settings. The twin gets its own
-learning-rate sweep, so it is not handicapped by the MoE's rate. With ``--seeds`` every run
-is repeated per seed (initialisation, data split and batch order; the runs go seed by seed,
-MoE and twin in turn); each side's best setting is the one
-with the lowest mean, and the gap is reported as mean ± sd over the seeds of the paired
-differences (dense − MoE at the same seed).
+learning-rate sweep, so it is not handicapped by the MoE's rate.
+
+With ``--seeds`` every run is repeated per seed (initialisation, data split and batch order;
+the runs go seed by seed, MoE and twin in turn). Each side's best setting is the one with the
+lowest mean, and the gap is reported as mean ± sd over the seeds of the paired differences
+(dense − MoE at the same seed).
 
     python benchmarks/moe_vs_dense.py                                  # 2 × 240 s, mix corpus
     python benchmarks/moe_vs_dense.py --budgets 120 240 480 --dense-lrs 1e-3 2e-3 4e-3 \

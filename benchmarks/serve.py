@@ -201,29 +201,29 @@ def step_read_bytes(model: MoETransformer, decode: Callable[[], object], batch: 
     the dense weights (all parameters outside the expert banks; the embedding table only when
     it is also the LM head, since a lookup reads B rows) plus, per MoE layer, the experts its
     tokens chose, averaged over the decode steps (the calls with ``batch`` tokens)."""
-    banks = {
-        id(p) for m in model.modules() if isinstance(m, MoELayer) for p in m.experts.parameters()
-    }
+
+    def nbytes(params) -> int:
+        return sum(p.numel() * p.element_size() for p in params)
+
+    layers = [m for m in model.modules() if isinstance(m, MoELayer)]
+    per_expert = {m: nbytes(m.experts.parameters()) / m.experts.num_experts for m in layers}
+    skip = {id(p) for m in layers for p in m.experts.parameters()}
     if not model.cfg.tie_embeddings:
-        banks.add(id(model.embed.weight))
-    dense = sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in banks)
-    expert_bytes, touched = {}, []
+        skip.add(id(model.embed.weight))
+    dense = nbytes(p for p in model.parameters() if id(p) not in skip)
+    touched = []
 
     def hook(layer, args, out):
         if out.plan.logits.shape[0] == batch:
-            if layer not in expert_bytes:
-                n = sum(p.numel() * p.element_size() for p in layer.experts.parameters())
-                expert_bytes[layer] = n / layer.experts.num_experts
-            touched.append(out.plan.expert_idx.unique().numel() * expert_bytes[layer])
+            touched.append(out.plan.expert_idx.unique().numel() * per_expert[layer])
 
-    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, MoELayer)]
+    handles = [m.register_forward_hook(hook) for m in layers]
     try:
         decode()
     finally:
         for h in handles:
             h.remove()
-    steps = len(touched) / max(1, len(handles))
-    return dense + sum(touched) / steps
+    return dense + sum(touched) / (len(touched) / len(layers))
 
 
 def decode_compare(run: Path, hf_dir: Path, s: Setting) -> list[dict]:
