@@ -1,9 +1,9 @@
 """TEAM (arXiv 2602.08404) on a block-diffusion MoE initialised from the main AR run.
 
-Stage ``train``: copy nothing into /work/runs/main (read-only); write a corpus folder with the
+Stage ``train``: leave the AR run (``--init-from``, default ``runs/main``) untouched; write a corpus folder with the
 mix corpus (capped) plus generated exact-answer task lines (copy, reverse, 3-digit addition,
 key→value lookup), then ``moelab.train.loop.train`` with ``objective="block-diffusion"``,
-``init_from=/work/runs/main``. Held-out problems are never in the training text.
+``init_from`` the AR run. Held-out problems are never in the training text.
 
 Stage ``eval``: for vanilla / +caching / +caching+limited / full TEAM at the same τ and block
 size, decode held-out problems and print exact-match per task, APF, TPF, APT, NFE and tok/s,
@@ -24,7 +24,7 @@ import string
 from pathlib import Path
 
 TASKS = ("copy", "reverse", "add", "lookup")
-AR_RUN = "/work/runs/main"
+AR_RUN = "runs/main"  # the main job's run (make run)
 
 
 def make_problem(task: str, rng: random.Random) -> tuple[str, str]:
@@ -80,7 +80,7 @@ def stage_train(args) -> None:
         (data / f"tasks_{i // 200:04d}.txt").write_text("\n".join(lines[i : i + 200]) + "\n")
     cfg = TrainConfig(
         data=str(data), max_bytes_per_domain=None, steps=args.steps, seq_len=args.seq_len,
-        batch_size=args.batch_size, lr=args.lr, warmup_steps=20, eval_every=args.steps,
+        batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup, eval_every=args.steps,
         eval_tokens=4096, checkpoint_every=0, log_every=10, seed=0,
         init_from=args.init_from, time_budget_s=args.time_budget, objective="block-diffusion", block_size=8,
     )  # fmt: skip
@@ -105,10 +105,12 @@ def stage_eval(args) -> None:
 
     torch.set_num_threads(1)
     dm, tok = load_model(Path(args.run)).eval(), load_tokenizer(Path(args.run))
-    ar = load_model(Path(AR_RUN)).eval()
-    _, _, val = prepare_data(run_train_config(Path(args.run)), tok)
-    elbo = evaluate(dm, val, seq_len=32, batch_size=8, max_tokens=4096, nats_fn=batch_elbo_nats)
-    arb = evaluate(ar, val, seq_len=32, batch_size=8, max_tokens=4096)
+    ar = load_model(Path(args.ar_run)).eval()
+    cfg = run_train_config(Path(args.run))
+    _, _, val = prepare_data(cfg, tok)
+    n = cfg.seq_len
+    elbo = evaluate(dm, val, seq_len=n, batch_size=8, max_tokens=8192, nats_fn=batch_elbo_nats)
+    arb = evaluate(ar, val, seq_len=n, batch_size=8, max_tokens=8192)
     print(f"held-out text: diffusion ELBO {elbo.overall.bits_per_byte:.3f} bits/byte "
           f"(upper bound); AR model {arb.overall.bits_per_byte:.3f} bits/byte")  # fmt: skip
     nl = tok.encode("\n")[0]
@@ -175,10 +177,12 @@ def main() -> None:
     t.add_argument("--seq-len", type=int, default=32)
     t.add_argument("--init-from", default=AR_RUN)
     t.add_argument("--time-budget", type=float, default=None)
+    t.add_argument("--warmup", type=int, default=20)
     t.add_argument("--mix-bytes", type=int, default=300_000)
     t.add_argument("--task-lines", type=int, default=60_000)
     e = sub.add_parser("eval")
     e.add_argument("--run", required=True)
+    e.add_argument("--ar-run", default=AR_RUN)
     e.add_argument("--per-task", type=int, default=25)
     e.add_argument("--seeds", type=int, nargs="+", default=[0])
     e.add_argument("--tau", type=float, default=0.9)

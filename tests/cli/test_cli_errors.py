@@ -245,3 +245,21 @@ def test_atomic_writes_follow_the_umask(tmp_path):
     finally:
         os.umask(old)
     assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_decoder_must_fit_the_model(run_dir, tmp_path):
+    from moelab.models.block_diffusion import to_block_diffusion
+
+    bd = tmp_path / "bd"
+    save_model(to_block_diffusion(MoETransformer(ModelConfig.tiny(vocab_size=256)), 4), bd)
+    ByteTokenizer().save(bd)
+    for cmd in ("generate", "serve"):
+        assert "use --decoder vanilla" in _err(runner.invoke(app, [cmd, str(bd)]))
+        assert "causal" in _err(runner.invoke(app, [cmd, str(run_dir), "--decoder", "team"]))
+        assert "decoder" in _err(runner.invoke(app, [cmd, str(bd), "--decoder", "fast"]))
+        assert "threshold" in _err(
+            runner.invoke(app, [cmd, str(bd), "--decoder", "team", "--threshold", "0"])
+        )
+    ok = runner.invoke(app, ["generate", str(bd), "--decoder", "team", "--max-new-tokens", "8"])
+    assert ok.exit_code == 0, ok.output
+    assert "NFE" in ok.output and "APT" in ok.output

@@ -23,11 +23,12 @@ def tiny_byte_model(seed: int = 0, max_seq_len: int = 128) -> MoETransformer:
 
 @contextlib.contextmanager
 def live_server(model=None, *, step_delay: float = 0.0, max_batch: int = 4, max_queue: int = 8,
-                **config):  # fmt: skip
-    """Yield ``(base_url, engine)``; ``step_delay`` slows every engine iteration (seconds)."""
+                make_engine=Engine, **config):  # fmt: skip
+    """Yield ``(base_url, engine)``; ``step_delay`` slows every engine iteration (seconds);
+    ``make_engine(model, tokenizer, max_batch=, max_queue=)`` builds the engine."""
     model = model if model is not None else tiny_byte_model()
     tok = ByteTokenizer()
-    engine = Engine(model, tok, max_batch=max_batch, max_queue=max_queue)
+    engine = make_engine(model, tok, max_batch=max_batch, max_queue=max_queue)
     if step_delay:
         step = engine.step
 

@@ -65,7 +65,35 @@ def test_train_block_diffusion_from_an_ar_run(corpus, tmp_path):
     lines = [json.loads(x) for x in (bd / "metrics.jsonl").read_text().splitlines()]
     val = [x["bpb"] for x in lines if x["split"] == "val"]
     assert len(val) == 3 and all(math.isfinite(v) and v > 0 for v in val)
+    _eval_reports_the_elbo_next_to_the_ar_run(bd, ar)
     with pytest.raises(ConfigError, match="block_size"):
         tiny_train(corpus, objective="block-diffusion", block_size=5)
     with pytest.raises(ConfigError, match="objective"):
         train(None, tiny_train(corpus, init_from=str(bd)), tmp_path / "x", progress=False)
+
+
+def _eval_reports_the_elbo_next_to_the_ar_run(bd, ar):
+    """``moelab eval`` of a diffusion run scores the run it was initialised from on the same
+    validation text (the AR model's own causal bits/byte there)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from moelab.cli import app
+    from moelab.data import load_tokenizer
+    from moelab.models import load_model
+    from moelab.train.evaluate import evaluate
+    from moelab.train.loop import prepare_data, run_train_config
+
+    res = CliRunner().invoke(app, ["eval", str(bd), "--json", "--tokens", "64"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["reference"]["run"] == str(ar) and "ELBO" in out["note"]
+    cfg = run_train_config(bd)
+    _, _, val = prepare_data(cfg, load_tokenizer(ar))
+    want = evaluate(load_model(ar), val, seq_len=cfg.seq_len, batch_size=16, max_tokens=64)
+    got = out["reference"]["overall"]
+    assert math.isclose(got["bits_per_byte"], want.overall.bits_per_byte, rel_tol=1e-6)
+    assert got["tokens"] == want.overall.tokens
+    table = CliRunner().invoke(app, ["eval", str(bd), "--tokens", "64"])
+    assert table.exit_code == 0 and f"{want.overall.bits_per_byte:.4f}" in table.output

@@ -34,16 +34,28 @@ def load_run(run: Path):
     return load_model(run), load_tokenizer(run)
 
 
-def summary_table(title: str, result) -> Table:
-    """Loss, perplexity, bits/byte and tokens per slice of an :class:`EvalResult`."""
+def summary_table(title: str, result, reference=None, reference_name=None) -> Table:
+    """Loss, perplexity, bits/byte and tokens per slice of an :class:`EvalResult`, with the
+    bits/byte of a ``reference`` :class:`EvalResult` (same slices) in a last column."""
     table = Table(title=title)
-    for col in ("slice", "loss (nats/token)", "perplexity", "bits/byte", "tokens"):
+    cols = ["slice", "loss (nats/token)", "perplexity", "bits/byte", "tokens"]
+    if reference is not None:
+        cols.append(f"bits/byte of {reference_name}")
+    for col in cols:
         table.add_column(col, justify="right" if col != "slice" else "left")
     rows = [("all", result.overall), *sorted(result.per_domain.items())]
     for name, s in rows:
-        table.add_row(
-            name, f"{s.loss:.4f}", f"{s.perplexity:.2f}", f"{s.bits_per_byte:.4f}", f"{s.tokens:,}"
-        )
+        cells = [
+            name,
+            f"{s.loss:.4f}",
+            f"{s.perplexity:.2f}",
+            f"{s.bits_per_byte:.4f}",
+            f"{s.tokens:,}",
+        ]
+        if reference is not None:
+            r = reference.overall if name == "all" else reference.per_domain.get(name)
+            cells.append(f"{r.bits_per_byte:.4f}" if r is not None else "")
+        table.add_row(*cells)
     return table
 
 

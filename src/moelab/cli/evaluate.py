@@ -38,13 +38,24 @@ def eval_cmd(
     cache_mb: CacheMb = None,
     policy: Policy = "zipmoe",
     storage_mbps: StorageMbps = None,
+    reference: Annotated[
+        Path | None,
+        Opt(
+            help="Also score this causal run on the same text (default for a block-diffusion "
+            "run: the run it was initialised from)."
+        ),
+    ] = None,
 ) -> None:
     """Loss, perplexity and bits per byte of a run (per domain for the mix corpus).
+
+    A block-diffusion run is scored by its ELBO (an upper bound on its bits per byte), next to
+    the causal run it was initialised from.
 
     Examples:
       moelab eval runs/main
       moelab eval runs/main --data kjv --json
       moelab eval runs/main-zip --offload --cache-mb 4 --tokens 8192
+      moelab eval runs/bd --reference runs/main      # diffusion ELBO next to the AR model
     """
     offload_args = (offload, cache_mb, policy, storage_mbps)
     start = time.perf_counter()
@@ -52,17 +63,26 @@ def eval_cmd(
         _evaluate_run, run, data, tokens, batch_size, allow_noncausal_routing, offload_args
     )
     report_offload(model, result.overall.tokens, time.perf_counter() - start)
+    ref_run = guarded(_reference_run, run, model, reference)
+    ref = None
+    if ref_run is not None:
+        ref, _, _ = guarded(_evaluate_run, ref_run, data, tokens, batch_size, False, scored_as=run)
     note = (
         f"not a causal LM score: MoE layers {noncausal} route with USMoE scopes that look at "
         "future tokens"
         if noncausal
         else None
     )
+    if model.cfg.objective == "block_diffusion":
+        note = "block diffusion: the ELBO, an upper bound on bits/byte"
+    extra = {"note": note} if note else {}
+    if ref is not None:
+        extra["reference"] = {"run": str(ref_run), **ref.to_dict()}
     if as_json:
-        console.print_json(json.dumps({**result.to_dict(), **({"note": note} if note else {})}))
+        console.print_json(json.dumps({**result.to_dict(), **extra}))
     else:
         title = f"{run}: {'validation split' if data is None else data}"
-        console.print(summary_table(title + (f" ({note})" if note else ""), result))
+        console.print(summary_table(title + (f" ({note})" if note else ""), result, ref, ref_run))
 
 
 def _evaluate_run(
@@ -72,8 +92,12 @@ def _evaluate_run(
     batch_size: int,
     allow_noncausal: bool,
     offload_args: tuple = (False, None, "zipmoe", None),
+    scored_as: Path | None = None,
 ):
-    """(EvalResult, indices of MoE layers whose routing looks at future tokens, model)."""
+    """(EvalResult, indices of MoE layers whose routing looks at future tokens, model).
+
+    ``scored_as``: take the text (validation split, sequence length) from this run instead,
+    so a reference model is scored on the same documents (with its own tokenizer)."""
     from moelab.data import TokenStream, load_corpus
     from moelab.train.evaluate import evaluate
     from moelab.train.loop import prepare_data, run_train_config
@@ -86,7 +110,7 @@ def _evaluate_run(
             "tokens, so bits/byte would not be a causal LM score; pass "
             "--allow-noncausal-routing to score it anyway"
         )
-    cfg = run_train_config(run, need_data=data is None)
+    cfg = run_train_config(scored_as or run, need_data=data is None)
     seq_len = min(cfg.seq_len, model.cfg.max_seq_len)
     if data is None:
         _, _, streams = prepare_data(cfg, tokenizer)
@@ -100,3 +124,22 @@ def _evaluate_run(
         doc_masks=cfg.doc_masks, nats_fn=nats_fn,
     )  # fmt: skip
     return result, noncausal, model
+
+
+def _reference_run(run: Path, model, reference: Path | None) -> Path | None:
+    """The causal run to score next to ``run``: ``reference``, or for a block-diffusion run
+    the ``init_from`` of its training when that folder still exists (else None).
+
+    Raises:
+        FileNotFoundError: ``reference`` does not exist.
+    """
+    from moelab.train.loop import run_train_config
+
+    if reference is not None:
+        if not reference.exists():
+            raise FileNotFoundError(f"{reference}: reference run not found")
+        return reference
+    if model.cfg.objective != "block_diffusion":
+        return None
+    init = run_train_config(run).init_from
+    return Path(init) if init and Path(init).is_dir() else None

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from moelab.cli._app import Opt, app, err_console, guarded
+from moelab.cli._diffusion import Decoder, Threshold, decode_options
 from moelab.cli._offload import (
     CacheMb,
     OffloadFlag,
@@ -35,13 +36,8 @@ def generate(
     cache_mb: CacheMb = None,
     policy: Policy = "zipmoe",
     storage_mbps: StorageMbps = None,
-    decoder: Annotated[
-        str,
-        Opt(
-            help="causal (AR models), or for block-diffusion models vanilla, cache, cache+limit, team."
-        ),
-    ] = "causal",
-    threshold: Annotated[float, Opt(help="Diffusion decoders: confidence threshold τ.")] = 0.95,
+    decoder: Decoder = "causal",
+    threshold: Threshold = 0.95,
 ) -> None:
     """Continue a prompt, streaming tokens as they are sampled.
 
@@ -49,13 +45,20 @@ def generate(
       moelab generate runs/main --prompt "ROMEO:" --max-new-tokens 300
       moelab generate runs/main --prompt "def main(" --temperature 0
       moelab generate runs/main-zip --offload --cache-mb 4 --storage-mbps 200
-      moelab generate runs/bd --decoder team --threshold 0.9 --prompt "A 123+456="
+      moelab generate runs/bd --decoder team --threshold 0.9 --temperature 0 --prompt "A 123+456="
     """
+    import torch
+
+    from moelab.serve.diffusion import sampling_picker
     from moelab.serve.generate import generate_ids, stream_text
 
     model, tokenizer = guarded(load_for_inference, run, offload, cache_mb, policy, storage_mbps)
-    if decoder != "causal" or model.cfg.objective != "causal":
-        guarded(_diffusion, model, tokenizer, prompt, max_new_tokens, decoder, threshold)
+    options = guarded(decode_options, model, decoder, threshold)
+    if options is not None:
+        pick = sampling_picker(
+            temperature, top_k or None, top_p, torch.Generator().manual_seed(seed)
+        )
+        guarded(_diffusion, model, tokenizer, prompt, max_new_tokens, options, pick)
         return
 
     def go() -> None:
@@ -80,18 +83,13 @@ def generate(
     guarded(go)
 
 
-def _diffusion(model, tokenizer, prompt, max_new_tokens, decoder, threshold) -> None:
-    """Block-diffusion decoding (greedy); counters go to stderr."""
-    from moelab.serve.diffusion import DecodeOptions, diffusion_generate
+def _diffusion(model, tokenizer, prompt, max_new_tokens, options, pick) -> None:
+    """Block-diffusion decoding; counters go to stderr."""
+    from moelab.serve.diffusion import diffusion_generate
 
-    if decoder == "causal":
-        raise ValueError(
-            f"decoder: the model is a {model.cfg.objective} model; use --decoder vanilla or team"
-        )
-    opts = DecodeOptions.preset(decoder, threshold)
     res = diffusion_generate(
-        model, tokenizer.encode(prompt), max_new_tokens=max_new_tokens, options=opts,
-        stop_id=tokenizer.eot_id,
+        model, tokenizer.encode(prompt), max_new_tokens=max_new_tokens, options=options,
+        stop_id=tokenizer.eot_id, pick=pick,
     )  # fmt: skip
     sys.stdout.write(prompt + tokenizer.decode(res.ids) + "\n")
     s = res.stats

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from moelab.cli._app import Opt, app, console, guarded
+from moelab.cli._diffusion import Decoder, Threshold, decode_options
 from moelab.cli._offload import CacheMb, OffloadFlag, Policy, StorageMbps, load_for_inference
 from moelab.errors import InvalidValueError
 
@@ -109,6 +110,8 @@ def serve(
     cache_mb: CacheMb = None,
     policy: Policy = "zipmoe",
     storage_mbps: StorageMbps = None,
+    decoder: Decoder = "causal",
+    threshold: Threshold = 0.95,
 ) -> None:
     """Serve a model over HTTP with the OpenAI API (completions, chat, streaming).
 
@@ -120,6 +123,7 @@ def serve(
       moelab serve runs/main --port 8000 --max-batch 16
       moelab serve runs/smollm2-moe --host 0.0.0.0 --api-key secret
       moelab serve runs/main-zip --offload --cache-mb 8      # experts from a lossless store
+      moelab serve runs/bd --decoder team --threshold 0.9    # a block-diffusion model, TEAM
       curl localhost:8000/v1/completions -H 'Content-Type: application/json' \\
         -d '{"model": "main", "prompt": "ROMEO:", "max_tokens": 40}'
     """
@@ -127,6 +131,7 @@ def serve(
 
     from moelab.serve import Engine
     from moelab.serve.card import model_card
+    from moelab.serve.diffusion import DiffusionEngine
     from moelab.serve.server import ServerConfig, build_app, uvicorn_server
 
     guarded(_check, port, max_batch, max_queue, timeout, max_body_kb)
@@ -134,7 +139,12 @@ def serve(
     offload_stats = _offload_stats(model) if offload else None
     name = model_name or run.resolve().name
     template = guarded(_chat_template, run)
-    engine = guarded(Engine, model, tokenizer, max_batch=max_batch, max_queue=max_queue)
+    options = guarded(decode_options, model, decoder, threshold)
+    limits = {"max_batch": max_batch, "max_queue": max_queue}
+    if options is None:
+        engine = guarded(Engine, model, tokenizer, **limits)
+    else:
+        engine = guarded(DiffusionEngine, model, tokenizer, options=options, **limits)
     config = ServerConfig(
         model_name=name,
         api_key=api_key,
@@ -150,7 +160,9 @@ def serve(
     console.print(f"[bold]moelab serve[/] {name}: http://{shown}:{port}/  (OpenAI API at /v1)")
     console.print(json.dumps(card))
     console.print(
-        f"max batch {max_batch}, queue {max_queue}, chat template: "
+        f"max batch {max_batch}, queue {max_queue}, "
+        + (f"decoder {decoder} (τ = {threshold}), " if options is not None else "")
+        + "chat template: "
         f"{'plain' if template.is_plain else 'from the model folder'}"
         + (", API key required" if api_key else "")
     )

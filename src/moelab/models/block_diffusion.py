@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from moelab.core.telemetry import RoutingRecord
+from moelab.errors import InvalidValueError
 from moelab.models.block import DecoderBlock
 from moelab.models.config import ModelConfig
 from moelab.models.transformer import MoETransformer
@@ -48,7 +49,7 @@ def block_causal_mask(q_pos: Tensor, k_pos: Tensor, block_size: int) -> Tensor:
     iff ``k_pos[j] // block_size <= q_pos[i] // block_size`` (bidirectional inside a block,
     causal across blocks). ``q_pos``, ``k_pos``: 1-D int64."""
     if block_size < 1:
-        raise ValueError(f"block_size: must be >= 1, got {block_size}")
+        raise InvalidValueError(f"block_size: must be >= 1, got {block_size}")
     return (k_pos[None, :] // block_size) <= (q_pos[:, None] // block_size)
 
 
@@ -61,7 +62,7 @@ def bd3_training_mask(seq_len: int, block_size: int, device=None) -> Tensor:
         ValueError: ``seq_len`` not a multiple of ``block_size``.
     """
     if seq_len % block_size:
-        raise ValueError(f"seq_len: {seq_len} is not a multiple of block_size={block_size}")
+        raise InvalidValueError(f"seq_len: {seq_len} is not a multiple of block_size={block_size}")
     blk = torch.arange(seq_len, device=device) // block_size
     same = blk[None, :] == blk[:, None]
     before = blk[None, :] < blk[:, None]
@@ -100,7 +101,7 @@ class DiffusionOutput:
 def check_diffusion_model(model: MoETransformer) -> None:
     """Raise ``ValueError`` unless ``model`` is a block-diffusion model."""
     if model.cfg.objective != "block_diffusion":
-        raise ValueError(
+        raise InvalidValueError(
             f"model: objective is {model.cfg.objective!r}; the block-diffusion path needs a "
             "block_diffusion model (moelab train --objective block-diffusion --init-from RUN)"
         )
@@ -131,15 +132,19 @@ def diffusion_forward(
     check_diffusion_model(model)
     cfg = model.cfg
     if input_ids.dim() != 2 or input_ids.dtype.is_floating_point:
-        raise ValueError(f"input_ids: must be an integer tensor [B, S], got {input_ids.shape}")
+        raise InvalidValueError(
+            f"input_ids: must be an integer tensor [B, S], got {input_ids.shape}"
+        )
     S = input_ids.shape[1]
     if positions.shape != (S,):
-        raise ValueError(f"positions: must be [S={S}], got {tuple(positions.shape)}")
+        raise InvalidValueError(f"positions: must be [S={S}], got {tuple(positions.shape)}")
     if int(input_ids.min()) < 0 or int(input_ids.max()) >= cfg.vocab_size:
-        raise ValueError(f"input_ids: ids must be in [0, vocab_size={cfg.vocab_size})")
+        raise InvalidValueError(f"input_ids: ids must be in [0, vocab_size={cfg.vocab_size})")
     P = prefix.length if prefix is not None else 0
     if attn_mask.dtype != torch.bool or tuple(attn_mask.shape[-2:]) != (S, P + S):
-        raise ValueError(f"attn_mask: must be bool [..., {S}, {P + S}], got {attn_mask.shape}")
+        raise InvalidValueError(
+            f"attn_mask: must be bool [..., {S}, {P + S}], got {attn_mask.shape}"
+        )
     mask4 = attn_mask if attn_mask.dim() == 4 else attn_mask[None, None]
     x = model.embed(input_ids)
     aux = torch.zeros((), dtype=torch.float32, device=x.device)
@@ -175,7 +180,7 @@ def diffusion_forward(
         logits = logits * model.cfg.logit_scale
     if store:
         if prefix is None:
-            raise ValueError("store: needs a prefix to append to")
+            raise InvalidValueError("store: needs a prefix to append to")
         if not prefix.k:
             prefix.k, prefix.v = list(new_k), list(new_v)
         else:
@@ -193,7 +198,7 @@ def to_block_diffusion(model: MoETransformer, block_size: int) -> MoETransformer
         ValueError: ``model`` is already a block-diffusion model, or a bad ``block_size``.
     """
     if model.cfg.objective != "causal":
-        raise ValueError("model: already a block-diffusion model")
+        raise InvalidValueError("model: already a block-diffusion model")
     d = model.cfg.to_dict()
     d.update(objective="block_diffusion", block_size=block_size, vocab_size=d["vocab_size"] + 1)
     new = MoETransformer(ModelConfig.from_dict(d)).to(model.embed.weight.device)

@@ -21,6 +21,8 @@ def model_card(model: MoETransformer, name: str) -> dict[str, Any]:
         "d_model": cfg.d_model,
         "vocab_size": cfg.vocab_size,
         "context_length": cfg.max_seq_len,
+        "objective": cfg.objective,
+        **({"block_size": cfg.block_size} if cfg.objective == "block_diffusion" else {}),
         "moe_layers": [b.layer_idx for b in moe],
         "num_experts": router.num_experts if router else 0,
         "top_k": router.top_k if router else 0,

@@ -163,8 +163,8 @@ class Engine:
         track_experts: accumulate per-layer expert counts into :attr:`stats`.
 
     Raises:
-        ValueError: ``max_batch`` or ``max_queue`` < 1, or a USMoE router that looks at
-            future tokens (it cannot generate).
+        ValueError: ``max_batch`` or ``max_queue`` < 1, a USMoE router that looks at
+            future tokens (it cannot generate), or a block-diffusion model.
     """
 
     def __init__(
@@ -187,9 +187,8 @@ class Engine:
         self.max_batch, self.max_queue = max_batch, max_queue
         self.prefill_tokens = prefill_tokens
         self.track_experts = track_experts
-        model._check_cacheable()  # a router that looks at future tokens cannot generate
         self.device = model.embed.weight.device
-        self.cache = SlotKVCache(model, max_batch)
+        self.cache = self._make_cache()
         self.running: list[Sequence] = []  # row i of the cache holds running[i]
         self.waiting: deque[Sequence] = deque()
         self.stats = EngineStats()
@@ -201,6 +200,16 @@ class Engine:
         self._closed = False
         self._stop = False
         self._thread: threading.Thread | None = None
+
+    def _make_cache(self) -> SlotKVCache | None:
+        """The per-row decoding state of the causal path (subclasses decode otherwise)."""
+        if self.model.cfg.objective != "causal":
+            raise InvalidValueError(
+                f"model: a {self.model.cfg.objective} model has no causal next-token path; "
+                "serve it with moelab.serve.diffusion.DiffusionEngine"
+            )
+        self.model._check_cacheable()  # a router that looks at future tokens cannot generate
+        return SlotKVCache(self.model, self.max_batch)
 
     # ---------------------------------------------------------------- public
     @property
@@ -300,9 +309,8 @@ class Engine:
         with self._lock:
             seqs = list(self.running) + list(self.waiting)
             self.waiting.clear()
-        self.running.clear()
-        for row in range(self.cache.n_slots):
-            self.cache.release(row)
+        for row in range(len(self.running) - 1, -1, -1):
+            self._remove_row(row)
         for seq in seqs:
             if not seq.done.is_set():
                 self._finish(seq, "error")
@@ -466,11 +474,8 @@ class Engine:
         """Per sequence, the experts of every MoE layer at ``positions`` (flat token index
         of the forward pass), when it asked for them; also feeds ``stats.expert_counts``."""
         recs = [r for r in records if r is not None]
-        if self.track_experts and recs:
-            counts = torch.stack([r.counts for r in recs]).tolist()  # padding excluded
-            for acc, c in zip(self.stats.expert_counts, counts, strict=True):
-                for e, v in enumerate(c):
-                    acc[e] += v
+        if recs:
+            self._count_experts(torch.stack([r.counts for r in recs]).tolist())  # no padding
         wanted = [s.params.routing for s in seqs]
         result: list[list[list[int]] | None] = [None] * len(seqs)
         if not recs or not any(wanted):
@@ -532,6 +537,13 @@ class Engine:
         else:
             self.cache.release(row)
         self.running.pop()
+
+    def _count_experts(self, counts: list[list[int]]) -> None:
+        """Add one forward's routed (token, expert) pairs per MoE layer to the stats."""
+        if self.track_experts:
+            for acc, c in zip(self.stats.expert_counts, counts, strict=True):
+                for e, v in enumerate(c):
+                    acc[e] += v
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.finish_reason = reason

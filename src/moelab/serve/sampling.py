@@ -37,7 +37,17 @@ def sample_next(
     logits = logits.float()
     if temperature < 1e-6:
         return logits.argmax(dim=-1)
-    logits = logits / temperature
+    probs = filtered_logits(logits, temperature, top_k, top_p).softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def filtered_logits(
+    logits: Tensor, temperature: float, top_k: int | None, top_p: float | None
+) -> Tensor:
+    """Float32 ``logits [..., V]`` divided by ``temperature`` (> 0), with every token outside
+    the top-k and then outside the top-p nucleus set to ``-inf`` (the most likely token is
+    always kept). Arguments are not validated here (see :func:`sample_next`)."""
+    logits = logits.float() / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -47,5 +57,4 @@ def sample_next(
         drop_sorted = cum - sorted_logits.softmax(dim=-1) >= top_p  # mass before this token
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
-    probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return logits

@@ -29,11 +29,13 @@ not counted. The decoded length is rounded up to whole blocks and cut to ``max_n
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
+from moelab.errors import InvalidValueError
 from moelab.models import MoETransformer
 from moelab.models.block_diffusion import (
     PrefixKV,
@@ -44,6 +46,7 @@ from moelab.models.block_diffusion import (
 from moelab.serve.diffusion.branches import branch_forward, build_branches, choose_branch
 from moelab.serve.diffusion.experts import TeamMoEStep, check_team_router
 from moelab.serve.diffusion.stats import DecodeStats
+from moelab.serve.sampling import filtered_logits
 
 DECODERS = ("vanilla", "cache", "cache+limit", "team")
 
@@ -74,7 +77,7 @@ class DecodeOptions:
     def preset(cls, name: str, threshold: float = 0.95) -> DecodeOptions:
         """``vanilla``, ``cache``, ``cache+limit`` or ``team`` (all three)."""
         if name not in DECODERS:
-            raise ValueError(f"decoder: must be one of {DECODERS}, got {name!r}")
+            raise InvalidValueError(f"decoder: must be one of {DECODERS}, got {name!r}")
         return cls(
             threshold=threshold,
             cache=name != "vanilla",
@@ -84,11 +87,11 @@ class DecodeOptions:
 
     def __post_init__(self) -> None:
         if not 0 < self.threshold <= 1:
-            raise ValueError(f"threshold: must be in (0, 1], got {self.threshold}")
+            raise InvalidValueError(f"threshold: must be in (0, 1], got {self.threshold}")
         if not 0 <= self.hot_threshold <= 1:
-            raise ValueError(f"hot_threshold: must be in [0, 1], got {self.hot_threshold}")
+            raise InvalidValueError(f"hot_threshold: must be in [0, 1], got {self.hot_threshold}")
         if self.hot_distance is not None and self.hot_distance < 0:
-            raise ValueError(f"hot_distance: must be >= 0, got {self.hot_distance}")
+            raise InvalidValueError(f"hot_distance: must be >= 0, got {self.hot_distance}")
 
 
 @dataclass
@@ -130,70 +133,144 @@ def cold_positions(
     return masked & (dist > dist_max) & ~in_top & (prev_conf < opts.hot_threshold)
 
 
-@torch.no_grad()
-def diffusion_generate(
-    model: MoETransformer,
-    prompt_ids: list[int],
-    *,
-    max_new_tokens: int = 64,
-    options: DecodeOptions | None = None,
-    stop_id: int | None = None,
-) -> DecodeResult:
-    """Decode ``max_new_tokens`` tokens after ``prompt_ids`` with block diffusion.
+Picker = Callable[[Tensor], tuple[Tensor, Tensor]]
+"""``logits [n, b, V]`` (float32, the mask id at ``-inf``) → ``(confidence [n, b],
+prediction [n, b])``."""
 
-    Stops after the block in which ``stop_id`` appears (the result is cut after it) or at
-    ``max_seq_len``.
+
+def greedy_pick(logits: Tensor) -> tuple[Tensor, Tensor]:
+    """The most likely token and its probability (the authors' top_k = 1 setting)."""
+    return logits.softmax(dim=-1).max(dim=-1)
+
+
+def sampling_picker(
+    temperature: float,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Picker:
+    """A :data:`Picker` that samples each position from its temperature/top-k/top-p filtered
+    distribution, with the sampled token's probability as its confidence (SDAR's
+    ``sample_with_temperature_topk_topp``). A temperature below 1e-6 is greedy."""
+    if temperature < 1e-6:
+        return greedy_pick
+
+    def pick(logits: Tensor) -> tuple[Tensor, Tensor]:
+        probs = filtered_logits(logits, temperature, top_k, top_p).softmax(dim=-1)
+        flat = probs.reshape(-1, probs.shape[-1])
+        pred = torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
+        return probs.gather(-1, pred.unsqueeze(-1)).squeeze(-1), pred
+
+    return pick
+
+
+@dataclass
+class DecodedBlock:
+    """What one block added.
+
+    Attributes:
+        ids: the new tokens (after the prompt, cut at ``max_new_tokens`` and after a stop id).
+        experts: with ``routing``, per new token and MoE layer (in layer order) the experts
+            its position used in the forward that accepted it; else None.
+        expert_counts: per MoE layer, routed (position, expert) pairs per expert over the
+            block's forwards (speculative branches included, reused positions excluded).
+    """
+
+    ids: list[int]
+    experts: list[list[list[int]]] | None
+    expert_counts: list[list[int]]
+
+
+class BlockDecoder:
+    """Block-by-block decoding of one sequence (what :func:`diffusion_generate` loops over and
+    the serving engine interleaves between sequences).
+
+    Construction prefills the prompt's complete blocks; each :meth:`next_block` denoises one
+    block until no mask is left and stores its keys/values. The model must be in eval mode.
+
+    Args:
+        model: a block-diffusion :class:`MoETransformer` with dropless token-choice routers.
+        prompt_ids: the prompt (ids below the mask id).
+        max_new_tokens: most tokens to add (>= 1); ``max_seq_len`` also bounds the sequence.
+        options: the decoder (:class:`DecodeOptions`; default vanilla at τ = 0.95).
+        stop_ids: decoding ends after the block in which one appears (cut after it).
+        pick: how a position's token and confidence are chosen (default greedy).
+        routing: also collect :attr:`DecodedBlock.experts`.
 
     Raises:
         ValueError: a causal model (decode it with ``moelab.serve.generate``), an empty
-            prompt, ``max_new_tokens < 1``, ids out of range, a router TEAM cannot drive.
+            prompt, ``max_new_tokens < 1``, ids out of range, a prompt that fills the context,
+            a router TEAM cannot drive.
+        FloatingPointError: (from :meth:`next_block`) NaN or inf logits.
     """
-    check_diffusion_model(model)
-    opts = options or DecodeOptions()
-    cfg = model.cfg
-    if not prompt_ids:
-        raise ValueError("prompt: must encode to at least one token")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens: must be >= 1, got {max_new_tokens}")
-    if min(prompt_ids) < 0 or max(prompt_ids) >= cfg.mask_token_id:
-        raise ValueError(f"prompt: ids must be in [0, {cfg.mask_token_id})")
-    for blk in model.blocks:
-        if blk.is_moe:
+
+    def __init__(
+        self,
+        model: MoETransformer,
+        prompt_ids: list[int],
+        *,
+        max_new_tokens: int,
+        options: DecodeOptions | None = None,
+        stop_ids: Collection[int] = (),
+        pick: Picker = greedy_pick,
+        routing: bool = False,
+    ) -> None:
+        check_diffusion_model(model)
+        cfg = model.cfg
+        if not prompt_ids:
+            raise InvalidValueError("prompt: must encode to at least one token")
+        if max_new_tokens < 1:
+            raise InvalidValueError(f"max_new_tokens: must be >= 1, got {max_new_tokens}")
+        if min(prompt_ids) < 0 or max(prompt_ids) >= cfg.mask_token_id:
+            raise InvalidValueError(f"prompt: ids must be in [0, {cfg.mask_token_id})")
+        self.moe_blocks = [blk for blk in model.blocks if blk.is_moe]
+        for blk in self.moe_blocks:
             check_team_router(blk)
-    was_training = model.training
-    model.eval()
-    try:
-        return _decode(model, list(prompt_ids), max_new_tokens, opts, stop_id)
-    finally:
-        model.train(was_training)
+        t0 = time.perf_counter()
+        self.model, self.opts, self.pick, self.routing = (
+            model,
+            options or DecodeOptions(),
+            pick,
+            routing,
+        )
+        self.stop_ids = set(stop_ids)
+        b, P0 = cfg.block_size, len(prompt_ids)
+        self.P0, self.end = P0, min(P0 + max_new_tokens, cfg.max_seq_len)
+        self.n_blocks = min(-(-self.end // b), cfg.max_seq_len // b)
+        if self.n_blocks * b <= P0:
+            raise InvalidValueError(
+                f"prompt: {P0} tokens leave no room in max_seq_len={cfg.max_seq_len}"
+            )
+        self.device = model.embed.weight.device
+        self.x = torch.full(
+            (self.n_blocks * b,), cfg.mask_token_id, dtype=torch.long, device=self.device
+        )
+        self.x[:P0] = torch.tensor(prompt_ids, device=self.device)
+        self.prefix = PrefixKV()
+        self.stats = DecodeStats()
+        self.j = P0 // b  # the next block to decode
+        self.done = False
+        if self.j:
+            pos = torch.arange(self.j * b, device=self.device)
+            with torch.no_grad():
+                diffusion_forward(
+                    model, self.x[None, : self.j * b], pos, block_causal_mask(pos, pos, b),
+                    prefix=self.prefix, store=True,
+                )  # fmt: skip
+        self.stats.wall_s += time.perf_counter() - t0
 
-
-def _decode(model, prompt, max_new, opts: DecodeOptions, stop_id) -> DecodeResult:
-    cfg = model.cfg
-    b, mask_id = cfg.block_size, cfg.mask_token_id
-    device = model.embed.weight.device
-    t0 = time.perf_counter()
-    P0 = len(prompt)
-    end = min(P0 + max_new, cfg.max_seq_len)
-    n_blocks = -(-end // b)
-    if n_blocks * b > cfg.max_seq_len:
-        n_blocks = cfg.max_seq_len // b
-    if n_blocks * b <= P0:
-        raise ValueError(f"prompt: {P0} tokens leave no room in max_seq_len={cfg.max_seq_len}")
-    x = torch.full((n_blocks * b,), mask_id, dtype=torch.long, device=device)
-    x[:P0] = torch.tensor(prompt, device=device)
-    prefix = PrefixKV()
-    stats = DecodeStats()
-    first = P0 // b
-    if first:
-        pos = torch.arange(first * b, device=device)
-        diffusion_forward(
-            model, x[None, : first * b], pos, block_causal_mask(pos, pos, b), prefix=prefix,
-            store=True,
-        )  # fmt: skip
-    for j in range(first, n_blocks):
-        s = j * b
-        cur = x[s : s + b].clone()
+    @torch.no_grad()
+    def next_block(self) -> DecodedBlock:
+        """Denoise the next block. Raises ``RuntimeError`` once :attr:`done`."""
+        if self.done:
+            raise RuntimeError("next_block: decoding already finished")
+        t0 = time.perf_counter()
+        cfg, opts = self.model.cfg, self.opts
+        b, mask_id, device = cfg.block_size, cfg.mask_token_id, self.device
+        s = self.j * b
+        cur = self.x[s : s + b].clone()
+        counts = torch.zeros(len(self.moe_blocks), self._num_experts(), dtype=torch.long)
+        experts: dict[int, list[list[int]]] = {}
         stored, prev_conf, prev_pred = None, None, None
         just = torch.zeros(b, dtype=torch.bool, device=device)  # transferred at the last step
         while bool((cur == mask_id).any()):
@@ -207,36 +284,107 @@ def _decode(model, prompt, max_new, opts: DecodeOptions, stop_id) -> DecodeResul
                 branches = cur[None]
             n = branches.shape[0]
             hook = _hook(branches, cur, just, stored, prev_conf, mask_id, opts, b)
-            logits = branch_forward(model, branches, s, prefix, hook).float()
+            logits = branch_forward(self.model, branches, s, self.prefix, hook).float()
             logits[..., mask_id] = float("-inf")
-            conf, pred = logits.softmax(dim=-1).max(dim=-1)
-            bmasked = branches == mask_id
-            tr = transfer_set(conf, bmasked, opts.threshold)
+            if bool(logits.isnan().any()) or bool(logits.isposinf().any()):
+                raise FloatingPointError(
+                    f"block at position {s}: the model's logits are not finite; its weights "
+                    "or activations hold NaN or inf"
+                )
+            conf, pred = self.pick(logits)
+            tr = transfer_set(conf, branches == mask_id, opts.threshold)
             k = choose_branch(tr, pred, p1, p2, f1, f2) if spec else 0
             new = branches[k].clone()
             new[tr[k]] = pred[k][tr[k]]
             just = masked & (new != mask_id)
-            stats.add(hook.experts_per_layer(), int(just.sum()))
+            self.stats.add(hook.experts_per_layer(), int(just.sum()))
+            counts += _pair_counts(hook, counts.shape[1])
+            if self.routing:
+                experts.update(_token_experts(hook, k * b, just.nonzero().squeeze(1).tolist()))
             stored = {i: y.view(n, b, -1)[k] for i, y in hook.outputs.items()}
             prev_conf, prev_pred = conf[k], pred[k]
             cur = new
-        x[s : s + b] = cur
-        done = stop_id is not None and bool((x[max(s, P0) : s + b] == stop_id).any())
-        if j + 1 < n_blocks and not done:  # store the finished block's keys/values
+        self.x[s : s + b] = cur
+        lo, hi = max(s, self.P0), min(s + b, self.end)
+        ids = self.x[lo:hi].tolist()
+        stop = next((i for i, t in enumerate(ids) if t in self.stop_ids), None)
+        if stop is not None:
+            ids = ids[: stop + 1]
+        self.j += 1
+        self.done = stop is not None or self.j >= self.n_blocks or hi >= self.end
+        if not self.done:  # store the finished block's keys/values
             hook = _hook(cur[None], cur, just, stored, None, mask_id, opts, b)
             pos = torch.arange(s, s + b, device=device)
             diffusion_forward(
-                model, cur[None], pos, torch.ones(b, prefix.length + b, dtype=torch.bool,
-                device=device), prefix=prefix, store=True, moe_hook=hook,
+                self.model, cur[None], pos,
+                torch.ones(b, self.prefix.length + b, dtype=torch.bool, device=device),
+                prefix=self.prefix, store=True, moe_hook=hook,
             )  # fmt: skip
-            stats.add(hook.experts_per_layer(), 0)
-        if done:
-            break
-    stats.wall_s = time.perf_counter() - t0
-    out = x[P0:end].tolist()
-    if stop_id is not None and stop_id in out:
-        out = out[: out.index(stop_id) + 1]
-    return DecodeResult(ids=out, stats=stats)
+            self.stats.add(hook.experts_per_layer(), 0)
+            counts += _pair_counts(hook, counts.shape[1])
+        self.stats.wall_s += time.perf_counter() - t0
+        token_experts = [experts[p - s] for p in range(lo, lo + len(ids))] if self.routing else None
+        return DecodedBlock(ids, token_experts, counts.tolist())
+
+    def _num_experts(self) -> int:
+        return max((blk.ffn.config.router.num_experts for blk in self.moe_blocks), default=0)
+
+
+def _pair_counts(hook: TeamMoEStep, num_experts: int) -> Tensor:
+    """``[L, E]`` routed (row, expert) pairs of one forward, per MoE layer."""
+    return torch.stack(
+        [
+            torch.bincount(hook.choice[i].reshape(-1).cpu(), minlength=num_experts)
+            for i in sorted(hook.choice)
+        ]
+    )
+
+
+def _token_experts(
+    hook: TeamMoEStep, row0: int, positions: list[int]
+) -> dict[int, list[list[int]]]:
+    """Per block position in ``positions``, the experts of row ``row0 + position`` in every
+    MoE layer (a transferred position was masked, so it was computed, never reused)."""
+    out: dict[int, list[list[int]]] = {p: [] for p in positions}
+    for i in sorted(hook.choice):
+        where = {int(r): j for j, r in enumerate(hook.computed[i].tolist())}
+        choice = hook.choice[i].tolist()
+        for p in positions:
+            out[p].append(choice[where[row0 + p]])
+    return out
+
+
+@torch.no_grad()
+def diffusion_generate(
+    model: MoETransformer,
+    prompt_ids: list[int],
+    *,
+    max_new_tokens: int = 64,
+    options: DecodeOptions | None = None,
+    stop_id: int | None = None,
+    pick: Picker = greedy_pick,
+) -> DecodeResult:
+    """Decode ``max_new_tokens`` tokens after ``prompt_ids`` with block diffusion.
+
+    Stops after the block in which ``stop_id`` appears (the result is cut after it) or at
+    ``max_seq_len``. ``pick`` chooses tokens (default greedy; see :func:`sampling_picker`).
+
+    Raises:
+        ValueError: as :class:`BlockDecoder`.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        dec = BlockDecoder(
+            model, list(prompt_ids), max_new_tokens=max_new_tokens, options=options,
+            stop_ids=() if stop_id is None else (stop_id,), pick=pick,
+        )  # fmt: skip
+        ids: list[int] = []
+        while not dec.done:
+            ids += dec.next_block().ids
+        return DecodeResult(ids=ids, stats=dec.stats)
+    finally:
+        model.train(was_training)
 
 
 def _hook(branches, cur, just, stored, prev_conf, mask_id, opts, b) -> TeamMoEStep:

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from moelab.core.plan import RoutingPlan
 from moelab.core.routers.scores import router_scores, topk_weights
+from moelab.errors import InvalidValueError
 from moelab.models.block import DecoderBlock
 
 
@@ -30,7 +31,7 @@ def check_team_router(block: DecoderBlock) -> None:
     """Raise ``ValueError`` unless the MoE layer routes with dropless token choice."""
     cfg = block.ffn.config.router
     if cfg.kind != "token_choice" or cfg.capacity_factor is not None:
-        raise ValueError(
+        raise InvalidValueError(
             f"router: TEAM decoding needs dropless token-choice routing, layer "
             f"{block.layer_idx} has kind={cfg.kind!r} capacity_factor={cfg.capacity_factor}"
         )
@@ -100,7 +101,7 @@ class TeamMoEStep:
                     and not cfg.expert_bias
                     and cfg.n_group is None
                 ):
-                    raise ValueError(
+                    raise InvalidValueError(
                         "router: limited activation needs softmax-before-top-k routing without "
                         f"bias or groups (layer {block.layer_idx})"
                     )
