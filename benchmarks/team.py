@@ -162,8 +162,10 @@ def stage_eval(args) -> None:
     for d in DECODERS[1:]:
         apt = [1 - a / b for a, b in zip(rows[d]["APT"], base["APT"], strict=True)]
         sp = [a / b for a, b in zip(rows[d]["tok/s"], base["tok/s"], strict=True)]
+        em = [a - b for a, b in zip(rows[d]["all"], base["all"], strict=True)]  # paired by seed
         print(f"{d}: APT -{_ms([100 * x for x in apt])} % vs vanilla; "
-              f"tok/s x{_ms(sp)}; EM all {_ms(rows[d]['all'])} vs {_ms(base['all'])}")  # fmt: skip
+              f"tok/s x{_ms(sp)}; EM all {_ms(rows[d]['all'])} vs {_ms(base['all'])} "
+              f"(difference {_ms(em)} points)")  # fmt: skip
 
 
 def main() -> None:
