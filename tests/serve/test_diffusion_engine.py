@@ -160,6 +160,8 @@ def test_faults_and_refusals():
     engine = DiffusionEngine(dm, max_batch=1)
     with pytest.raises(InvalidValueError, match="mask token"):
         engine.submit([1, dm.cfg.mask_token_id], SamplingParams())
+    with pytest.raises(InvalidValueError, match="no block to decode"):
+        DiffusionEngine(_dm(5, max_seq_len=18)).submit([1] * 16, SamplingParams())
     a = engine.submit([1, 2], SamplingParams(max_tokens=20, temperature=0))
     b = engine.submit([3], SamplingParams(max_tokens=20, temperature=0))
     engine.step()

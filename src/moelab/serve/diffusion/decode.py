@@ -227,12 +227,8 @@ class BlockDecoder:
         for blk in self.moe_blocks:
             check_team_router(blk)
         t0 = time.perf_counter()
-        self.model, self.opts, self.pick, self.routing = (
-            model,
-            options or DecodeOptions(),
-            pick,
-            routing,
-        )
+        self.model, self.opts = model, options or DecodeOptions()
+        self.pick, self.routing = pick, routing
         self.stop_ids = set(stop_ids)
         b, P0 = cfg.block_size, len(prompt_ids)
         self.P0, self.end = P0, min(P0 + max_new_tokens, cfg.max_seq_len)

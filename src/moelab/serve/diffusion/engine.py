@@ -56,10 +56,17 @@ class DiffusionEngine(Engine):
         return None  # each BlockDecoder holds its sequence's prefix keys/values
 
     def submit(self, prompt_ids, params, sink=None) -> Sequence:
-        """As :meth:`Engine.submit`; the mask token is not a prompt token either."""
-        mask_id = self.model.cfg.mask_token_id
-        if mask_id in prompt_ids:
-            raise InvalidValueError(f"prompt: token id {mask_id} is the mask token")
+        """As :meth:`Engine.submit`; the mask token is not a prompt token either, and the
+        prompt must end before the context's last whole block."""
+        cfg = self.model.cfg
+        if cfg.mask_token_id in prompt_ids:
+            raise InvalidValueError(f"prompt: token id {cfg.mask_token_id} is the mask token")
+        room = cfg.max_seq_len // cfg.block_size * cfg.block_size
+        if len(prompt_ids) >= room:
+            raise InvalidValueError(
+                f"prompt: {len(prompt_ids)} tokens leave no block to decode in the context of "
+                f"{cfg.max_seq_len} (blocks of {cfg.block_size})"
+            )
         return super().submit(prompt_ids, params, sink)
 
     def _prefill(self, batch: list[Sequence]) -> None:
