@@ -18,6 +18,7 @@ per problem (timings on a shared box are noisy). Seeds re-draw the held-out prob
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import statistics
 import string
@@ -116,31 +117,33 @@ def stage_eval(args) -> None:
     nl = tok.encode("\n")[0]
     text = [w.tolist() for st in val.values() for w in st.ids[:4096].split(24)[:-1]]
     text = [w for w in text if nl not in w[16:]][: args.text_prompts]
-    rows: dict[str, dict[str, list[float]]] = {d: {} for d in DECODERS}
+    decoders = {d: DecodeOptions.preset(d, args.tau) for d in DECODERS}
+    for k in args.refresh:  # the paper's Refresh-k ablation of DCD
+        decoders[f"cache+refresh{k}"] = dataclasses.replace(decoders["cache"], refresh=k)
+    names = list(decoders)
+    rows: dict[str, dict[str, list[float]]] = {d: {} for d in names}
     for seed in args.seeds:
         probs = held_out(seed, args.per_task)
-        stats = {d: DecodeStats() for d in DECODERS}
-        hits = {d: {t: 0 for t in TASKS} for d in DECODERS}
+        stats = {d: DecodeStats() for d in names}
+        hits = {d: {t: 0 for t in TASKS} for d in names}
         for task, prompt, answer in probs:
             ids = tok.encode("\n" + prompt)
-            for d in DECODERS:  # interleaved: the box is shared and noisy
+            for d in names:  # interleaved: the box is shared and noisy
                 r = diffusion_generate(
                     dm, ids, max_new_tokens=8, stop_id=nl,
-                    options=DecodeOptions.preset(d, args.tau),
+                    options=decoders[d],
                 )  # fmt: skip
                 stats[d].merge(r.stats)
                 hits[d][task] += tok.decode(r.ids).split("\n")[0] == answer
-        nll = {d: [] for d in DECODERS}
+        nll = {d: [] for d in names}
         for w in text:  # held-out continuation likelihood under the AR model
-            for d in DECODERS:
-                r = diffusion_generate(
-                    dm, w[:16], max_new_tokens=8, options=DecodeOptions.preset(d, args.tau)
-                )
+            for d in names:
+                r = diffusion_generate(dm, w[:16], max_new_tokens=8, options=decoders[d])
                 ids = torch.tensor([w[:16] + r.ids])
                 with torch.no_grad():
                     lp = ar(ids[:, :-1]).logits.float().log_softmax(-1)[0, 15:]
                 nll[d].append(-lp.gather(-1, ids[0, 16:, None]).mean().item())
-        for d in DECODERS:
+        for d in names:
             row = rows[d]
             row.setdefault("AR NLL", []).append(statistics.fmean(nll[d]))
             for t in TASKS:
@@ -156,10 +159,10 @@ def stage_eval(args) -> None:
         "| decoder | " + " | ".join(f"EM {c}" if c in (*TASKS, "all") else c for c in cols) + " |"
     )
     print("|" + "---|" * (len(cols) + 1))
-    for d in DECODERS:
+    for d in names:
         print(f"| {d} | " + " | ".join(_ms(rows[d][c]) for c in cols) + " |")
     base = rows["vanilla"]
-    for d in DECODERS[1:]:
+    for d in names[1:]:
         apt = [1 - a / b for a, b in zip(rows[d]["APT"], base["APT"], strict=True)]
         sp = [a / b for a, b in zip(rows[d]["tok/s"], base["tok/s"], strict=True)]
         em = [a - b for a, b in zip(rows[d]["all"], base["all"], strict=True)]  # paired by seed
@@ -189,6 +192,8 @@ def main() -> None:
     e.add_argument("--seeds", type=int, nargs="+", default=[0])
     e.add_argument("--tau", type=float, default=0.9)
     e.add_argument("--text-prompts", type=int, default=8)
+    e.add_argument("--refresh", type=int, nargs="*", default=[],
+                   help="also DCD with Refresh-k for these k")  # fmt: skip
     args = ap.parse_args()
     if args.stage == "train":
         stage_train(args)

@@ -151,3 +151,17 @@ def test_paths_refuse_the_wrong_model_kind():
         DecodeOptions.preset("fast")
     with pytest.raises(ValueError, match="threshold"):
         DecodeOptions(threshold=0.0)
+
+
+def test_refresh_every_step_is_vanilla_and_refresh_k_reuses_less():
+    dm = _dm(3)
+    base = diffusion_generate(dm, [5, 6, 7], max_new_tokens=12, options=DecodeOptions(0.5))
+    every = diffusion_generate(
+        dm, [5, 6, 7], max_new_tokens=12, options=DecodeOptions(0.5, cache=True, refresh=1)
+    )
+    assert every.ids == base.ids and every.stats.accepted == base.stats.accepted
+    # decoding forwards (not the KV-storing ones) compute every row, so activate as vanilla
+    dec = [i for i, a in enumerate(base.stats.accepted) if a]
+    assert [every.stats.forwards[i] for i in dec] == [base.stats.forwards[i] for i in dec]
+    with pytest.raises(ValueError, match="refresh"):
+        DecodeOptions(refresh=0)

@@ -63,6 +63,8 @@ class DecodeOptions:
         hot_distance: LAC distance (cold iff farther than this from every unmasked
             position); None = ``max(1, round(3·block_size/32))``.
         hot_top: the previous step's most confident masked positions that are always hot.
+        refresh: with ``cache``, every ``refresh``-th step of a block recomputes every token
+            (the paper's Refresh-k ablation); None = refresh-free, the authors' default.
     """
 
     threshold: float = 0.95
@@ -72,6 +74,7 @@ class DecodeOptions:
     hot_threshold: float = 0.7
     hot_distance: int | None = None
     hot_top: int = 2
+    refresh: int | None = None
 
     @classmethod
     def preset(cls, name: str, threshold: float = 0.95) -> DecodeOptions:
@@ -92,6 +95,8 @@ class DecodeOptions:
             raise InvalidValueError(f"hot_threshold: must be in [0, 1], got {self.hot_threshold}")
         if self.hot_distance is not None and self.hot_distance < 0:
             raise InvalidValueError(f"hot_distance: must be >= 0, got {self.hot_distance}")
+        if self.refresh is not None and self.refresh < 1:
+            raise InvalidValueError(f"refresh: must be >= 1, got {self.refresh}")
 
 
 @dataclass
@@ -269,6 +274,7 @@ class BlockDecoder:
         experts: dict[int, list[list[int]]] = {}
         stored, prev_conf, prev_pred = None, None, None
         just = torch.zeros(b, dtype=torch.bool, device=device)  # transferred at the last step
+        step = 0
         while bool((cur == mask_id).any()):
             masked = cur == mask_id
             spec = opts.speculate and prev_pred is not None and int(masked.sum()) >= 2
@@ -279,7 +285,11 @@ class BlockDecoder:
             else:
                 branches = cur[None]
             n = branches.shape[0]
-            hook = _hook(branches, cur, just, stored, prev_conf, mask_id, opts, b)
+            fresh = opts.refresh is not None and step % opts.refresh == 0
+            hook = _hook(
+                branches, cur, just, None if fresh else stored, prev_conf, mask_id, opts, b
+            )
+            step += 1
             logits = branch_forward(self.model, branches, s, self.prefix, hook).float()
             logits[..., mask_id] = float("-inf")
             if bool(logits.isnan().any()) or bool(logits.isposinf().any()):
