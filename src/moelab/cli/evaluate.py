@@ -67,14 +67,15 @@ def eval_cmd(
     ref = None
     if ref_run is not None:
         ref, _, _ = guarded(_evaluate_run, ref_run, data, tokens, batch_size, False, scored_as=run)
-    note = (
-        f"not a causal LM score: MoE layers {noncausal} route with USMoE scopes that look at "
-        "future tokens"
-        if noncausal
-        else None
-    )
+    notes = []
+    if noncausal:
+        notes.append(
+            f"not a causal LM score: MoE layers {noncausal} route with USMoE scopes that look "
+            "at future tokens"
+        )
     if model.cfg.objective == "block_diffusion":
-        note = "block diffusion: the ELBO, an upper bound on bits/byte"
+        notes.append("block diffusion: the ELBO, an upper bound on bits/byte")
+    note = "; ".join(notes) or None
     extra = {"note": note} if note else {}
     if ref is not None:
         extra["reference"] = {"run": str(ref_run), **ref.to_dict()}

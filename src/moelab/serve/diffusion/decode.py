@@ -28,6 +28,7 @@ not counted. The decoded length is rounded up to whole blocks and cut to ``max_n
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -177,13 +178,14 @@ class DecodedBlock:
         ids: the new tokens (after the prompt, cut at ``max_new_tokens`` and after a stop id).
         experts: with ``routing``, per new token and MoE layer (in layer order) the experts
             its position used in the forward that accepted it; else None.
-        expert_counts: per MoE layer, routed (position, expert) pairs per expert over the
-            block's forwards (speculative branches included, reused positions excluded).
+        expert_counts: with ``count_experts``, per MoE layer, routed (position, expert)
+            pairs per expert over the block's forwards (speculative branches included, reused
+            positions excluded); else None.
     """
 
     ids: list[int]
     experts: list[list[list[int]]] | None
-    expert_counts: list[list[int]]
+    expert_counts: list[list[int]] | None
 
 
 class BlockDecoder:
@@ -201,6 +203,7 @@ class BlockDecoder:
         stop_ids: decoding ends after the block in which one appears (cut after it).
         pick: how a position's token and confidence are chosen (default greedy).
         routing: also collect :attr:`DecodedBlock.experts`.
+        count_experts: also collect :attr:`DecodedBlock.expert_counts`.
 
     Raises:
         ValueError: a causal model (decode it with ``moelab.serve.generate``), an empty
@@ -219,6 +222,7 @@ class BlockDecoder:
         stop_ids: Collection[int] = (),
         pick: Picker = greedy_pick,
         routing: bool = False,
+        count_experts: bool = False,
     ) -> None:
         check_diffusion_model(model)
         cfg = model.cfg
@@ -234,6 +238,8 @@ class BlockDecoder:
         t0 = time.perf_counter()
         self.model, self.opts = model, options or DecodeOptions()
         self.pick, self.routing = pick, routing
+        num_experts = max((b.ffn.config.router.num_experts for b in self.moe_blocks), default=0)
+        self.counts_shape = (len(self.moe_blocks), num_experts) if count_experts else None
         self.stop_ids = set(stop_ids)
         b, P0 = cfg.block_size, len(prompt_ids)
         self.P0, self.end = P0, min(P0 + max_new_tokens, cfg.max_seq_len)
@@ -270,7 +276,7 @@ class BlockDecoder:
         b, mask_id, device = cfg.block_size, cfg.mask_token_id, self.device
         s = self.j * b
         cur = self.x[s : s + b].clone()
-        counts = torch.zeros(len(self.moe_blocks), self._num_experts(), dtype=torch.long)
+        counts = torch.zeros(self.counts_shape, dtype=torch.long) if self.counts_shape else None
         experts: dict[int, list[list[int]]] = {}
         stored, prev_conf, prev_pred = None, None, None
         just = torch.zeros(b, dtype=torch.bool, device=device)  # transferred at the last step
@@ -292,7 +298,7 @@ class BlockDecoder:
             step += 1
             logits = branch_forward(self.model, branches, s, self.prefix, hook).float()
             logits[..., mask_id] = float("-inf")
-            if bool(logits.isnan().any()) or bool(logits.isposinf().any()):
+            if not math.isfinite(float(logits.amax())):  # NaN propagates through amax
                 raise FloatingPointError(
                     f"block at position {s}: the model's logits are not finite; its weights "
                     "or activations hold NaN or inf"
@@ -304,7 +310,7 @@ class BlockDecoder:
             new[tr[k]] = pred[k][tr[k]]
             just = masked & (new != mask_id)
             self.stats.add(hook.experts_per_layer(), int(just.sum()))
-            counts += _pair_counts(hook, counts.shape[1])
+            _add_pair_counts(counts, hook)
             if self.routing:
                 experts.update(_token_experts(hook, k * b, just.nonzero().squeeze(1).tolist()))
             stored = {i: y.view(n, b, -1)[k] for i, y in hook.outputs.items()}
@@ -327,23 +333,18 @@ class BlockDecoder:
                 prefix=self.prefix, store=True, moe_hook=hook,
             )  # fmt: skip
             self.stats.add(hook.experts_per_layer(), 0)
-            counts += _pair_counts(hook, counts.shape[1])
+            _add_pair_counts(counts, hook)
         self.stats.wall_s += time.perf_counter() - t0
         token_experts = [experts[p - s] for p in range(lo, lo + len(ids))] if self.routing else None
-        return DecodedBlock(ids, token_experts, counts.tolist())
-
-    def _num_experts(self) -> int:
-        return max((blk.ffn.config.router.num_experts for blk in self.moe_blocks), default=0)
+        return DecodedBlock(ids, token_experts, None if counts is None else counts.tolist())
 
 
-def _pair_counts(hook: TeamMoEStep, num_experts: int) -> Tensor:
-    """``[L, E]`` routed (row, expert) pairs of one forward, per MoE layer."""
-    return torch.stack(
-        [
-            torch.bincount(hook.choice[i].reshape(-1).cpu(), minlength=num_experts)
-            for i in sorted(hook.choice)
-        ]
-    )
+def _add_pair_counts(counts: Tensor | None, hook: TeamMoEStep) -> None:
+    """Add one forward's routed (row, expert) pairs per MoE layer to ``counts [L, E]``."""
+    if counts is None:
+        return
+    for row, i in enumerate(sorted(hook.choice)):
+        counts[row] += torch.bincount(hook.choice[i].reshape(-1).cpu(), minlength=counts.shape[1])
 
 
 def _token_experts(

@@ -74,7 +74,7 @@ class DiffusionEngine(Engine):
             p = seq.params
             dec = BlockDecoder(
                 self.model, seq.prompt_ids, max_new_tokens=p.max_tokens, options=self.options,
-                stop_ids=p.stop_ids, routing=p.routing,
+                stop_ids=p.stop_ids, routing=p.routing, count_experts=self.track_experts,
                 pick=sampling_picker(p.temperature, p.top_k, p.top_p, seq._generator),
             )  # fmt: skip
             self.stats.prompt_tokens += len(seq.prompt_ids)
@@ -91,7 +91,8 @@ class DiffusionEngine(Engine):
                 self._remove_row(i)
                 self._finish(seq, "error")
                 continue
-            self._count_experts(block.expert_counts)
+            if block.expert_counts is not None:
+                self._count_experts(block.expert_counts)
             for t, token in enumerate(block.ids):
                 self._accept(i, seq, token, block.experts[t] if block.experts else None)
                 if seq.finish_reason is not None:
