@@ -1,0 +1,111 @@
+"""Decode-sized expert calls: the fused CPU kernel against MKL's GEMM and the weight-read floor.
+
+At a decode step each expert multiplies the 1-8 rows routed to it, so the call is bound by
+reading the expert's weights. This times, side by side in one process (interleaved, median of
+repeats, ``benchmarks/_timing.py``), L layers of one MoE's experts (SmolLM2-MoE's shape by
+default: E = 8, D = 576, F = 1536, SwiGLU, 30 layers, so the weights come from DRAM, not cache)
+at the row counts a batch of B tokens with top-k routing gives:
+
+- ``kernel``: ``cpu_kernel.fused_experts``, the path ``MoELayer`` takes on CPU (1-8 rows per
+  expert use its own streaming projection, more rows MKL's GEMM);
+- ``mkl``: the same chain with ``torch.mm`` per expert, on every thread (the loop backend);
+- ``read floor``: one pass over the same experts' weights (``torch.sum``), all threads.
+
+It prints the weight bytes read per call, each candidate's GB/s, and ``kernel / floor``.
+
+    python benchmarks/decode_experts.py                  # batches 1, 4, 8, 16
+    python benchmarks/decode_experts.py --batches 1 8 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _timing import interleaved_medians
+from moelab.core.experts import cpu_kernel
+
+
+def row_counts(batch: int, experts: int, top_k: int, g: torch.Generator) -> torch.Tensor:
+    """Rows per expert when each of ``batch`` tokens picks ``top_k`` distinct experts
+    uniformly (an upcycled MoE's router is close to uniform)."""
+    picks = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(batch)])
+    return torch.bincount(picks.flatten(), minlength=experts)
+
+
+def mkl_chain(x, w_in, w_down, counts):
+    out, start, Fh = [], 0, w_down.shape[1]
+    for e, c in enumerate(counts.tolist()):
+        if c:
+            h = torch.mm(x[start : start + c], w_in[e])
+            out.append(torch.mm(F.silu(h[:, :Fh]) * h[:, Fh:], w_down[e]))
+        start += c
+    return torch.cat(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 8, 16])
+    ap.add_argument("--experts", type=int, default=8)
+    ap.add_argument("--top-k", type=int, default=2)
+    ap.add_argument("--d-model", type=int, default=576)
+    ap.add_argument("--ffn", type=int, default=1536)
+    ap.add_argument("--layers", type=int, default=30)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--repeats", type=int, default=7)
+    args = ap.parse_args()
+    if cpu_kernel.kernel() is None:
+        sys.exit("error: the fused CPU expert kernel is not available here")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    g = torch.Generator().manual_seed(0)
+    E, D, Fh = args.experts, args.d_model, args.ffn
+    banks = [
+        (torch.randn(E, D, 2 * Fh, generator=g) / D**0.5, torch.randn(E, Fh, D, generator=g) / Fh**0.5)
+        for _ in range(args.layers)
+    ]  # fmt: skip
+    per_expert = (D * 2 * Fh + Fh * D) * 4
+    print(f"E={E} k={args.top_k} D={D} F={Fh} layers={args.layers} "
+          f"threads={torch.get_num_threads()} ({per_expert / 1e6:.1f} MB per expert)")  # fmt: skip
+    print("| batch | experts used | rows per used expert | MB read | kernel GB/s | mkl GB/s "
+          "| read floor GB/s | kernel / mkl | kernel / floor |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for B in args.batches:
+        counts = row_counts(B, E, args.top_k, g)
+        used = torch.nonzero(counts).flatten()
+        x = torch.randn(int(counts.sum()), D, generator=g)
+        want = mkl_chain(x, *banks[0], counts)
+        got = cpu_kernel.fused_experts(x, *banks[0], counts, "swiglu")
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+        def kernel(x=x, counts=counts):
+            for w_in, w_down in banks:
+                cpu_kernel.fused_experts(x, w_in, w_down, counts, "swiglu")
+
+        def mkl(x=x, counts=counts):
+            for w_in, w_down in banks:
+                mkl_chain(x, w_in, w_down, counts)
+
+        views = [w[e] for bank in banks for w in bank for e in used.tolist()]
+
+        def floor(views=views):
+            for w in views:
+                w.sum()
+
+        with torch.inference_mode():
+            t = interleaved_medians({"kernel": kernel, "mkl": mkl, "floor": floor}, args.repeats)
+        nbytes = len(used) * per_expert * args.layers
+        gbs = {k: nbytes / v / 1e9 for k, v in t.items()}
+        rows = counts[used].float().mean().item()
+        print(f"| {B} | {len(used)} | {rows:.1f} | {nbytes / 1e6:,.0f} | {gbs['kernel']:.1f} | "
+              f"{gbs['mkl']:.1f} | {gbs['floor']:.1f} | {t['mkl'] / t['kernel']:.2f}x | "
+              f"{gbs['kernel'] / gbs['floor']:.2f} |", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
