@@ -111,20 +111,28 @@ def test_tiled_experts_and_thread_counts_give_the_same_values(monkeypatch):
 
 
 @needs_kernel
-def test_decode_sized_float32_rows_equal_the_float64_reference():
-    """Experts with 1-8 rows take the kernel's own streaming projection, more rows MKL's GEMM:
-    counts 0..12 cross that line; D = 37 leaves a tail of the 4-row unrolling and W = 1060 a
-    tail of the 1024-column accumulator block."""
+@pytest.mark.parametrize("activation", sorted(cpu_kernel.ACTIVATIONS))
+def test_decode_sized_float32_rows_equal_the_float64_reference(activation):
+    """Experts with 1-8 rows take the kernel's own streaming projections, split over F, more
+    rows MKL's GEMM: counts 0..12 cross that line; D = 37 leaves a tail of the 4-row unrolling,
+    W = 1060 a tail of the 1024-column accumulator block and F = 531 an uneven split. The
+    gradients run through the projections the split items saved."""
     g = torch.Generator().manual_seed(3)
-    E, D, Fh = 13, 37, 530
+    E, D, Fh = 13, 37, 531
+    W = 2 * Fh if activation in ("swiglu", "geglu") else Fh
     counts = torch.arange(E)
-    x = torch.randn(int(counts.sum()), D, generator=g)
-    w_in = torch.randn(E, D, 2 * Fh, generator=g) / D**0.5
-    w_down = torch.randn(E, Fh, D, generator=g) / Fh**0.5
-    with torch.inference_mode():
-        got = cpu_kernel.fused_experts(x, w_in, w_down, counts, "swiglu")
-    want = expert_rows(x.double(), w_in.double(), w_down.double(), counts, "swiglu")
+    x = torch.randn(int(counts.sum()), D, generator=g, requires_grad=True)
+    w_in = (torch.randn(E, D, W, generator=g) / D**0.5).requires_grad_()
+    w_down = (torch.randn(E, Fh, D, generator=g) / Fh**0.5).requires_grad_()
+    got = cpu_kernel.fused_experts(x, w_in, w_down, counts, activation)
+    ref_in = [t.detach().double().requires_grad_() for t in (x, w_in, w_down)]
+    want = expert_rows(*ref_in, counts, activation)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    dy = torch.randn(got.shape, generator=g)
+    grads = torch.autograd.grad(got, (x, w_in, w_down), dy)
+    ref_grads = torch.autograd.grad(want, ref_in, dy.double())
+    for a, b in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
 
 
 @needs_kernel

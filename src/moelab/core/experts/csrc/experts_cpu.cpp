@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -32,12 +33,19 @@ at::Tensor activate(const at::Tensor& h, int64_t act, int64_t F) {
   return act_fn(h.narrow(1, 0, F), act).mul_(h.narrow(1, F, F));
 }
 
-// Decode-sized projections. For 1-8 rows MKL's sgemm runs at 40-60 % of one core's memory
-// bandwidth (benchmarks/layer_speed.py --small-rows), while these rows need every weight read
-// only once: stream the weight row by row, each row updating every output row's block of
-// accumulators while it is in L1. kColBlock columns keep 8 rows' accumulators at 32 KB.
+// Decode-sized experts. For 1-8 rows MKL's sgemm reads the weights at 25-55 % of the memory
+// bandwidth (benchmarks/decode_experts.py), though these rows need each weight read only once:
+// small_rows_mm streams the weight row by row, each row updating every output row's block of
+// accumulators while it is in L1 (kColBlock columns keep 8 rows' accumulators at 32 KB). Such
+// an expert is also split into kParts work items over its hidden width F, each computing its
+// share of the activation and that share's partial output, summed afterwards: at a decode step
+// a few experts take all the time, and whole experts leave a thread idle when their number is
+// odd. A row's sums run in one fixed order whatever rows share its expert, so a batched decode
+// gives the same rows as decoding each sequence alone (bit for bit on one build: the compiler
+// may fuse a multiply-add differently in another).
 constexpr int64_t kSmallRows = 8;
 constexpr int64_t kColBlock = 1024;
+constexpr int64_t kParts = 2;
 
 #if defined(__GNUC__) && defined(__x86_64__)
 #define MOELAB_CLONES __attribute__((target_clones("avx512f", "avx2,fma", "default")))
@@ -45,60 +53,62 @@ constexpr int64_t kColBlock = 1024;
 #define MOELAB_CLONES
 #endif
 
-// out[M, N] = x[M, K] · w[K, N], all row-major and contiguous, M ≤ kSmallRows.
-MOELAB_CLONES
-void small_rows_mm(const float* x, int64_t M, int64_t K, const float* w, int64_t N, float* out) {
-  alignas(64) float acc[kSmallRows][kColBlock];
+// out[M, N] = x[M, K] · w[K, N], row-major with row strides ldx, ldw, ldo. M is a template
+// argument so that the loop over rows unrolls inside the vectorised loop over columns: each
+// weight vector is loaded once for all M rows.
+template <int64_t M>
+MOELAB_CLONES void small_rows_mm_m(const float* x, int64_t ldx, int64_t K, const float* w,
+                                   int64_t ldw, int64_t N, float* out, int64_t ldo) {
+  alignas(64) float acc[M][kColBlock];
   for (int64_t j0 = 0; j0 < N; j0 += kColBlock) {
     const int64_t nb = std::min(kColBlock, N - j0);
     for (int64_t m = 0; m < M; ++m) std::fill_n(acc[m], nb, 0.f);
     int64_t k = 0;
     for (; k + 4 <= K; k += 4) {  // four weight rows per accumulator pass
-      const float* w0 = w + k * N + j0;
-      const float *w1 = w0 + N, *w2 = w1 + N, *w3 = w2 + N;
-      for (int64_t m = 0; m < M; ++m) {
-        const float* xm = x + m * K + k;
-        const float a0 = xm[0], a1 = xm[1], a2 = xm[2], a3 = xm[3];
-        float* __restrict o = acc[m];
-        for (int64_t j = 0; j < nb; ++j) o[j] += a0 * w0[j] + a1 * w1[j] + a2 * w2[j] + a3 * w3[j];
+      const float* __restrict w0 = w + k * ldw + j0;
+      const float *__restrict w1 = w0 + ldw, *__restrict w2 = w1 + ldw, *__restrict w3 = w2 + ldw;
+      float a[M][4];
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t q = 0; q < 4; ++q) a[m][q] = x[m * ldx + k + q];
+      for (int64_t j = 0; j < nb; ++j) {
+        const float v0 = w0[j], v1 = w1[j], v2 = w2[j], v3 = w3[j];
+        for (int64_t m = 0; m < M; ++m)
+          acc[m][j] += a[m][0] * v0 + a[m][1] * v1 + a[m][2] * v2 + a[m][3] * v3;
       }
     }
     for (; k < K; ++k) {
-      const float* w0 = w + k * N + j0;
+      const float* __restrict w0 = w + k * ldw + j0;
       for (int64_t m = 0; m < M; ++m) {
-        const float a0 = x[m * K + k];
-        float* __restrict o = acc[m];
-        for (int64_t j = 0; j < nb; ++j) o[j] += a0 * w0[j];
+        const float a0 = x[m * ldx + k];
+        for (int64_t j = 0; j < nb; ++j) acc[m][j] += a0 * w0[j];
       }
     }
-    for (int64_t m = 0; m < M; ++m) std::memcpy(out + m * N + j0, acc[m], nb * sizeof(float));
+    for (int64_t m = 0; m < M; ++m) std::memcpy(out + m * ldo + j0, acc[m], nb * sizeof(float));
   }
 }
 
-bool use_small_rows(const at::Tensor& out, const at::Tensor& a, const at::Tensor& w) {
-  return a.size(0) <= kSmallRows && a.scalar_type() == at::kFloat &&
-         w.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat && a.is_contiguous() &&
-         w.is_contiguous() && out.is_contiguous();
+template <int64_t... Ms>
+void small_rows_mm(std::integer_sequence<int64_t, Ms...>, int64_t M, const float* x,
+                   int64_t ldx, int64_t K, const float* w, int64_t ldw, int64_t N, float* out,
+                   int64_t ldo) {
+  TORCH_CHECK(M >= 1 && M <= kSmallRows, "small_rows_mm: ", M, " rows");
+  ((M == Ms + 1 ? small_rows_mm_m<Ms + 1>(x, ldx, K, w, ldw, N, out, ldo) : void()), ...);
 }
 
-// out = a · w; out [M, N] preallocated.
-void project_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& w) {
-  if (!use_small_rows(out, a, w)) {
-    at::mm_out(out, a, w);
-    return;
-  }
-  small_rows_mm(a.data_ptr<float>(), a.size(0), a.size(1), w.data_ptr<float>(), w.size(1),
-                out.data_ptr<float>());
+// out [M, N] (any row stride) = a [M, K] (contiguous) · w [K, N] with row stride ldw.
+void small_project(at::Tensor& out, const at::Tensor& a, const float* w, int64_t ldw) {
+  small_rows_mm(std::make_integer_sequence<int64_t, kSmallRows>(), a.size(0), a.data_ptr<float>(),
+                a.size(1), a.size(1), w, ldw, out.size(1), out.data_ptr<float>(), out.stride(0));
 }
 
-at::Tensor project(const at::Tensor& a, const at::Tensor& w) {
-  auto out = at::empty({a.size(0), w.size(1)}, a.options());
-  project_into(out, a, w);
-  return out;
+bool small_rows_apply(const at::Tensor& x, const at::Tensor& w_in, const at::Tensor& w_down) {
+  return x.scalar_type() == at::kFloat && w_in.scalar_type() == at::kFloat &&
+         w_down.scalar_type() == at::kFloat && w_in.is_contiguous() && w_down.is_contiguous();
 }
 
 struct Item {
   int64_t expert, begin, rows;
+  int64_t part = -1;  // a decode-sized expert's share of F (0..kParts-1), or -1: all of it
 };
 
 // Dynamic scheduling: each thread takes the next item (largest first) until none is left.
@@ -125,10 +135,16 @@ std::vector<int64_t> offsets(const std::vector<int64_t>& counts) {
   return start;
 }
 
-std::vector<Item> plan_items(const std::vector<int64_t>& counts, int64_t max_rows) {
+std::vector<Item> plan_items(const std::vector<int64_t>& counts, int64_t max_rows,
+                             bool split_small) {
   const auto start = offsets(counts);
   std::vector<Item> items;
   for (size_t e = 0; e < counts.size(); ++e) {
+    if (split_small && counts[e] > 0 && counts[e] <= kSmallRows) {
+      for (int64_t p = 0; p < kParts; ++p)
+        items.push_back({static_cast<int64_t>(e), start[e], counts[e], p});
+      continue;
+    }
     for (int64_t b = 0; b < counts[e]; b += max_rows) {
       items.push_back({static_cast<int64_t>(e), start[e] + b, std::min(max_rows, counts[e] - b)});
     }
@@ -219,23 +235,62 @@ std::vector<at::Tensor> experts_forward(const at::Tensor& x, const at::Tensor& w
   TORCH_CHECK(src.has_value() || x.size(0) == N, "x has ", x.size(0), " rows, counts sum to ", N);
   auto y = at::empty({n_out, w_down.size(2)}, x.options());
   auto h_all = save_h ? at::empty({N, w_in.size(2)}, x.options()) : at::Tensor();
-  run_items(plan_items(counts, max_rows), [&](const Item& it) {
+  const bool split = small_rows_apply(x, w_in, w_down);
+  const auto items = plan_items(counts, max_rows, split);
+  const int64_t D = w_in.size(1), W = w_in.size(2), Dout = w_down.size(2);
+  // the split experts' partial outputs, one [N, Dout] slab per part
+  const bool any_split =
+      std::any_of(items.begin(), items.end(), [](const Item& it) { return it.part >= 0; });
+  auto parts = any_split ? at::zeros({kParts, N, Dout}, x.options()) : at::Tensor();
+  run_items(items, [&](const Item& it) {
     const auto xe = rows_of(x, src, it.begin, it.rows);
+    if (it.part >= 0) {
+      const int64_t f0 = it.part * F / kParts, fw = (it.part + 1) * F / kParts - f0;
+      const float* wi = w_in.data_ptr<float>() + it.expert * D * W;
+      const float* wd = w_down.data_ptr<float>() + it.expert * F * Dout;
+      const auto xc = xe.contiguous();
+      at::Tensor gate, up;
+      if (save_h) {
+        const auto hb = h_all.narrow(0, it.begin, it.rows);
+        gate = hb.narrow(1, f0, fw);
+        if (gated(act)) up = hb.narrow(1, F + f0, fw);
+      } else {
+        const auto hb = at::empty({it.rows, gated(act) ? 2 * fw : fw}, x.options());
+        gate = hb.narrow(1, 0, fw);
+        if (gated(act)) up = hb.narrow(1, fw, fw);
+      }
+      small_project(gate, xc, wi + f0, W);
+      if (gated(act)) small_project(up, xc, wi + F + f0, W);
+      const auto a = (gated(act) ? act_fn(gate, act).mul_(up) : act_fn(gate, act)).contiguous();
+      auto part = parts[it.part].narrow(0, it.begin, it.rows);
+      small_project(part, a, wd + f0 * Dout, Dout);
+      return;
+    }
     at::Tensor h;
     if (save_h) {
       h = h_all.narrow(0, it.begin, it.rows);
-      project_into(h, xe, w_in[it.expert]);
+      at::mm_out(h, xe, w_in[it.expert]);
     } else {
-      h = project(xe, w_in[it.expert]);
+      h = at::mm(xe, w_in[it.expert]);
     }
     const auto a = activate(h, act, F);
     if (dst.has_value()) {
-      put_rows(y, *dst, it.begin, project(a, w_down[it.expert]));
+      put_rows(y, *dst, it.begin, at::mm(a, w_down[it.expert]));
     } else {
       auto ye = y.narrow(0, it.begin, it.rows);
-      project_into(ye, a, w_down[it.expert]);
+      at::mm_out(ye, a, w_down[it.expert]);
     }
   });
+  for (const auto& it : items) {  // sum the split experts' parts, once per expert
+    if (it.part != 0) continue;
+    auto sum = parts[0].narrow(0, it.begin, it.rows).clone();
+    for (int64_t p = 1; p < kParts; ++p) sum.add_(parts[p].narrow(0, it.begin, it.rows));
+    if (dst.has_value()) {
+      put_rows(y, *dst, it.begin, sum);
+    } else {
+      y.narrow(0, it.begin, it.rows).copy_(sum);
+    }
+  }
   return {y, h_all};
 }
 
