@@ -73,7 +73,7 @@ class Setting:
 
 SETTINGS = {
     "small": Setting((1, 4, 16, 64), 4, 32, 64, 33, 5),
-    "large": Setting((1, 4, 16, 64), 1, 8, 64, 9, 3),
+    "large": Setting((1, 4, 16, 64), 1, 8, 64, 17, 5),
 }
 
 
