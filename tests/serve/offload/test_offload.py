@@ -109,6 +109,23 @@ def test_zipmoe_plan_uses_both_tiers_and_belady_bounds_lru(setup):
     assert hits["belady"] >= hits["lru"]
 
 
+def test_waiting_for_loads_sleeps_instead_of_spinning(setup):
+    """While an expert's second tensor is still being read, the forward thread blocks: before,
+    a finished first tensor made every wait return at once, and the poll loop burnt a core
+    that the decode threads needed."""
+    model, root, _, _ = setup
+    om = load_offloaded(root / "zstd", cache_mb=total_mib(setup, 0.3), threads=2, storage_mbps=0.5)
+    x = torch.randint(0, 48, (1, 8))
+    cpu = time.thread_time()
+    with torch.no_grad():
+        assert torch.equal(om(x).logits, model(x).logits)
+    cpu = time.thread_time() - cpu
+    wait = offload_engine(om).snapshot().wait_s
+    offload_engine(om).close()
+    assert wait > 0.1
+    assert cpu < 0.3 * wait
+
+
 def test_dispatch_order_interleaves_type_one_and_two():
     def task(i, one):
         spec = {"chunks": [{}] * 5}

@@ -373,9 +373,9 @@ class OffloadEngine:
         while pending:
             t0 = time.perf_counter()
             done_e = [e for e, ld in pending.items() if all(f.done() for f in ld.futures.values())]
-            if not done_e:
+            if not done_e:  # wait on the unfinished ones: a finished one would return at once
                 wait(
-                    [f for ld in pending.values() for f in ld.futures.values()],
+                    [f for ld in pending.values() for f in ld.futures.values() if not f.done()],
                     return_when=FIRST_COMPLETED,
                 )
                 self.stats.wait_s += time.perf_counter() - t0
