@@ -2,12 +2,16 @@
 :class:`moelab.core.experts.ExpertBank` inside each :class:`moelab.core.layer.MoELayer` of an
 offloaded model.
 
-The computation mirrors the in-memory bank's CPU path (``grouped_mm`` backend ``loop``) step
-for step — one ``torch.mm`` per expert block into a preallocated ``[N, 2F]`` buffer, the
-activation on the whole buffer, one ``torch.mm`` per block for the down projection — on
-bit-identical weights, so outputs are bit-identical to the all-in-memory model. Experts are
-multiplied as soon as their weights are ready, overlapping the matmuls with the loads still
-in flight.
+The computation is the in-memory bank's on bit-identical weights, so outputs are bit-identical
+to the all-in-memory model. Where the fused CPU kernel runs (:mod:`moelab.core.experts.
+cpu_kernel`), each expert's rows go through it as one single-expert call: the kernel computes a
+decode-sized expert (1-8 rows) independently of the other experts. (A larger fp32 expert goes
+to MKL, which runs single-threaded inside the in-memory call and multi-threaded here, and may
+then differ in the last bit.) Elsewhere the PyTorch loop
+(``grouped_mm`` backend ``loop``) step for step — one ``torch.mm`` per expert block into a
+preallocated ``[N, 2F]`` buffer, the activation on the whole buffer, one ``torch.mm`` per block
+for the down projection. Experts are multiplied as soon as their weights are ready, overlapping
+the matmuls with the loads still in flight.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from moelab.core.config import GATED_ACTIVATIONS, ExpertsConfig
+from moelab.core.experts import cpu_kernel
 from moelab.core.experts.bank import ExpertBank
 from moelab.errors import InvalidValueError
 from moelab.serve.offload.engine import OffloadEngine
@@ -52,6 +57,8 @@ class OffloadedExpertBank(nn.Module):
         starts = [0]
         for n in c:
             starts.append(starts[-1] + n)
+        if cpu_kernel.supports(x_ND, self.config.activation):
+            return self._fused(x_ND, c, starts)
         h = x_ND.new_empty(x_ND.shape[0], self.width)
         down: dict[int, Tensor] = {}
         for e, w in self.engine.fetch(self.layer, c):
@@ -64,4 +71,15 @@ class OffloadedExpertBank(nn.Module):
         for e in sorted(down):
             rows = slice(starts[e], starts[e + 1])
             torch.mm(a[rows], down[e], out=y[rows])
+        return y
+
+    def _fused(self, x_ND: Tensor, c: list[int], starts: list[int]) -> Tensor:
+        y = x_ND.new_empty(x_ND.shape[0], self.config.hidden_size)
+        for e, w in self.engine.fetch(self.layer, c):
+            rows = slice(starts[e], starts[e + 1])
+            w_in, w_down = w[self.first].to(x_ND.device)[None], w["w_down"].to(x_ND.device)[None]
+            one = torch.tensor([c[e]])
+            y[rows] = cpu_kernel.fused_experts(
+                x_ND[rows], w_in, w_down, one, self.config.activation
+            )
         return y
