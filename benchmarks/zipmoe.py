@@ -7,7 +7,8 @@ For every ``--run`` (cast to bf16):
    stream coded in 5 independent chunks with zstd (level 1, the authors' default) and with
    ANS (``constriction``), against the order-0 entropy bound ``N·H/8``; totals as % of bf16.
 2. **Decoding speed** (greedy, batch 1, time per output token after the first, prefill
-   excluded) at expert-cache budgets of 25/50/75 % of the expert bytes, real file reads (page
+   excluded; the hit rates and bytes read per token count the same decode steps) at
+   expert-cache budgets of 25/50/75 % of the expert bytes, real file reads (page
    cache warm) and with the storage bandwidth cap emulated (``--storage-mbps``):
    - *in memory*: all experts resident (upper bound);
    - *naive offload*: uncompressed store, LRU, every miss read and converted on the forward
@@ -86,13 +87,18 @@ def text_ids(tokenizer, corpus: str, n: int, skip: int = 0) -> torch.Tensor:
     return ids[skip : skip + n]
 
 
-def timed_generation(model, prompt: list[int], tokens: int) -> tuple[list[int], float]:
-    """(tokens, seconds per output token after the first)."""
-    stamps, out = [], []
+def timed_generation(model, prompt: list[int], tokens: int, snapshot=None):
+    """(tokens, seconds per output token after the first, (statistics at the first token, at
+    the end) from ``snapshot()``, or None): the differences are the decode steps' own reads
+    and hits, the prefill's left out as in the timing."""
+    stamps, out, first = [], [], None
     for t in generate_ids(model, list(prompt), max_new_tokens=tokens, temperature=0):
         stamps.append(time.perf_counter())
         out.append(t)
-    return out, (stamps[-1] - stamps[0]) / max(len(stamps) - 1, 1)
+        if snapshot is not None and first is None:
+            first = snapshot()
+    per_token = (stamps[-1] - stamps[0]) / max(len(stamps) - 1, 1)
+    return out, per_token, (first, snapshot()) if snapshot is not None else None
 
 
 def build_store(model, folder: Path, codec: str, trace) -> None:
@@ -140,7 +146,7 @@ def bench_run(run: Path, args) -> None:
     build_store(model, work / f"{name}-raw", "raw", trace)
     build_store(model, work / f"{name}-zstd", "zstd", trace)
     prompt = text_ids(tokenizer, "kjv", args.prompt_tokens).tolist()
-    ref, _ = timed_generation(model, prompt, args.tokens)
+    ref, _, _ = timed_generation(model, prompt, args.tokens)
     future = record_requests(model, lambda: timed_generation(model, prompt, args.tokens))
     print("\n(3) hit rate on the recorded decode requests (simulation, single tier)")
     print("| budget | slots/layer | LRU | LFU | FIFO | token-LFU | Belady |")
@@ -169,7 +175,7 @@ def bench_run(run: Path, args) -> None:
         for cfg in order:
             system, pct, cap = cfg
             if system == "in memory":
-                out, s = timed_generation(model, prompt, args.tokens)
+                out, s, _ = timed_generation(model, prompt, args.tokens)
             else:
                 cache_mb = pct / 100 * expert_total / MIB
                 kw = dict(cache_mb=cache_mb, storage_mbps=cap, verify="off")
@@ -184,13 +190,13 @@ def bench_run(run: Path, args) -> None:
                         work / f"{name}-zstd", policy="zipmoe", threads=args.threads, **kw
                     )
                 eng = offload_engine(m)
-                out, s = timed_generation(m, prompt, args.tokens)
-                st = eng.snapshot()
+                out, s, (a, b) = timed_generation(m, prompt, args.tokens, eng.snapshot)
+                requests = max(b.requests - a.requests, 1)
                 plan = eng.plan
                 stats[cfg] = dict(
-                    hit_full=st.hits_full / max(st.requests, 1),
-                    hit_sm=st.hits_sm / max(st.requests, 1),
-                    mb_per_token=st.bytes_read / 1e6 / (len(out) + 1),
+                    hit_full=(b.hits_full - a.hits_full) / requests,
+                    hit_sm=(b.hits_sm - a.hits_sm) / requests,
+                    mb_per_token=(b.bytes_read - a.bytes_read) / 1e6 / max(len(out) - 1, 1),
                     plan=f"{plan.n_full}F+{plan.n_sm}SM"
                     if plan is not None and plan.kind == "two_tier"
                     else "",

@@ -78,9 +78,12 @@ def test_offloaded_generation_equals_in_memory(setup, store, policy, threads, pr
         generate_ids(model, prompt, max_new_tokens=8, seed=3)
     )
     x = torch.randint(0, 48, (3, 12))
+    before = offload_engine(om).snapshot()
+    requests = before.requests
     with torch.no_grad():
         assert torch.equal(om(x).logits, model(x).logits)
     s = offload_engine(om).snapshot()
+    assert before.requests == requests < s.requests  # a snapshot is a copy
     assert s.requests == s.hits_full + s.hits_sm + s.misses
     assert s.misses > 0 and s.bytes_read > 0
     if prefetch:

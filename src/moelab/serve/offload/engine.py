@@ -28,7 +28,7 @@ import math
 import time
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -265,13 +265,14 @@ class OffloadEngine:
         self._base = (self.pack.bytes_read, self.pack.read_s)
 
     def snapshot(self) -> OffloadStats:
-        """The counters so far, with bytes read and read seconds from the pack."""
+        """A copy of the counters so far, with bytes read and read seconds from the pack (a
+        copy, so that two snapshots can be subtracted)."""
         s = self.stats
         s.bytes_read = self.pack.bytes_read - self._base[0]
         s.read_s = self.pack.read_s - self._base[1]
         s.decode_s = self.scheduler.stats.decode_s
         s.merge_s = self.scheduler.stats.merge_s
-        return s
+        return replace(s)
 
     # ------------------------------------------------------------------------ loading
     def _verify(self, key: tuple[int, int, str]) -> bool:
