@@ -80,10 +80,11 @@ def test_specialization_gradient_reaches_experts_only_when_on():
     assert layer.experts.w_gate_up.grad.abs().sum() > 0
     off = _layer(spec=False)
     assert "specialization" not in off(torch.randn(3, 4, 8)).aux_losses
-    # the default path returns the same outputs as the loss path
+    # the default path returns the outputs of the loss path (which needs the activations, so
+    # it runs the PyTorch loop, not the fused kernel: equal up to float32 rounding)
     off.load_state_dict(layer.state_dict())
     x = torch.randn(2, 3, 8)
-    torch.testing.assert_close(off(x).hidden_states, layer(x).hidden_states, rtol=0, atol=0)
+    torch.testing.assert_close(off(x).hidden_states, layer(x).hidden_states, rtol=1e-6, atol=1e-6)
 
 
 def _plan(probs, k):

@@ -5,7 +5,7 @@ offloaded model.
 The computation is the in-memory bank's on bit-identical weights, so outputs are bit-identical
 to the all-in-memory model. Where the fused CPU kernel runs (:mod:`moelab.core.experts.
 cpu_kernel`), each expert's rows go through it as one single-expert call: the kernel computes a
-decode-sized expert (1-8 rows) independently of the other experts. (A larger fp32 expert goes
+decode-sized fp32 expert (1-8 rows) independently of the other experts. (A larger expert goes
 to MKL, which runs single-threaded inside the in-memory call and multi-threaded here, and may
 then differ in the last bit.) Elsewhere the PyTorch loop
 (``grouped_mm`` backend ``loop``) step for step — one ``torch.mm`` per expert block into a
