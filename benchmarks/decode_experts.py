@@ -59,6 +59,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
+    if min(args.batches) < 1 or not 1 <= args.top_k <= args.experts:
+        ap.error("--batches must be >= 1 and --top-k in [1, --experts]")
     if cpu_kernel.kernel() is None:
         sys.exit("error: the fused CPU expert kernel is not available here")
     if args.threads:
