@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from moelab.errors import InvalidValueError
-from moelab.models import MoETransformer
+from moelab.models import ModelConfig, MoETransformer
 from moelab.models.block_diffusion import (
     PrefixKV,
     block_causal_mask,
@@ -188,6 +188,28 @@ class DecodedBlock:
     expert_counts: list[list[int]] | None
 
 
+def check_prompt(cfg: ModelConfig, prompt_ids: list[int]) -> None:
+    """Refuse a prompt a block-diffusion model cannot continue: empty, an id outside
+    ``[0, mask_token_id)`` (the mask token included), or so long that no whole block of the
+    context is left to decode.
+
+    Raises:
+        ValueError: naming the reason.
+    """
+    if not prompt_ids:
+        raise InvalidValueError("prompt: must encode to at least one token")
+    if cfg.mask_token_id in prompt_ids:
+        raise InvalidValueError(f"prompt: token id {cfg.mask_token_id} is the mask token")
+    if min(prompt_ids) < 0 or max(prompt_ids) >= cfg.mask_token_id:
+        raise InvalidValueError(f"prompt: ids must be in [0, {cfg.mask_token_id})")
+    room = cfg.max_seq_len // cfg.block_size * cfg.block_size
+    if len(prompt_ids) >= room:
+        raise InvalidValueError(
+            f"prompt: {len(prompt_ids)} tokens leave no block to decode in the context of "
+            f"{cfg.max_seq_len} (blocks of {cfg.block_size})"
+        )
+
+
 class BlockDecoder:
     """Block-by-block decoding of one sequence (what :func:`diffusion_generate` loops over and
     the serving engine interleaves between sequences).
@@ -226,12 +248,9 @@ class BlockDecoder:
     ) -> None:
         check_diffusion_model(model)
         cfg = model.cfg
-        if not prompt_ids:
-            raise InvalidValueError("prompt: must encode to at least one token")
+        check_prompt(cfg, prompt_ids)
         if max_new_tokens < 1:
             raise InvalidValueError(f"max_new_tokens: must be >= 1, got {max_new_tokens}")
-        if min(prompt_ids) < 0 or max(prompt_ids) >= cfg.mask_token_id:
-            raise InvalidValueError(f"prompt: ids must be in [0, {cfg.mask_token_id})")
         self.moe_blocks = [blk for blk in model.blocks if blk.is_moe]
         for blk in self.moe_blocks:
             check_team_router(blk)
@@ -244,10 +263,6 @@ class BlockDecoder:
         b, P0 = cfg.block_size, len(prompt_ids)
         self.P0, self.end = P0, min(P0 + max_new_tokens, cfg.max_seq_len)
         self.n_blocks = min(-(-self.end // b), cfg.max_seq_len // b)
-        if self.n_blocks * b <= P0:
-            raise InvalidValueError(
-                f"prompt: {P0} tokens leave no room in max_seq_len={cfg.max_seq_len}"
-            )
         self.device = model.embed.weight.device
         self.x = torch.full(
             (self.n_blocks * b,), cfg.mask_token_id, dtype=torch.long, device=self.device

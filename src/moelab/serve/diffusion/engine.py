@@ -19,10 +19,14 @@ the experts of its position in the forward that accepted it.
 
 from __future__ import annotations
 
-from moelab.errors import InvalidValueError
 from moelab.models import MoETransformer
 from moelab.models.block_diffusion import check_diffusion_model
-from moelab.serve.diffusion.decode import BlockDecoder, DecodeOptions, sampling_picker
+from moelab.serve.diffusion.decode import (
+    BlockDecoder,
+    DecodeOptions,
+    check_prompt,
+    sampling_picker,
+)
 from moelab.serve.diffusion.experts import check_team_router
 from moelab.serve.engine import Engine, Sequence
 
@@ -58,15 +62,7 @@ class DiffusionEngine(Engine):
     def submit(self, prompt_ids, params, sink=None) -> Sequence:
         """As :meth:`Engine.submit`; the mask token is not a prompt token either, and the
         prompt must end before the context's last whole block."""
-        cfg = self.model.cfg
-        if cfg.mask_token_id in prompt_ids:
-            raise InvalidValueError(f"prompt: token id {cfg.mask_token_id} is the mask token")
-        room = cfg.max_seq_len // cfg.block_size * cfg.block_size
-        if len(prompt_ids) >= room:
-            raise InvalidValueError(
-                f"prompt: {len(prompt_ids)} tokens leave no block to decode in the context of "
-                f"{cfg.max_seq_len} (blocks of {cfg.block_size})"
-            )
+        check_prompt(self.model.cfg, prompt_ids)
         return super().submit(prompt_ids, params, sink)
 
     def _prefill(self, batch: list[Sequence]) -> None:
