@@ -77,9 +77,11 @@ class OffloadedExpertBank(nn.Module):
         y = x_ND.new_empty(x_ND.shape[0], self.config.hidden_size)
         for e, w in self.engine.fetch(self.layer, c):
             rows = slice(starts[e], starts[e + 1])
-            w_in, w_down = w[self.first].to(x_ND.device)[None], w["w_down"].to(x_ND.device)[None]
-            one = torch.tensor([c[e]])
-            y[rows] = cpu_kernel.fused_experts(
-                x_ND[rows], w_in, w_down, one, self.config.activation
+            y[rows] = cpu_kernel.fused_experts(  # CPU only, like the store's weights
+                x_ND[rows],
+                w[self.first][None],
+                w["w_down"][None],
+                torch.tensor([c[e]]),
+                self.config.activation,
             )
         return y

@@ -238,10 +238,11 @@ std::vector<at::Tensor> experts_forward(const at::Tensor& x, const at::Tensor& w
   const bool split = small_rows_apply(x, w_in, w_down);
   const auto items = plan_items(counts, max_rows, split);
   const int64_t D = w_in.size(1), W = w_in.size(2), Dout = w_down.size(2);
-  // the split experts' partial outputs, one [N, Dout] slab per part
+  // the split experts' partial outputs, one [N, Dout] slab per part (every row a split item
+  // owns is written; the others are never read)
   const bool any_split =
       std::any_of(items.begin(), items.end(), [](const Item& it) { return it.part >= 0; });
-  auto parts = any_split ? at::zeros({kParts, N, Dout}, x.options()) : at::Tensor();
+  auto parts = any_split ? at::empty({kParts, N, Dout}, x.options()) : at::Tensor();
   run_items(items, [&](const Item& it) {
     const auto xe = rows_of(x, src, it.begin, it.rows);
     if (it.part >= 0) {
