@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from _pool import run_jobs
 from moelab.compress import (
     RunData,
     calibration_set,
@@ -167,7 +168,6 @@ def _mean_sd(xs: list[float]) -> str:
 
 def bench_run(run: Path, args, seeds: list[int]) -> list[dict]:
     """Every setting of one run for the calibration ``seeds`` (rows of the table)."""
-    torch.set_num_threads(args.threads)
     model = load_model(run).eval()
     tok = load_tokenizer(run)
     cfg = run_train_config(run)
@@ -291,23 +291,15 @@ def main() -> None:
         "--threads", type=int, default=1, help="torch threads (1 is far faster on a busy box)"
     )
     args = p.parse_args()
-    torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     rows = []
     if args.merge:
         for f in args.merge:
             rows += json.loads(f.read_text())
     else:
-        tasks = [(run, args, [seed]) for run in args.runs for seed in args.seeds]
-        if args.jobs > 1:
-            import multiprocessing as mp
-
-            with mp.get_context("spawn").Pool(args.jobs) as pool:
-                for part in pool.starmap(bench_run, tasks):
-                    rows += part
-        else:
-            for task in tasks:
-                rows += bench_run(*task)
+        tasks = [(bench_run, (run, args, [seed])) for run in args.runs for seed in args.seeds]
+        for part in run_jobs(tasks, args.jobs, args.threads):
+            rows += part
     if args.save is not None:
         args.save.write_text(json.dumps(rows, indent=1))
     print_table(rows, args)

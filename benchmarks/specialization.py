@@ -22,11 +22,9 @@ Usage::
 
     python benchmarks/specialization.py                          # sweep + 2 settings × 4 arms × 3 seeds
     python benchmarks/specialization.py --steps 200 --seeds 1 --sweep 0.01   # quick look
-    # the same split over two processes (one core each), then one table:
-    python benchmarks/specialization.py --sweep-only --threads 1
-    python benchmarks/specialization.py --lambdas 1e-3 1e-2 --settings plain --json a.json &
-    python benchmarks/specialization.py --lambdas 1e-3 1e-2 --settings shared --json b.json
-    python benchmarks/specialization.py --merge a.json b.json
+
+The training runs go to ``--workers`` processes of ``--threads`` torch threads each; the sweep's
+run at the chosen λ is reused as that arm's seed-0 run (same config, seed and data order).
 """
 
 from __future__ import annotations
@@ -40,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from _pool import run_jobs
 from moelab.analysis import confidence_stats, expert_redundancy, transitions
 from moelab.core.config import ExpertsConfig, LossConfig, MoEConfig, RouterConfig
 from moelab.core.layer import MoELayer
@@ -148,11 +147,13 @@ def run_arm(root: Path, name: str, losses: LossConfig, shared: bool, seed: int, 
         root
         / f"{name.replace(' ', '_')}-{shared}-{seed}-{losses.specialization_coeff}-{losses.cross_layer_coeff}"
     )
+    t0 = time.time()
     train(model_config(losses, shared), tcfg, run, progress=False)
     model = load_model(run)
     _, _, val = prepare_data(tcfg, load_tokenizer(run))
     ev = evaluate(model, val, seq_len=SEQ_LEN, batch_size=16, max_tokens=args.eval_tokens)
     m = routing_metrics(model, val, SEQ_LEN, min(args.eval_tokens, 4096))
+    print(f"{run.name}: {time.time() - t0:.0f} s", flush=True)
     return {"bpb": ev.overall.bits_per_byte, "loss": ev.overall.loss, **m}
 
 
@@ -162,7 +163,8 @@ def mean_sd(values: list[float]) -> str:
     return f"{m:.4f}±{sd:.4f}"
 
 
-SETTINGS = {"plain": False, "shared": True}
+SETTINGS = {"E=16 k=4": False, "E=16 k=4 + shared": True}
+SWEPT = {"spec": "LB + spec", "cross": "LB + cross (Eq. 7)"}
 
 
 def print_table(table: dict, steps: int, seeds: int, chosen: dict) -> None:
@@ -183,48 +185,57 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--sweep", type=float, nargs="+", default=[1e-3, 1e-2, 1e-1])
     ap.add_argument("--eval-tokens", type=int, default=8192, help="validation tokens/domain")
-    ap.add_argument("--threads", type=int, default=2, help="torch threads")
+    ap.add_argument("--workers", type=int, default=2, help="training runs in parallel processes")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     ap.add_argument("--lambdas", type=float, nargs=2, metavar=("SPEC", "CROSS"),
                     help="skip the sweep and use these coefficients")  # fmt: skip
-    ap.add_argument("--sweep-only", action="store_true", help="run the sweep and stop")
-    ap.add_argument("--sweep-losses", nargs="+", default=["spec", "cross"],
-                    choices=["spec", "cross"], help="with --sweep-only: which sweeps to run")  # fmt: skip
-    ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS),
-                    help="run only these settings (split a run over processes)")  # fmt: skip
     ap.add_argument("--json", type=Path, help="also write the table cells here")
-    ap.add_argument("--merge", nargs="+", type=Path, help="print the table of saved --json files")
     args = ap.parse_args()
-    if args.merge:
-        parts = [json.loads(f.read_text()) for f in args.merge]
-        table = {k: v for part in parts for k, v in part["table"].items()}
-        print_table(table, parts[0]["steps"], parts[0]["seeds"], parts[0]["lambdas"])
-        return
-    torch.set_num_threads(args.threads)
     t0 = time.time()
     root = Path(tempfile.mkdtemp(prefix="spec-bench-"))
+    done: dict[str, dict] = {}  # a sweep run is also its arm's seed-0 run: train it once
+
+    def key(losses: LossConfig, shared: bool, seed: int) -> str:
+        return f"{losses!r}|{shared}|{seed}"
+
     # λ per loss: the single-loss arm's lowest validation loss on seed 0, E=16 k=4 setting
     chosen = dict(zip(("spec", "cross"), args.lambdas, strict=True)) if args.lambdas else {}
-    for loss in () if args.lambdas else args.sweep_losses if args.sweep_only else ("spec", "cross"):
-        scores = {}
-        for lam in args.sweep:
-            losses = arms(lam, lam)["LB + spec" if loss == "spec" else "LB + cross (Eq. 7)"]
-            scores[lam] = run_arm(root, f"sweep-{loss}", losses, False, 0, args)["loss"]
-        chosen[loss] = min(scores, key=scores.get)
-        print(f"sweep {loss}: " + ", ".join(f"λ={k:g}: {v:.4f}" for k, v in scores.items())
-              + f" -> λ={chosen[loss]:g}", flush=True)  # fmt: skip
-    if args.sweep_only:
-        return
+    if not args.lambdas:
+        sweep = [(loss, lam, arms(lam, lam)[SWEPT[loss]]) for loss in SWEPT for lam in args.sweep]
+        rows = run_jobs(
+            [(run_arm, (root, f"sweep-{loss}", cfg, False, 0, args)) for loss, lam, cfg in sweep],
+            args.workers, args.threads,
+        )  # fmt: skip
+        scores: dict[str, dict[float, float]] = {loss: {} for loss in SWEPT}
+        for (loss, lam, cfg), row in zip(sweep, rows, strict=True):
+            done[key(cfg, False, 0)] = row
+            scores[loss][lam] = row["loss"]
+        for loss in SWEPT:
+            chosen[loss] = min(scores[loss], key=scores[loss].get)
+            print(f"sweep {loss}: " + ", ".join(f"λ={k:g}: {v:.4f}" for k, v in scores[loss].items())
+                  + f" -> λ={chosen[loss]:g}", flush=True)  # fmt: skip
+    cells = [
+        (setting, name, losses, shared, seed)
+        for setting, shared in SETTINGS.items()
+        for name, losses in arms(chosen["spec"], chosen["cross"]).items()
+        for seed in range(args.seeds)
+    ]
+    # the loss arms are the slow ones: start them first
+    todo = sorted(
+        (c for c in cells if key(c[2], c[3], c[4]) not in done),
+        key=lambda c: -(c[2].specialization + c[2].cross_layer),
+    )
+    rows = run_jobs(
+        [(run_arm, (root, name, losses, shared, seed, args)) for _, name, losses, shared, seed in todo],
+        args.workers, args.threads,
+    )  # fmt: skip
+    for (_, _, losses, shared, seed), row in zip(todo, rows, strict=True):
+        done[key(losses, shared, seed)] = row
     table: dict[str, dict[str, list[float]]] = {}
-    for name_s in args.settings:
-        shared = SETTINGS[name_s]
-        setting = "E=16 k=4 + shared" if shared else "E=16 k=4"
-        for name, losses in arms(chosen["spec"], chosen["cross"]).items():
-            for seed in range(args.seeds):
-                row = run_arm(root, name, losses, shared, seed, args)
-                cell = table.setdefault(f"{setting} / {name}", {})
-                for key, v in row.items():
-                    cell.setdefault(key, []).append(v)
-            print(f"{setting} / {name}: done at {time.time() - t0:.0f} s", flush=True)
+    for setting, name, losses, shared, seed in cells:
+        cell = table.setdefault(f"{setting} / {name}", {})
+        for k, v in done[key(losses, shared, seed)].items():
+            cell.setdefault(k, []).append(v)
     if args.json is not None:
         args.json.write_text(json.dumps(
             {"steps": args.steps, "seeds": args.seeds, "lambdas": chosen, "table": table}

@@ -17,16 +17,18 @@ loss flattens (the curve is printed). Then:
     ranked per time position across the evaluation batch (``position``, the authors' training
     code) and USMoE over the causal prefix, at 100 % and 86 %.
 (c) training-based: USMoE as released (position scope, unified score, **no** balancing loss)
-    trained from scratch with the same recipe, at 100 % and 86 % of the pairs, against the
-    TC + balancing backbone at equal steps.
+    trained from scratch with the same recipe, at equal pairs (100 %; ``--released-budgets``
+    adds others), against the TC + balancing backbone at equal steps.
 
 Claim (paper): up to 10 % better, or 14 % fewer pairs at competitive accuracy. Every number is
 mean ± sd over ``--seeds`` seeds (seed = model init and data order).
 
 Usage::
 
-    python benchmarks/usmoe.py                         # 3 seeds, 1200 steps (~50 min on 2 cores)
+    python benchmarks/usmoe.py                         # 3 seeds, 2400 steps, 2 workers
     python benchmarks/usmoe.py --seeds 1 --steps 200   # a quick look
+
+The training runs go to ``--workers`` processes of ``--threads`` torch threads each.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from pathlib import Path
 
 import torch
 
+from _pool import run_jobs
 from moelab.core.config import ExpertsConfig, LossConfig, MoEConfig, RouterConfig
 from moelab.data import load_corpus, load_tokenizer
 from moelab.models import ModelConfig, MoETransformer, load_model, with_router
@@ -169,63 +172,77 @@ def fmt(values: list[float], scale: float = 1.0) -> str:
     return f"{m:.4f} ± {sd:.4f}" if scale == 1.0 else f"{m:.1f} ± {sd:.1f}"
 
 
+def backbone_job(root: Path, seed: int, args: argparse.Namespace) -> dict:
+    """Train seed ``seed``'s TC backbone, then score it in (a), (b) and (c)."""
+    t0 = time.time()
+    res: dict = {"a": {}, "b": {}, "c": {}}
+    run = root / f"tc{seed}"
+    train(backbone(args.shared_expert), train_cfg(seed, args.steps), run, progress=False)
+    res["curve"] = val_curve(run)
+    model = load_model(run)
+    _, _, val = prepare_data(train_cfg(seed, args.steps), load_tokenizer(run))
+    print(f"seed {seed}: backbone trained in {time.time() - t0:.0f} s", flush=True)
+    ids, labels, tasks = windows(seed, args.windows_per_class)
+    for name, make in rules("sequence").items():
+        for f in BUDGETS:
+            hs, rw = embed(with_router(model, make(f)), ids)
+            for task in sorted(set(tasks)):
+                keep = [i for i, t in enumerate(tasks) if t == task]
+                lab = [labels[i] for i in keep]
+                for kind, feats in (("HS", hs), ("RW", rw)):
+                    key = f"{task} {kind} | {name} @{int(f * 100)}%"
+                    res["a"][key] = accuracy(feats[keep], lab, seed)
+    for name, make in rules("position").items():
+        for f in BUDGETS:
+            res["b"][f"{name} @{int(f * 100)}%"] = bits_per_byte(
+                with_router(model, make(f)), val, args.eval_tokens
+            )
+    res["c"]["TC + balancing (backbone)"] = bits_per_byte(model, val, args.eval_tokens)
+    print(f"seed {seed}: backbone scored in {time.time() - t0:.0f} s", flush=True)
+    return res
+
+
+def released_job(root: Path, seed: int, f: float, args: argparse.Namespace) -> dict:
+    """(c): train USMoE as released (position scope, no balancing loss) at budget ``f``."""
+    t0 = time.time()
+    router = RouterConfig(
+        num_experts=32, top_k=4, kind="usmoe", budget_fraction=f,
+        selection_scope="position", usmoe_weight_norm="none",
+    )  # fmt: skip
+    run = root / f"usmoe{seed}-{int(f * 100)}"
+    cfg = backbone(args.shared_expert, router, balance="none")
+    train(cfg, train_cfg(seed, args.steps), run, progress=False)
+    _, _, val = prepare_data(train_cfg(seed, args.steps), load_tokenizer(run))
+    bpb = bits_per_byte(load_model(run), val, args.eval_tokens)
+    print(f"seed {seed}: USMoE @{int(f * 100)}% trained in {time.time() - t0:.0f} s", flush=True)
+    return {"c": {f"USMoE as released @{int(f * 100)}% (no balancing)": bpb}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=1200)
+    ap.add_argument("--steps", type=int, default=2400)
     ap.add_argument("--shared-expert", action="store_true", help="backbone with a shared expert")
     ap.add_argument("--eval-tokens", type=int, default=16384, help="validation tokens per domain")
     ap.add_argument("--windows-per-class", type=int, default=16, help="part (a) windows per source")
-    ap.add_argument("--skip-training-based", action="store_true", help="omit part (c)")
+    ap.add_argument("--released-budgets", type=float, nargs="*", default=[1.0],
+                    help="part (c): pair budgets of the trained USMoE runs (none: omit (c))")  # fmt: skip
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--threads", type=int, default=2, help="torch threads")
+    ap.add_argument("--workers", type=int, default=2, help="training runs in parallel processes")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
     t0 = time.time()
     root = Path(tempfile.mkdtemp(prefix="usmoe-bench-"))
+    jobs = [(backbone_job, (root, seed, args)) for seed in range(args.seeds)]
+    jobs += [(released_job, (root, seed, f, args))
+             for seed in range(args.seeds) for f in args.released_budgets]  # fmt: skip
+    parts = run_jobs(jobs, args.workers, args.threads)
     res: dict[str, dict[str, list[float]]] = {"a": {}, "b": {}, "c": {}}
-    curves = []
-    for seed in range(args.seeds):
-        run = root / f"tc{seed}"
-        train(backbone(args.shared_expert), train_cfg(seed, args.steps), run, progress=False)
-        curves.append(val_curve(run))
-        model = load_model(run)
-        _, _, val = prepare_data(train_cfg(seed, args.steps), load_tokenizer(run))
-        print(f"seed {seed}: backbone trained at {time.time() - t0:.0f} s", flush=True)
-        ids, labels, tasks = windows(seed, args.windows_per_class)
-        for name, make in rules("sequence").items():
-            for f in BUDGETS:
-                hs, rw = embed(with_router(model, make(f)), ids)
-                for task in sorted(set(tasks)):
-                    keep = [i for i, t in enumerate(tasks) if t == task]
-                    lab = [labels[i] for i in keep]
-                    for kind, feats in (("HS", hs), ("RW", rw)):
-                        key = f"{task} {kind} | {name} @{int(f * 100)}%"
-                        res["a"].setdefault(key, []).append(accuracy(feats[keep], lab, seed))
-        print(f"seed {seed}: (a) done at {time.time() - t0:.0f} s", flush=True)
-        for name, make in rules("position").items():
-            for f in BUDGETS:
-                key = f"{name} @{int(f * 100)}%"
-                res["b"].setdefault(key, []).append(
-                    bits_per_byte(with_router(model, make(f)), val, args.eval_tokens)
-                )
-        if not args.skip_training_based:
-            res["c"].setdefault("TC + balancing (backbone)", []).append(
-                bits_per_byte(model, val, args.eval_tokens)
-            )
-            for f in BUDGETS:
-                router = RouterConfig(
-                    num_experts=32, top_k=4, kind="usmoe", budget_fraction=f,
-                    selection_scope="position", usmoe_weight_norm="none",
-                )  # fmt: skip
-                urun = root / f"usmoe{seed}-{int(f * 100)}"
-                cfg = backbone(args.shared_expert, router, balance="none")
-                train(cfg, train_cfg(seed, args.steps), urun, progress=False)
-                key = f"USMoE as released @{int(f * 100)}% (no balancing)"
-                res["c"].setdefault(key, []).append(
-                    bits_per_byte(load_model(urun), val, args.eval_tokens)
-                )
-        print(f"seed {seed} done at {time.time() - t0:.0f} s", flush=True)
+    for part in parts:  # seed order within each kind of job
+        for section in res:
+            for key, v in part.get(section, {}).items():
+                res[section].setdefault(key, []).append(v)
+    curves = [part["curve"] for part in parts if "curve" in part]
 
     n = args.seeds
     print(
@@ -234,7 +251,8 @@ def main() -> None:
         f"{n} seed(s), mean ± sd"
     )
     for seed, c in enumerate(curves):
-        print(f"  validation bits/byte curve, seed {seed}: " + " ".join(f"{v:.3f}" for v in c))
+        print(f"  validation bits/byte curve, seed {seed}: " + " ".join(f"{v:.3f}" for v in c)
+              + f"  (last interval: {c[-1] - c[-2]:+.3f})")  # fmt: skip
     print("\n(a) training-free, non-causal (per-window ranking): source classification accuracy %")
     for key, vals in res["a"].items():
         print(f"  {key:<62} {fmt(vals, 100.0)}")
