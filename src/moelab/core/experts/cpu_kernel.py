@@ -11,8 +11,9 @@ single-threaded GEMMs while the rows are still in its cache. This is the CPU MoE
 llama.cpp and of Intel's fused-MoE kernels. A decode-sized float32 expert (1-8 rows) skips
 MKL, whose GEMM reads the weights at a fraction of the memory bandwidth at so few rows: the
 kernel streams each weight once for all of the expert's rows, and splits the expert over its
-hidden width into two items so that an odd number of busy experts still fills both threads. The backward pass has the same structure, one task
-per expert, and recomputes the activation from the saved input projection.
+hidden width into two items so that an odd number of busy experts still fills both threads.
+The backward pass has the same structure, one task per expert, and recomputes the activation
+from the saved input projection.
 
 Measured by ``benchmarks/layer_speed.py``; the README has the table.
 

@@ -2,16 +2,16 @@
 :class:`moelab.core.experts.ExpertBank` inside each :class:`moelab.core.layer.MoELayer` of an
 offloaded model.
 
-The computation is the in-memory bank's on bit-identical weights, so outputs are bit-identical
-to the all-in-memory model. Where the fused CPU kernel runs (:mod:`moelab.core.experts.
-cpu_kernel`), each expert's rows go through it as one single-expert call: the kernel computes a
-decode-sized fp32 expert (1-8 rows) independently of the other experts. (A larger expert goes
-to MKL, which runs single-threaded inside the in-memory call and multi-threaded here, and may
-then differ in the last bit.) Elsewhere the PyTorch loop
-(``grouped_mm`` backend ``loop``) step for step — one ``torch.mm`` per expert block into a
-preallocated ``[N, 2F]`` buffer, the activation on the whole buffer, one ``torch.mm`` per block
-for the down projection. Experts are multiplied as soon as their weights are ready, overlapping
-the matmuls with the loads still in flight.
+The computation is the in-memory bank's, on bit-identical weights. Where the fused CPU kernel
+runs (:mod:`moelab.core.experts.cpu_kernel`), each expert's rows go through it as one
+single-expert call; the kernel computes a decode-sized fp32 expert (1-8 rows) independently of
+the other experts, so decoding is bit-identical to the all-in-memory model. (A larger expert
+goes to MKL, single-threaded inside the in-memory call and multi-threaded here, and may then
+differ in the last bit.) Elsewhere the bank follows the PyTorch loop (``grouped_mm`` backend
+``loop``) step for step, bit for bit: one ``torch.mm`` per expert block into a preallocated
+``[N, 2F]`` buffer, the activation on the whole buffer, one ``torch.mm`` per block for the down
+projection. Experts are multiplied as soon as their weights are ready, overlapping the matmuls
+with the loads still in flight.
 """
 
 from __future__ import annotations
