@@ -1,8 +1,11 @@
 """SPARKLING mid-training width expansion (arXiv 2602.02472) on the real ``mix`` corpus.
 
 Settings: {dense, MoE} × {2× hidden size, 2× expert inner size} with AdamW, plus dense 2×
-hidden with Muon. Each setting, 3 seeds, compares five runs of ``moelab.train.loop.train``
-with the same total steps, schedule and data order. The expansions share the small model's
+hidden with Muon. Default model: 4 layers of D = 64 (4 heads of 16), MoE 8 experts of F = 64
+top-2 (dense FFN 128), byte-level, batch 16 × 128, 1,200 steps with the expansion at step 600
+(``--d-model``, ``--layers``, ``--experts``, ``--steps``, ``--expand-at``). Each setting,
+3 seeds, compares five runs of ``moelab.train.loop.train`` with the same total steps,
+schedule and data order. The (seed, setting) groups run over ``--workers`` processes. The expansions share the small model's
 run up to step T_E (stopped there with its checkpoint), are grown by
 ``moelab.train.expand_run.expand_run`` (what ``moelab expand`` does; bit-for-bit the same as an
 in-loop ``--expand-at T_E``, see tests/train/test_expand.py) and resumed to the end. Hidden
@@ -13,7 +16,7 @@ expansion keeps the heads and head_dim (the paper's §3.3), for every run includ
   entries' optimizer state kept unscaled and new entries' at zero (Eq. 24), and the new
   entries' learning rate re-warmed from the current rate to 1.3× over τ_w steps and then
   decayed by its own cosine (Eq. 28); τ_w defaults to 0.8 % of the remaining steps (the
-  paper's 250 of ≈ 31.8k), i.e. 2 steps here (``--rewarm-steps`` overrides);
+  paper's 250 of ≈ 31.8k), i.e. 5 steps here (``--rewarm-steps`` overrides);
 - ``naive``: default-initialised new entries, symmetric optimizer state (new entries join the
   old step counter with zero moments, no re-warmup);
 - ``copy``: plain function-preserving copies (HyperCloning for hidden, Net2Net for the inner
@@ -30,7 +33,14 @@ Measured per run (mean ± sd over the seeds):
 - spike: max training loss over the 50 steps after the expansion / mean training loss over
   the 20 steps before, minus 1, in %. The ``scratch`` row applies the same windows to the
   from-scratch run (no expansion): that is the noise floor of this statistic on batches of
-  this size;
+  this size (about +5 %: one batch's loss has a relative sd near 5 %, three quarters of it
+  within a domain, so larger batches of this corpus barely help);
+- probe spike: the same statistic on a fixed probe batch (the first ``PROBE_TOKENS`` of
+  every validation domain) scored after every update in the windows (``train(on_step=...)``),
+  for the model states that computed those training losses: the grown model before its first
+  update, then after each of the next 49. The paper's curves come from batches of millions
+  of tokens, where minibatch noise vanishes; a fixed batch removes it at CPU scale [our
+  choice]. What is left in the scratch row is the training dynamics' own wobble;
 - 1st-step Δ vs copy: training loss of the first step after the expansion (computed before
   any update at the new width, so it is the initialisation's effect alone) relative to the
   copy run's, which equals the unexpanded model's loss on that batch (same batches in every
@@ -40,7 +50,8 @@ Measured per run (mean ± sd over the seeds):
   residual channels for hidden expansion, expert/FFN hidden units for inner expansion
   (``moelab.train.expand.counterpart_cosine``); the scratch row is unrelated units, the
   independence reference;
-- final validation bits per byte;
+- final validation bits per byte, and its difference from the same seed's scratch run (same
+  held-out documents, so this is the paired comparison);
 - compute to reach scratch's final loss: training FLOPs (analytic ``6·N_active + 6·L·S·d_attn``
   per token) and wall time until the 20-step rolling training loss first reaches the scratch
   run's final 20-step rolling loss, as a fraction of what scratch needed; ``reached`` counts
@@ -48,8 +59,9 @@ Measured per run (mean ± sd over the seeds):
 
 Usage::
 
-    python benchmarks/sparkling.py                 # 5 settings x 5 runs x 3 seeds
-    python benchmarks/sparkling.py --steps 250 --expand-at 50 --seeds 1 --settings 3  # quick
+    python benchmarks/sparkling.py                 # 5 settings x 5 runs x 3 seeds, ~70 min
+    python benchmarks/sparkling.py --steps 250 --expand-at 50 --seeds 1 --settings 3 \
+        --d-model 32 --layers 2 --experts 4 --seq-len 64   # quick
     python benchmarks/sparkling.py --methods sparkling,copy,scratch   # a subset of the runs
     python benchmarks/sparkling.py --settings 0,2 --ablation   # which ingredient does what:
         # SPARKLING with symmetric state, with the old state scaled like the weights, and
@@ -69,16 +81,19 @@ from pathlib import Path
 
 import torch
 
+from _pool import run_jobs
 from moelab.core.config import ExpertsConfig, LossConfig, MoEConfig, RouterConfig
 from moelab.models import ModelConfig, count_params, load_model
 from moelab.train import loop
 from moelab.train.config import TrainConfig
+from moelab.train.evaluate import evaluate
 from moelab.train.expand import counterpart_cosine, expanded_config
 from moelab.train.expand_run import expand_run
-from moelab.train.loop import train
+from moelab.train.loop import prepare_data, train
 
 # every run reads the same capped corpus: load it once (identical documents, far less CPU)
 loop.load_corpus = functools.lru_cache(maxsize=None)(loop.load_corpus)
+PROBE_TOKENS = 2048  # per validation domain
 
 METHODS = {
     "sparkling": {"expand_init": "sparkling", "expand_state": "asymmetric"},
@@ -104,20 +119,22 @@ SETTINGS = (
 )
 
 
-def small_config(kind: str, seq_len: int) -> ModelConfig:
-    """2 layers, D=32, 2 heads of 16 (1 KV head), byte vocabulary; MoE: 4 experts of F=32,
-    top-2; dense: one SwiGLU FFN of width 64."""
+def small_config(kind: str, seq_len: int, d_model: int, n_layers: int, experts: int) -> ModelConfig:
+    """The model before expansion: ``n_layers`` layers of width ``d_model``, heads of 16
+    (half as many KV heads), byte vocabulary; MoE: ``experts`` experts of F = ``d_model``,
+    top-2; dense: one SwiGLU FFN of width 2·``d_model`` (the MoE's active width)."""
+    heads = max(1, d_model // 16)
     cfg = ModelConfig(
         vocab_size=256,
-        d_model=32,
-        n_layers=2,
-        n_heads=2,
-        n_kv_heads=1,
+        d_model=d_model,
+        n_layers=n_layers,
+        n_heads=heads,
+        n_kv_heads=max(1, heads // 2),
         max_seq_len=seq_len,
-        dense_ffn_size=64,
+        dense_ffn_size=2 * d_model,
         moe=MoEConfig(
-            router=RouterConfig(num_experts=4, top_k=2),
-            experts=ExpertsConfig(hidden_size=32, ffn_hidden_size=32),
+            router=RouterConfig(num_experts=experts, top_k=2),
+            experts=ExpertsConfig(hidden_size=d_model, ffn_hidden_size=d_model),
             losses=LossConfig(load_balance="switch", aux_loss_coeff=1e-2),
         ),
     )
@@ -146,20 +163,46 @@ def rolling(xs: list[float], w: int) -> list[float]:
     return out
 
 
-def read_train(run: Path) -> tuple[list[float], list[float]]:
-    """Per-step training loss and seconds per step from metrics.jsonl (log_every=1)."""
-    loss, dt = [], []
+def read_train(run: Path) -> tuple[list[float], list[float], dict[int, float]]:
+    """Per-step training loss, seconds per step (log_every=1) and the probe loss by step
+    from metrics.jsonl."""
+    loss, dt, probe = [], [], {}
     for line in (run / "metrics.jsonl").read_text().splitlines():
         r = json.loads(line)
         if r["split"] == "train":
             loss.append(r["loss"])
             dt.append(r["tokens"] / r["step"] / r["tokens_per_s"] if r["step"] else 0.0)
-    return loss, dt
+        elif r["split"] == "probe":
+            probe[r["step"]] = r["loss"]
+    return loss, dt, probe
 
 
-def measure(run: Path, small, wide, tdict, t_e: int, role: str, expanded: bool) -> dict:
-    """Spike, counterpart cosine at +200, final bpb and per-step FLOPs/seconds of one run."""
-    loss, step_s = read_train(run)
+def probe_loss(model, streams: dict, tdict: dict) -> float:
+    """Loss (nats/token) on the first PROBE_TOKENS of every validation domain: one fixed
+    batch, so its curve has no minibatch noise."""
+    r = evaluate(model, streams, seq_len=tdict["seq_len"], batch_size=tdict["batch_size"],
+                 max_tokens=PROBE_TOKENS)  # fmt: skip
+    return r.overall.loss
+
+
+def probe_hook(streams: dict, tdict: dict, t_e: int):
+    """``train(on_step=...)``: the probe loss of the model after each update in the spike
+    windows (after t_e − 20 … t_e + 49 updates)."""
+
+    def on_step(step: int, model) -> dict | None:
+        if t_e - 20 <= step < t_e + 50:
+            return {"loss": probe_loss(model, streams, tdict)}
+        return None
+
+    return on_step
+
+
+def measure(
+    run: Path, small, wide, tdict, t_e: int, cos: float, expanded: bool, at_expansion: float
+) -> dict:
+    """Spikes, final bpb and per-step FLOPs/seconds of one finished run. ``at_expansion``:
+    the probe loss of the model that takes update t_e + 1 (the grown one for expansions)."""
+    loss, step_s, probe = read_train(run)
     f_small, f_wide = (
         flops_per_token(small, tdict["seq_len"]),
         flops_per_token(wide, tdict["seq_len"]),
@@ -167,12 +210,13 @@ def measure(run: Path, small, wide, tdict, t_e: int, role: str, expanded: bool) 
     tokens = tdict["batch_size"] * tdict["seq_len"]
     flops = [tokens * (f_small if expanded and i < t_e else f_wide) for i in range(len(loss))]
     spike = 100 * (max(loss[t_e : t_e + 50]) / statistics.fmean(loss[t_e - 20 : t_e]) - 1)
-    at = run / "checkpoints" / f"step-{t_e + 200:06d}"
-    model = load_model(run if t_e + 200 == len(loss) else at)  # the run's end is its root
-    cos = counterpart_cosine(model, small, "hidden" if role == "hidden" else "inner")
+    # the same windows on the probe: the model states that computed those training losses
+    before = [probe[s] for s in range(t_e - 20, t_e)]
+    after = [at_expansion] + [probe[s] for s in range(t_e + 1, t_e + 50)]
+    probe_spike = 100 * (max(after) / statistics.fmean(before) - 1)
     val = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"val"' in x]
     return {"loss": loss, "step_s": step_s, "flops": flops, "spike": spike, "cos": cos,
-            "bpb": val[-1]["bpb"]}  # fmt: skip
+            "probe_spike": probe_spike, "bpb": val[-1]["bpb"]}  # fmt: skip
 
 
 def run_setting(
@@ -190,13 +234,17 @@ def run_setting(
     (``moelab expand`` + ``moelab train --resume``), and the from-scratch run."""
     factors = {"hidden": 2.0, "inner": None} if axis == "hidden" else {"hidden": None, "inner": 2.0}
     base = root / f"{key}-small"
-    train(small, TrainConfig.from_dict(tdict), base, progress=False, stop_after=t_e)
+    _, _, streams = prepare_data(TrainConfig.from_dict(tdict), None)
+    hook = probe_hook(streams, tdict, t_e)
+    cfg = TrainConfig.from_dict(tdict)
+    train(small, cfg, base, progress=False, stop_after=t_e, on_step=hook)
     out = {}
     for method, how in methods.items():
         t0 = time.time()
         run = root / f"{key}-{method}"
         if how is None:
-            train(wide, TrainConfig.from_dict(tdict), run, progress=False)
+            train(wide, cfg, run, progress=False, stop_after=t_e + 200, on_step=hook)
+            at_expansion = read_train(run)[2][t_e]
         else:
             extra = {"rewarm_steps": how.get("rewarm_steps", rewarm_steps)}
             if "rewarm_ratio" in how:
@@ -204,11 +252,19 @@ def run_setting(
             expand_run(
                 base, run, init=how["expand_init"], state=how["expand_state"], **factors, **extra
             )
-            train(None, None, run, resume=True, progress=False)
-        out[method] = measure(run, small, wide, tdict, t_e, axis, how is not None)
+            grown = load_model(run / "checkpoints" / f"step-{t_e:06d}")
+            at_expansion = probe_loss(grown, streams, tdict)
+            train(None, None, run, resume=True, progress=False, stop_after=t_e + 200, on_step=hook)
+        # symmetry 200 steps after the expansion, from that step's checkpoint (exact resume)
+        done = t_e + 200 == tdict["steps"]  # then the run is finished: its root is that step
+        at = load_model(run if done else run / "checkpoints" / f"step-{t_e + 200:06d}")
+        cos = counterpart_cosine(at, small, axis)
+        if not done:
+            train(None, None, run, resume=True, progress=False, on_step=hook)
+        out[method] = measure(run, small, wide, tdict, t_e, cos, how is not None, at_expansion)
         r = out[method]
         print(
-            f"{key}-{method}: spike {r['spike']:+.1f}%  cos {r['cos']:.3f}  bpb {r['bpb']:.4f}  "
+            f"{key}-{method}: spike {r['spike']:+.1f}%  probe {r['probe_spike']:+.2f}%  cos {r['cos']:.3f}  bpb {r['bpb']:.4f}  "
             f"{time.time() - t0:.0f} s",
             flush=True,
         )
@@ -231,15 +287,37 @@ def fmt(xs: list[float], spec: str = ".2f") -> str:
     return f"{format(statistics.fmean(xs), spec)} ± {format(statistics.stdev(xs), spec)}"
 
 
+def run_seed_setting(root: Path, seed: int, setting: tuple, args: argparse.Namespace) -> dict:
+    """One pool job: every run of one setting at one seed (they share the small run)."""
+    kind, axis, opt = setting
+    small = small_config(kind, args.seq_len, args.d_model, args.layers, args.experts)
+    wide = expanded_config(small, *((2.0, None) if axis == "hidden" else (None, 2.0)))
+    tdict = TrainConfig(
+        data="mix", max_bytes_per_domain=args.max_bytes, seq_len=args.seq_len,
+        batch_size=args.batch_size, steps=args.steps, lr=args.lr, warmup_steps=args.warmup,
+        eval_every=10**6, eval_tokens=args.eval_tokens, checkpoint_every=50, log_every=1,
+        seed=seed, optimizer=opt,
+    ).to_dict()  # fmt: skip
+    key = f"{kind}-{axis}-{opt}-s{seed}"
+    return run_setting(
+        root, key, small, wide, tdict, args.expand_at, axis, args.run_methods, args.rewarm_steps
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=400)
-    ap.add_argument("--expand-at", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=1200)
+    ap.add_argument("--expand-at", type=int, default=600)
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--d-model", type=int, default=64, help="width before a hidden expansion")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--experts", type=int, default=8, help="experts per MoE layer (top-2)")
     ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--eval-tokens", type=int, default=4096, help="validation tokens/domain")
+    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--max-bytes", type=int, default=1_000_000, help="corpus cap per domain")
+    ap.add_argument("--eval-tokens", type=int, default=8192, help="validation tokens/domain")
     ap.add_argument("--settings", default="all", help="comma list of indices into SETTINGS")
     ap.add_argument(
         "--ablation",
@@ -257,56 +335,53 @@ def main() -> None:
         default=None,
         help="τ_w of the re-warmed runs (default 0.8 %% of the steps after the expansion)",
     )
+    ap.add_argument("--workers", type=int, default=2, help="settings × seeds in parallel processes")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     args = ap.parse_args()
     if args.expand_at < 50 or args.steps < args.expand_at + 200 or args.expand_at % 50:
         ap.error("--expand-at: a multiple of 50 (checkpoints), >= 50, and <= steps - 200")
-    torch.set_num_threads(1)
+    if args.d_model % 16:
+        ap.error("--d-model: a multiple of 16 (heads of 16)")
+    methods = METHODS
+    if args.methods != "all":
+        names = set(args.methods.split(",")) | {"copy", "scratch"}
+        unknown = names - set(METHODS)
+        if unknown:
+            ap.error(f"--methods: unknown {sorted(unknown)}; choose from {list(METHODS)}")
+        methods = {k: v for k, v in METHODS.items() if k in names}
+    if args.ablation:  # copy (the 1st-step reference) and scratch (the target) stay
+        methods = {"sparkling": METHODS["sparkling"], "copy": METHODS["copy"], **ABLATIONS,
+                   "scratch": None}  # fmt: skip
+    args.run_methods = methods
     t_start = time.time()
     root = Path(tempfile.mkdtemp(prefix="sparkling-bench-"))
     chosen = (
         SETTINGS if args.settings == "all" else [SETTINGS[int(i)] for i in args.settings.split(",")]
     )
-    results: dict[tuple, dict[str, list[dict]]] = {}
-    for seed in range(args.seeds):
-        for kind, axis, opt in chosen:
-            small = small_config(kind, args.seq_len)
-            wide = expanded_config(small, *((2.0, None) if axis == "hidden" else (None, 2.0)))
-            tdict = TrainConfig(
-                data="mix", max_bytes_per_domain=200_000, seq_len=args.seq_len,
-                batch_size=args.batch_size, steps=args.steps, lr=args.lr, warmup_steps=20,
-                eval_every=10**6, eval_tokens=args.eval_tokens, checkpoint_every=50,
-                log_every=1, seed=seed, optimizer=opt,
-            ).to_dict()  # fmt: skip
-            key = f"{kind}-{axis}-{opt}-s{seed}"
-            methods = METHODS
-            if args.methods != "all":
-                names = set(args.methods.split(",")) | {"copy", "scratch"}
-                unknown = names - set(METHODS)
-                if unknown:
-                    ap.error(f"--methods: unknown {sorted(unknown)}; choose from {list(METHODS)}")
-                methods = {k: v for k, v in METHODS.items() if k in names}
-            if args.ablation:  # copy (the 1st-step reference) and scratch (the target) stay
-                methods = {
-                    "sparkling": METHODS["sparkling"],
-                    "copy": METHODS["copy"],
-                    **ABLATIONS,
-                    "scratch": None,
-                }
-            by_method = run_setting(
-                root, key, small, wide, tdict, args.expand_at, axis, methods, args.rewarm_steps
-            )
-            for method, r in by_method.items():
-                results.setdefault((kind, axis, opt), {}).setdefault(method, []).append(r)
+    # longest jobs first: MoE and Muon steps cost more than dense AdamW ones
+    order = sorted(chosen, key=lambda s: (s[0] != "moe", s[2] != "muon"))
+    grid = [(seed, setting) for setting in order for seed in range(args.seeds)]
+    jobs = [(run_seed_setting, (root, seed, setting, args)) for seed, setting in grid]
+    parts = run_jobs(jobs, args.workers, args.threads)
+    results: dict[tuple, dict[str, list[dict]]] = {s: {} for s in chosen}  # seeds in order
+    for (_, setting), by_method in zip(grid, parts, strict=True):
+        for method, r in by_method.items():
+            results[setting].setdefault(method, []).append(r)
+    s_heads = max(1, args.d_model // 16)
     print(
-        f"\nSPARKLING width expansion, mix corpus, 2 layers D=32→64 (hidden) or F→2F (expert), "
-        f"expand at step {args.expand_at} of {args.steps}, batch {args.batch_size}×{args.seq_len} "
-        f"bytes, lr {args.lr:g}, {args.seeds} seeds (mean ± sd)"
+        f"\nSPARKLING width expansion, mix corpus, {args.layers} layers D={args.d_model}→"
+        f"{2 * args.d_model} (hidden; {s_heads} heads of 16 kept) or F→2F (expert; MoE "
+        f"{args.experts} experts top-2 of F={args.d_model}, dense FFN {2 * args.d_model}), "
+        f"expand at step {args.expand_at} of {args.steps}, batch {args.batch_size}×"
+        f"{args.seq_len} bytes, lr {args.lr:g}, {args.seeds} seeds (mean ± sd)"
     )
     cols = (
         "spike %",
+        "probe spike %",
         "1st-step Δ vs copy %",
         "pair cos @+200",
         "val bpb",
+        "Δ bpb vs scratch",
         "FLOPs to target",
         "wall to target",
         "reached",
@@ -331,10 +406,13 @@ def main() -> None:
                 100 * (r["loss"][t_e] / c["loss"][t_e] - 1)
                 for r, c in zip(runs, by_method["copy"], strict=True)
             ]
+            paired = [r["bpb"] - c["bpb"] for r, c in zip(runs, scratch, strict=True)]
             print(
                 f"| {kind} {'expert' if axis == 'inner' else axis} 2× {opt} | {method} | {fmt([r['spike'] for r in runs], '+.1f')} | "
+                f"{fmt([r['probe_spike'] for r in runs], '+.2f')} | "
                 f"{fmt(first, '+.2f') if method != 'scratch' else '—'} | "
                 f"{fmt([r['cos'] for r in runs], '.3f')} | {fmt([r['bpb'] for r in runs], '.4f')} | "
+                f"{fmt(paired, '+.4f') if method != 'scratch' else '—'} | "
                 f"{fmt(fl)} | {fmt(wall)} | {reached}/{len(runs)} |"
             )
     print(f"\ntotal time {time.time() - t_start:.0f} s; runs in {root}")

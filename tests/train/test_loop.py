@@ -54,6 +54,36 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(corpus, tmp_path):
         torch.testing.assert_close(wa[name], wb[name], rtol=1e-5, atol=1e-6)
 
 
+def _probe_records(run_dir):
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["w"]) for r in lines if r["split"] == "probe"]
+
+
+def test_on_step_sees_every_update_and_its_records_survive_an_exact_resume(corpus, tmp_path):
+    def weight_probe(seen):
+        def on_step(step, model):
+            seen.append(step)
+            if step % 2:  # a None return logs nothing
+                return None
+            return {"w": model.lm_head.weight.double().square().sum().item()}
+
+        return on_step
+
+    full, part, seen_full, seen_part = tmp_path / "full", tmp_path / "part", [], []
+    train(tiny_model(), tiny_train(corpus), full, progress=False, on_step=weight_probe(seen_full))
+    train(tiny_model(), tiny_train(corpus), part, progress=False, stop_after=3,
+          on_step=weight_probe(seen_part))  # fmt: skip
+    # the checkpoint is at step 3 and the resume truncates after it: step 4 is logged once
+    train(None, None, part, resume=True, progress=False, on_step=weight_probe(seen_part))
+    assert seen_full == [1, 2, 3, 4, 5, 6] and seen_part == [1, 2, 3, 4, 5, 6]
+    a, b = _probe_records(full), _probe_records(part)
+    assert [s for s, _ in a] == [2, 4, 6] == [s for s, _ in b]
+    for (_, x), (_, y) in zip(a, b, strict=True):
+        assert x == pytest.approx(y, rel=1e-6)
+    # the value is the weights after that many updates: it changes from step to step
+    assert len({round(x, 9) for _, x in a}) == 3
+
+
 def test_expert_bias_moves_during_training(corpus, tmp_path):
     run = tmp_path / "run"
     train(tiny_model(expert_bias=True), tiny_train(corpus, steps=3), run, progress=False)

@@ -28,6 +28,7 @@ import contextlib
 import math
 import signal
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -264,6 +265,7 @@ def train(
     stop_after: int | None = None,
     allow_data_change: bool = False,
     parallel: Any = None,
+    on_step: Callable[[int, MoETransformer], dict[str, Any] | None] | None = None,
 ) -> TrainResult:
     """Train (or resume) a run in ``run_dir``.
 
@@ -282,6 +284,12 @@ def train(
             ``prepare``, ``sync_gradients``, ``clip_grad_norm``, ``save_checkpoint``,
             ``check_resume``, ``load_checkpoint`` and ``save_model`` replace DDP, clipping and
             the checkpoint files; every rank validates and writes collectively). None = DDP.
+        on_step: called as ``on_step(step, model)`` on rank 0 after every optimizer step
+            (``step`` counts the updates so far), after that step's training record; a dict
+            it returns is logged as ``{"step": step, "split": "probe", **dict}`` in
+            ``metrics.jsonl`` (so ``--resume`` keeps exactly the records of the steps
+            kept). For measurements such as a probe-batch loss curve: it must not change the
+            model, and with ``parallel`` it must not run the sharded model's forward.
     Returns:
         :class:`TrainResult`.
     Raises:
@@ -292,7 +300,7 @@ def train(
     run_dir = Path(run_dir)
     dist_info = init_distributed()
     args = (model_cfg, cfg, run_dir, resume, progress, stop_after, allow_data_change, dist_info)
-    args = (*args, parallel)
+    args = (*args, parallel, on_step)
     try:
         if not dist_info.is_main:
             return _train(*args)
@@ -343,6 +351,7 @@ def _train(
     allow_data_change,
     dist_info: DistInfo,
     parallel=None,
+    on_step=None,
 ) -> TrainResult:
     ckpt = None
     if resume:
@@ -623,6 +632,10 @@ def _train(
                     "load": [(c.float() / max(int(c.sum()), 1)).tolist() for c in counts],
                 }
                 metrics.write(rec)
+            if on_step is not None and dist_info.is_main:
+                probe = on_step(step, model)
+                if probe:
+                    metrics.write({"step": step, "split": "probe", **probe})
             over_budget = cfg.time_budget_s is not None and (
                 elapsed_before + time.perf_counter() - t0 >= cfg.time_budget_s
             )
