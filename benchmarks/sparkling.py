@@ -5,11 +5,12 @@ hidden with Muon. Default model: 4 layers of D = 64 (4 heads of 16), MoE 8 exper
 top-2 (dense FFN 128), byte-level, batch 16 × 128, 1,200 steps with the expansion at step 600
 (``--d-model``, ``--layers``, ``--experts``, ``--steps``, ``--expand-at``). Each setting,
 3 seeds, compares five runs of ``moelab.train.loop.train`` with the same total steps,
-schedule and data order. The (seed, setting) groups run over ``--workers`` processes. The expansions share the small model's
-run up to step T_E (stopped there with its checkpoint), are grown by
-``moelab.train.expand_run.expand_run`` (what ``moelab expand`` does; bit-for-bit the same as an
-in-loop ``--expand-at T_E``, see tests/train/test_expand.py) and resumed to the end. Hidden
-expansion keeps the heads and head_dim (the paper's §3.3), for every run including scratch:
+schedule and data order; the (seed, setting) groups run over ``--workers`` processes. The
+expansions share the small model's run up to step T_E (stopped there with its checkpoint),
+are grown by ``moelab.train.expand_run.expand_run`` (what ``moelab expand`` does;
+bit-for-bit the same as an in-loop ``--expand-at T_E``, see tests/train/test_expand.py) and
+resumed to the end. Hidden expansion keeps the heads and head_dim (the paper's §3.3), for
+every run including scratch:
 
 - ``sparkling``: the paper's method (arXiv 2602.02472 v2): copy-copy initialisation with the
   analytic fan-in scale (½ at 2×, so the grown model computes the same function), old
@@ -33,8 +34,8 @@ Measured per run (mean ± sd over the seeds):
 - spike: max training loss over the 50 steps after the expansion / mean training loss over
   the 20 steps before, minus 1, in %. The ``scratch`` row applies the same windows to the
   from-scratch run (no expansion): that is the noise floor of this statistic on batches of
-  this size (about +5 %: one batch's loss has a relative sd near 5 %, three quarters of it
-  within a domain, so larger batches of this corpus barely help);
+  this size (+10 to +12 % in the default setting: one batch's loss has a relative sd near
+  5 %, three quarters of it within a domain, so larger batches of this corpus barely help);
 - probe spike: the same statistic on a fixed probe batch (the first ``PROBE_TOKENS`` of
   every validation domain) scored after every update in the windows (``train(on_step=...)``),
   for the model states that computed those training losses: the grown model before its first
@@ -234,9 +235,9 @@ def run_setting(
     (``moelab expand`` + ``moelab train --resume``), and the from-scratch run."""
     factors = {"hidden": 2.0, "inner": None} if axis == "hidden" else {"hidden": None, "inner": 2.0}
     base = root / f"{key}-small"
-    _, _, streams = prepare_data(TrainConfig.from_dict(tdict), None)
-    hook = probe_hook(streams, tdict, t_e)
     cfg = TrainConfig.from_dict(tdict)
+    _, _, streams = prepare_data(cfg, None)
+    hook = probe_hook(streams, tdict, t_e)
     train(small, cfg, base, progress=False, stop_after=t_e, on_step=hook)
     out = {}
     for method, how in methods.items():
@@ -264,8 +265,8 @@ def run_setting(
         out[method] = measure(run, small, wide, tdict, t_e, cos, how is not None, at_expansion)
         r = out[method]
         print(
-            f"{key}-{method}: spike {r['spike']:+.1f}%  probe {r['probe_spike']:+.2f}%  cos {r['cos']:.3f}  bpb {r['bpb']:.4f}  "
-            f"{time.time() - t0:.0f} s",
+            f"{key}-{method}: spike {r['spike']:+.1f}%  probe {r['probe_spike']:+.2f}%  "
+            f"cos {r['cos']:.3f}  bpb {r['bpb']:.4f}  {time.time() - t0:.0f} s",
             flush=True,
         )
     return out
@@ -335,7 +336,7 @@ def main() -> None:
         default=None,
         help="τ_w of the re-warmed runs (default 0.8 %% of the steps after the expansion)",
     )
-    ap.add_argument("--workers", type=int, default=2, help="settings × seeds in parallel processes")
+    ap.add_argument("--workers", type=int, default=2, help="parallel processes (setting, seed)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     args = ap.parse_args()
     if args.expand_at < 50 or args.steps < args.expand_at + 200 or args.expand_at % 50:
