@@ -74,7 +74,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
+import math
 import statistics
 import tempfile
 import time
@@ -86,11 +86,13 @@ from _pool import run_jobs
 from moelab.core.config import ExpertsConfig, LossConfig, MoEConfig, RouterConfig
 from moelab.models import ModelConfig, count_params, load_model
 from moelab.train import loop
+from moelab.train.checkpoint import latest_checkpoint_dir
 from moelab.train.config import TrainConfig
 from moelab.train.evaluate import evaluate
 from moelab.train.expand import counterpart_cosine, expanded_config
 from moelab.train.expand_run import expand_run
 from moelab.train.loop import prepare_data, train
+from moelab.train.metrics import MetricsLog
 
 # every run reads the same capped corpus: load it once (identical documents, far less CPU)
 loop.load_corpus = functools.lru_cache(maxsize=None)(loop.load_corpus)
@@ -164,18 +166,19 @@ def rolling(xs: list[float], w: int) -> list[float]:
     return out
 
 
-def read_train(run: Path) -> tuple[list[float], list[float], dict[int, float]]:
-    """Per-step training loss, seconds per step (log_every=1) and the probe loss by step
-    from metrics.jsonl."""
-    loss, dt, probe = [], [], {}
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
+def read_metrics(run: Path) -> tuple[list[float], list[float], dict[int, float], float]:
+    """Per-step training loss, seconds per step (log_every=1), the probe loss by step and the
+    last validation bits per byte, from one read of metrics.jsonl."""
+    loss, dt, probe, bpb = [], [], {}, math.nan
+    for r in MetricsLog(run / "metrics.jsonl").read():
         if r["split"] == "train":
             loss.append(r["loss"])
             dt.append(r["tokens"] / r["step"] / r["tokens_per_s"] if r["step"] else 0.0)
         elif r["split"] == "probe":
             probe[r["step"]] = r["loss"]
-    return loss, dt, probe
+        elif r["split"] == "val":
+            bpb = r["bpb"]
+    return loss, dt, probe, bpb
 
 
 def probe_loss(model, streams: dict, tdict: dict) -> float:
@@ -198,12 +201,12 @@ def probe_hook(streams: dict, tdict: dict, t_e: int):
     return on_step
 
 
-def measure(
-    run: Path, small, wide, tdict, t_e: int, cos: float, expanded: bool, at_expansion: float
-) -> dict:
-    """Spikes, final bpb and per-step FLOPs/seconds of one finished run. ``at_expansion``:
-    the probe loss of the model that takes update t_e + 1 (the grown one for expansions)."""
-    loss, step_s, probe = read_train(run)
+def measure(run: Path, small, wide, tdict, t_e: int, cos: float, grown_probe: float | None) -> dict:
+    """Spikes, final bpb and per-step FLOPs/seconds of one finished run. ``grown_probe``: the
+    grown model's probe loss before its first update; None for the from-scratch run (whose
+    model taking update t_e + 1 was probed in the loop)."""
+    loss, step_s, probe, bpb = read_metrics(run)
+    expanded = grown_probe is not None
     f_small, f_wide = (
         flops_per_token(small, tdict["seq_len"]),
         flops_per_token(wide, tdict["seq_len"]),
@@ -213,11 +216,11 @@ def measure(
     spike = 100 * (max(loss[t_e : t_e + 50]) / statistics.fmean(loss[t_e - 20 : t_e]) - 1)
     # the same windows on the probe: the model states that computed those training losses
     before = [probe[s] for s in range(t_e - 20, t_e)]
-    after = [at_expansion] + [probe[s] for s in range(t_e + 1, t_e + 50)]
+    after = [probe[t_e] if grown_probe is None else grown_probe]
+    after += [probe[s] for s in range(t_e + 1, t_e + 50)]
     probe_spike = 100 * (max(after) / statistics.fmean(before) - 1)
-    val = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"val"' in x]
     return {"loss": loss, "step_s": step_s, "flops": flops, "spike": spike, "cos": cos,
-            "probe_spike": probe_spike, "bpb": val[-1]["bpb"]}  # fmt: skip
+            "probe_spike": probe_spike, "bpb": bpb}  # fmt: skip
 
 
 def run_setting(
@@ -245,7 +248,7 @@ def run_setting(
         run = root / f"{key}-{method}"
         if how is None:
             train(wide, cfg, run, progress=False, stop_after=t_e + 200, on_step=hook)
-            at_expansion = read_train(run)[2][t_e]
+            grown_probe = None
         else:
             extra = {"rewarm_steps": how.get("rewarm_steps", rewarm_steps)}
             if "rewarm_ratio" in how:
@@ -253,16 +256,13 @@ def run_setting(
             expand_run(
                 base, run, init=how["expand_init"], state=how["expand_state"], **factors, **extra
             )
-            grown = load_model(run / "checkpoints" / f"step-{t_e:06d}")
-            at_expansion = probe_loss(grown, streams, tdict)
+            grown_probe = probe_loss(load_model(latest_checkpoint_dir(run)), streams, tdict)
             train(None, None, run, resume=True, progress=False, stop_after=t_e + 200, on_step=hook)
         # symmetry 200 steps after the expansion, from that step's checkpoint (exact resume)
-        done = t_e + 200 == tdict["steps"]  # then the run is finished: its root is that step
-        at = load_model(run if done else run / "checkpoints" / f"step-{t_e + 200:06d}")
-        cos = counterpart_cosine(at, small, axis)
-        if not done:
+        cos = counterpart_cosine(load_model(latest_checkpoint_dir(run)), small, axis)
+        if t_e + 200 < tdict["steps"]:
             train(None, None, run, resume=True, progress=False, on_step=hook)
-        out[method] = measure(run, small, wide, tdict, t_e, cos, how is not None, at_expansion)
+        out[method] = measure(run, small, wide, tdict, t_e, cos, grown_probe)
         r = out[method]
         print(
             f"{key}-{method}: spike {r['spike']:+.1f}%  probe {r['probe_spike']:+.2f}%  "
