@@ -113,3 +113,35 @@ def test_existing_output_is_kept(store, tmp_path):
     with pytest.raises(FileExistsError):
         compress_model(store[1], out)
     assert (out / "x").read_text() == "mine"
+
+
+def test_contiguous_segments_come_in_one_request_and_a_bad_one_is_named(store, tmp_path):
+    folder = copy_store(store, tmp_path)
+    layer, expert, spec = corrupt_spec(folder)
+    pack = open_store(folder).pack
+    refs = spec["chunks"]
+    what = [f"exponent chunk {i}" for i in range(len(refs))]
+    before = pack.bytes_read
+    calls = []
+    real = pack.read
+    pack.read = lambda o, n: calls.append((o, n)) or real(o, n)
+    blobs = pack.read_segments(layer, expert, "w_down", refs, what)
+    assert calls == [(refs[0]["offset"], sum(r["size"] for r in refs))]
+    assert [bytes(b) for b in blobs] == [
+        bytes(pack.read_segment(layer, expert, "w_down", r, w))
+        for r, w in zip(refs, what, strict=True)
+    ]
+    assert pack.bytes_read - before == 2 * sum(r["size"] for r in refs)
+    assert pack.read_segments(layer, expert, "w_down", [], []) == []
+    with pytest.raises(StoreError, match="not contiguous"):
+        pack.read_segments(layer, expert, "w_down", [refs[0], refs[2]], what[:2])
+    with open(folder / PACK_FILE, "r+b") as f:  # flip a byte of chunk 1
+        f.seek(refs[1]["offset"])
+        b = f.read(1)
+        f.seek(refs[1]["offset"])
+        f.write(bytes([b[0] ^ 0x01]))
+    with pytest.raises(
+        StoreError,
+        match=rf"layer {layer} expert {expert} tensor 'w_down': exponent chunk 1: checksum",
+    ):
+        pack.read_segments(layer, expert, "w_down", refs, what)

@@ -1,6 +1,7 @@
 """Offloaded experts: outputs and generations identical to the in-memory model; statistics,
 scheduling, bandwidth cap and bad inputs."""
 
+import threading
 import time
 
 import numpy as np
@@ -220,3 +221,81 @@ def test_prefetch_staging_is_paid_from_the_rounding_first(setup):
         om = load_offloaded(root / "raw", cache_mb=mib, policy="lfu", prefetch=prefetch)
         slots = offload_engine(om).slots_per_layer
         assert sum(slots) == 2 * L - lost and min(slots) >= 1
+
+
+def test_demand_reads_go_before_queued_prefetches_and_cancelled_ones_are_never_read(setup):
+    """With the read thread busy, prefetch loads of experts 1-2 are queued, then a demand
+    load of expert 3 and a promotion of expert 2: the storage then serves 3, 2, 1 in that
+    order; a cancelled prefetch (expert 4) is never read."""
+    from moelab.serve.offload.pool import PREFETCH
+
+    _, root, _, _ = setup
+    om = load_offloaded(root / "zstd", cache_mb=total_mib(setup, 0.3), threads=2)
+    eng = offload_engine(om)
+    sched, pack = eng.scheduler, eng.pack
+    offsets = {}
+    for e in range(5):
+        for spec in pack.tensors(0, e).values():
+            offsets[spec["sm"]["offset"]] = e
+            offsets[spec["chunks"][0]["offset"]] = e
+    order, real_read = [], pack.read
+    gate, entered = threading.Event(), threading.Event()
+
+    def read(offset, size):
+        if offset in offsets:
+            order.append(offsets[offset])
+        if offsets.get(offset) == 0:
+            entered.set()
+            gate.wait(5)
+        return real_read(offset, size)
+
+    pack.read = read
+    first = sched.submit(eng._tasks(0, 0, None))  # holds the read thread
+    assert entered.wait(5)
+    pre = {e: sched.submit(eng._tasks(0, e, None), PREFETCH) for e in (1, 2, 4)}
+    demand = sched.submit(eng._tasks(0, 3, None))
+    sched.promote([f for _, f in pre[2]])
+    sched.cancel([f for _, f in pre[4]])
+    gate.set()
+    for _, f in first + demand + pre[1] + pre[2]:
+        assert f.result(5) is not None
+    assert all(f.cancelled() for _, f in pre[4])
+    later = [e for e in order if e != 0]
+    assert 4 not in later
+    # every read of expert 3 precedes every read of 2, and those precede every read of 1
+    assert max(i for i, e in enumerate(later) if e == 3) < min(
+        i for i, e in enumerate(later) if e == 2
+    )
+    assert max(i for i, e in enumerate(later) if e == 2) < min(
+        i for i, e in enumerate(later) if e == 1
+    )
+    eng.close()
+
+
+def test_gate_prefetch_guesses_the_next_layer_from_its_router(setup):
+    """The gate predictor ranks experts by how many rows of the hidden state put them in the
+    next layer's top-k (its own norm and router); for one row that is the router's top-k.
+    Offloaded generation with it stays identical to the in-memory model."""
+    from moelab.serve.offload.lookahead import guess_experts
+
+    model, root, _, _ = setup
+    blocks = [b for b in model.blocks if b.is_moe]
+    h = torch.randn(3, 5, model.cfg.d_model, dtype=torch.bfloat16)
+    logits = blocks[1].ffn.router.logits(blocks[1].ffn_norm(h).reshape(15, -1)).float()
+    votes = torch.bincount(logits.topk(K, -1).indices.reshape(-1), minlength=E)
+    got = guess_experts(blocks[1], h, 3)
+    assert [int(votes[e]) for e in got] == sorted(votes.tolist(), reverse=True)[:3]
+    one = h[:1, :1]
+    top = blocks[1].ffn.router.logits(blocks[1].ffn_norm(one).reshape(1, -1)).topk(K)
+    assert guess_experts(blocks[1], one, K) == top.indices[0].tolist()
+    assert guess_experts(blocks[1], one, 8) == top.indices[0].tolist()  # only voted experts
+
+    prompt = [5, 9, 2, 7, 11]
+    want = list(generate_ids(model, prompt, max_new_tokens=16, temperature=0))
+    om = load_offloaded(root / "zstd", cache_mb=total_mib(setup, 0.3), threads=2, prefetch=K)
+    assert list(generate_ids(om, prompt, max_new_tokens=16, temperature=0)) == want
+    s = offload_engine(om).snapshot()
+    assert s.prefetch_issued > 0 and s.prefetch_hits > 0
+    offload_engine(om).close()
+    with pytest.raises(ValueError, match="predictor"):
+        load_offloaded(root / "zstd", cache_mb=10, prefetch=1, predictor="oracle")

@@ -197,6 +197,35 @@ class ExpertPack:
         except TensorDecodeError as e:
             raise StoreError(f"{self.where(layer, expert, name)}: {e}") from None
 
+    def read_segments(
+        self, layer: int, expert: int, name: str, refs: list[dict], what: list[str]
+    ) -> list[bytes]:
+        """CRC-checked segments that lie back to back in the pack, fetched as one request (as
+        a tensor's exponent chunks do): a storage device serves one large read faster than
+        many small ones, and each request costs the reading thread a round trip.
+
+        Raises:
+            StoreError: a segment is short or fails its checksum (names the expert), or the
+                segments are not contiguous.
+        """
+        if not refs:
+            return []
+        first = refs[0]["offset"]
+        end = first
+        for ref in refs:
+            if ref["offset"] != end:
+                raise StoreError(f"{self.where(layer, expert, name)}: segments not contiguous")
+            end += ref["size"]
+        span = memoryview(self.read(first, end - first))
+
+        def sliced(offset: int, size: int) -> bytes:
+            return span[offset - first : offset - first + size]
+
+        try:
+            return [read_segment(sliced, ref, w) for ref, w in zip(refs, what, strict=True)]
+        except TensorDecodeError as e:
+            raise StoreError(f"{self.where(layer, expert, name)}: {e}") from None
+
     def load_tensor(self, layer: int, expert: int, name: str, verify: bool = True):
         """Read and decode one expert tensor serially (sha256-verified)."""
         spec = self.tensors(layer, expert).get(name)

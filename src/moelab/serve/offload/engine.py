@@ -14,9 +14,11 @@ memory per layer):
   (:class:`SlotCache`); ``belady`` needs the recorded request sequence of every layer.
 
 Loads: ``threads = 0`` loads serially on the calling thread (naive offloading); otherwise the
-:class:`Scheduler`'s pools load misses in parallel. ``prefetch = n`` predicts ``n`` experts of
-the next layer (:class:`ExpertPredictor`) after each layer and starts loading them; the staging
-buffer for them is paid from the cache budget (:meth:`OffloadEngine._single_tier_slots`). Budgets are in MiB (2^20 bytes).
+:class:`Scheduler`'s pools load misses in parallel. ``prefetch = n`` guesses ``n`` experts of
+the next layer (``predictor``: its router on the current hidden state, or routing history) and,
+once this layer's loads are queued, queues theirs at prefetch priority: promoted when the next
+layer asks for them, cancelled when it does not. The staging buffer for them is paid from the
+cache budget (:meth:`OffloadEngine._single_tier_slots`). Budgets are in MiB (2^20 bytes).
 
 Statistics (:class:`OffloadStats`): requests, hits per tier, misses, prefetch hits, bytes read,
 read/decode/merge seconds, seconds the forward pass waited for loads.
@@ -39,12 +41,14 @@ from moelab.compress.lossless.tensor_codec import assemble, decode_exponent_chun
 from moelab.errors import InvalidValueError
 from moelab.serve.offload.planner import DelayModel, TierPlan, plan_tiers
 from moelab.serve.offload.policies import POLICIES, SlotCache, build_policy
+from moelab.serve.offload.pool import PREFETCH
 from moelab.serve.offload.prefetch import ExpertPredictor
 from moelab.serve.offload.scheduler import Scheduler, TensorTask
 from moelab.serve.offload.tiers import TwoTierCache
 
 MIB = 1 << 20
 VERIFY = ("first", "always", "off")
+PREDICTORS = ("gate", "history")
 
 
 @dataclass
@@ -56,6 +60,10 @@ class OffloadConfig:
         policy: ``zipmoe``, ``lru``, ``lfu``, ``fifo`` or ``belady``.
         threads: decode threads (0 = load serially on the forward thread).
         prefetch: experts of the next layer to prefetch (0 = off).
+        predictor: how they are guessed: ``gate`` (the next layer's router on the current
+            hidden state, :mod:`moelab.serve.offload.lookahead`; set up by
+            :func:`moelab.serve.offload.load_offloaded`) or ``history`` (the ZipMoE authors'
+            frequency predictor, :mod:`moelab.serve.offload.prefetch`).
         storage_mbps: emulated storage bandwidth in MB/s (10^6 B/s); None = real reads only.
         verify: sha256-check decoded tensors ``first`` time each is loaded, ``always``, or
             ``off`` (segment CRC-32s are always checked).
@@ -66,6 +74,7 @@ class OffloadConfig:
     policy: str = "zipmoe"
     threads: int = 2
     prefetch: int = 0
+    predictor: str = "gate"
     storage_mbps: float | None = None
     verify: str = "first"
     future: list[list[int]] | None = None
@@ -81,6 +90,10 @@ class OffloadConfig:
             raise InvalidValueError(f"threads: must be >= 0, got {self.threads}")
         if self.prefetch < 0:
             raise InvalidValueError(f"prefetch: must be >= 0, got {self.prefetch}")
+        if self.predictor not in PREDICTORS:
+            raise InvalidValueError(
+                f"predictor: must be one of {', '.join(PREDICTORS)}; got {self.predictor!r}"
+            )
         if self.verify not in VERIFY:
             raise InvalidValueError(
                 f"verify: must be one of {', '.join(VERIFY)}; got {self.verify!r}"
@@ -179,6 +192,7 @@ class OffloadEngine:
         )
         self.predictor = ExpertPredictor(self.L, self.E)
         self.prefetching: dict[tuple[int, int], _Loading] = {}
+        self._hints: dict[int, list[int]] = {}
         self._verified: set[tuple[int, int, str]] = set()
         self.stats = OffloadStats()
         self._base = (self.pack.bytes_read, self.pack.read_s)
@@ -354,6 +368,7 @@ class OffloadEngine:
                 self.stats.prefetch_hits += 1
                 self.stats.misses += 1
                 pre.after = after
+                self.scheduler.promote(list(pre.futures.values()))
                 loads[e] = pre
                 continue
             if before == "sm" and held_sm is not None:
@@ -368,6 +383,8 @@ class OffloadEngine:
         for (e, name), f in started.items():
             loads[e].futures[name] = f
         self._discard_prefetches(li)
+        if self.config.prefetch and li + 1 < self.L:
+            self._prefetch(li + 1)  # queued behind this layer's loads
         self.predictor.update(li, counts)
         yield from ready
         pending = dict(loads)
@@ -386,21 +403,28 @@ class OffloadEngine:
                 weights = {n: f.result() for n, f in ld.futures.items()}
                 self._install(st, e, ld, weights)
                 yield e, weights
-        if self.config.prefetch and li + 1 < self.L:
-            self._prefetch(li + 1)
+
+    def hint(self, li: int, experts: list[int]) -> None:
+        """The ``gate`` predictor's guess of layer ``li``'s experts (from
+        :mod:`moelab.serve.offload.lookahead`), used when layer ``li - 1`` is fetched."""
+        self._hints[li] = experts
 
     def _discard_prefetches(self, li: int) -> None:
         for key in [k for k in self.prefetching if k[0] == li]:
-            self.prefetching.pop(key)
+            self.scheduler.cancel(list(self.prefetching.pop(key).futures.values()))
 
     def _prefetch(self, li: int) -> None:
+        if self.config.threads == 0:
+            return  # serial loading cannot overlap; prefetch needs threads
         st = self.layers[li]
-        for e in self.predictor.predict(li, self.config.prefetch):
+        if self.config.predictor == "gate":
+            guess = self._hints.pop(li, [])[: self.config.prefetch]
+        else:
+            guess = self.predictor.predict(li, self.config.prefetch)
+        for e in guess:
             if e in st.full or (li, e) in self.prefetching:
                 continue
             tasks = self._tasks(li, e, st.sm.get(e))
-            if self.config.threads == 0:
-                continue  # serial loading cannot overlap; prefetch needs threads
-            started = self.scheduler.submit(tasks)
+            started = self.scheduler.submit(tasks, PREFETCH)
             self.prefetching[(li, e)] = _Loading({t.name: f for t, f in started}, None, True)
             self.stats.prefetch_issued += 1

@@ -16,6 +16,7 @@ import numpy as np
 
 from moelab.compress.lossless.model_store import open_store, skeleton_model
 from moelab.models.transformer import MoETransformer
+from moelab.serve.offload import lookahead
 from moelab.serve.offload.bank import OffloadedExpertBank
 from moelab.serve.offload.engine import OffloadConfig, OffloadEngine
 
@@ -28,6 +29,7 @@ def load_offloaded(
     storage_mbps: float | None = None,
     threads: int = 2,
     prefetch: int = 0,
+    predictor: str = "gate",
     verify: str = "first",
     trace: np.ndarray | None = None,
     future: list[list[int]] | None = None,
@@ -44,6 +46,8 @@ def load_offloaded(
         storage_mbps: emulate storage of this bandwidth (MB/s, 10^6 B/s).
         threads: decode threads (0 = serial loads).
         prefetch: next-layer experts to prefetch (0 = off).
+        predictor: ``gate`` (the next layer's router on the current hidden state) or
+            ``history`` (routing frequencies, the ZipMoE authors' predictor).
         verify: sha256 check of decoded tensors: ``first``, ``always`` or ``off``.
         trace: routing counts ``[P, L, E]`` for the planner (default: the store's profile).
         future: per layer, recorded expert requests (``belady``).
@@ -58,7 +62,7 @@ def load_offloaded(
         store,
         OffloadConfig(
             cache_mb=cache_mb, policy=policy, threads=threads, prefetch=prefetch,
-            storage_mbps=storage_mbps, verify=verify, future=future,
+            predictor=predictor, storage_mbps=storage_mbps, verify=verify, future=future,
         ),
         trace=trace,
     )  # fmt: skip
@@ -70,6 +74,8 @@ def load_offloaded(
 
     model = skeleton_model(store, bank)
     model.offload_engine = engine
+    if prefetch and predictor == "gate":
+        lookahead.install(model, engine.hint, prefetch)
     return model
 
 

@@ -1,25 +1,30 @@
-"""Loading expert tensors from the store with a thread pool that overlaps reads with
+"""Loading expert tensors from the store with thread pools that overlap reads with
 decompression (ZipMoE's scheduler, the authors' ``ZipMoESchedulerFunc`` as the research notes,
 section (c), describe it).
 
 Each tensor to load is a task of one of two types:
 
-- **Type-I**: its sign-mantissa (SM) bytes are not cached: one SM read (I/O) plus the read and
-  decode of its exponent chunks (compute);
-- **Type-II**: its SM bytes are cached: only the exponent chunks (compute).
+- **Type-I**: its sign-mantissa (SM) bytes are not cached: the read and decode of its exponent
+  chunks plus one SM read;
+- **Type-II**: its SM bytes are cached: only the exponent chunks.
 
 :func:`dispatch_order` interleaves them: dispatch one Type-I task, then Type-II tasks until the
 accumulated compute bottleneck ``#chunk ops / P · d_dec`` exceeds the I/O bottleneck
 ``#Type-I · d_sm``; repeat. The Type-II tasks keep the ``P`` decode threads busy while the
-Type-I SM reads are in flight. SM reads go to one I/O thread (a storage device serves one
-request at a time); exponent chunk reads+decodes go to the ``P`` compute threads in dispatch
-order; the last finished part of a tensor recombines it (numpy bit ops) and checks its sha256.
-``zstandard``, ``os.pread``, ``hashlib``, numpy and ``zlib.crc32`` release the GIL on large
-buffers; ``constriction``'s ANS decoder may not, so ANS-coded stores parallelise less.
+Type-I SM reads are in flight. The last finished part of a tensor recombines it (numpy bit
+ops, on a decode thread) and checks its sha256. ``zstandard``, ``os.pread``, ``hashlib``, numpy
+and ``zlib.crc32`` release the GIL on large buffers; ``constriction``'s ANS decoder may not, so
+ANS-coded stores parallelise less.
 
-Our choices [I]: pre-emption of mispredicted prefetch tasks is not implemented (a prefetch
-that is not used is simply discarded when its layer has passed); priorities are the dispatch
-order (FIFO pools).
+Priorities (:mod:`moelab.serve.offload.pool`): loads the forward pass waits for go before
+prefetches in both pools; a prefetch that becomes a demand is promoted, and the queued parts of
+one whose layer has passed are cancelled (the authors pre-empt mispredicted prefetch tasks).
+
+Our choices [I]: every read (exponent chunks, then the SM bytes, of each task in dispatch
+order) goes to the one I/O thread, so the storage device, which serves one request at a time,
+serves them in priority order; the authors read exponent chunks on the compute threads, where
+they mostly come from the page cache. The ``P`` compute threads decode chunks as their reads
+complete, in priority order.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +47,7 @@ from moelab.compress.lossless.tensor_codec import (
     decode_raw,
 )
 from moelab.errors import InvalidValueError
+from moelab.serve.offload.pool import DEMAND, Entry, PriorityPool
 
 
 @dataclass
@@ -108,38 +114,42 @@ class LoadStats:
 
 
 class _Job:
-    """A tensor being assembled from ``parts`` pieces that finish on different threads."""
+    """A tensor being assembled from ``parts`` pieces that finish on different threads, with
+    its priority and its queued pool entries (to promote or cancel them)."""
 
-    def __init__(self, task: TensorTask, parts: int, finish: Callable[[_Job], Tensor]) -> None:
+    def __init__(self, task: TensorTask, parts: int, priority: int) -> None:
         self.task = task
         self.exp = np.empty(task.spec["numel"], dtype=np.uint8)
         self.sm = task.sm
         self.future: Future = Future()
+        self.future.job = self  # type: ignore[attr-defined]
+        self.priority = priority
+        self.entries: list[tuple[PriorityPool, Entry]] = []
         self._left = parts
-        self._lock = threading.Lock()
-        self._finish = finish
+        self.lock = threading.Lock()
 
-    def part_done(self, error: BaseException | None = None) -> None:
-        if error is not None:
-            if not self.future.done():
-                self.future.set_exception(error)
-            return
-        with self._lock:
+    def part_done(self) -> bool:
+        """Count one finished part; True for the last."""
+        with self.lock:
             self._left -= 1
-            last = self._left == 0
-        if last and not self.future.done():
-            try:
-                self.future.set_result(self._finish(self))
-            except BaseException as e:  # delivered to the waiting forward pass
-                self.future.set_exception(e)
+            return self._left == 0
+
+    def settle(self, result: Tensor | None = None, error: BaseException | None = None) -> None:
+        with self.lock:
+            if self.future.done():  # failed or cancelled already
+                return
+            if error is not None:
+                self.future.set_exception(error)
+            else:
+                self.future.set_result(result)
 
 
 class Scheduler:
-    """Thread pools that load tensors from ``pack``.
+    """Priority thread pools that load tensors from ``pack``.
 
     Args:
         pack: the store's pack reader.
-        threads: P decode threads (>= 1); one extra thread does the SM / raw reads.
+        threads: P decode threads (>= 1); one extra thread does every read.
         d_dec, d_sm: delay constants for :func:`dispatch_order` (seconds).
     """
 
@@ -149,48 +159,33 @@ class Scheduler:
         self.pack = pack
         self.threads = threads
         self.d_dec, self.d_sm = d_dec, d_sm
-        self.compute = ThreadPoolExecutor(threads, thread_name_prefix="moelab-decode")
-        self.io = ThreadPoolExecutor(1, thread_name_prefix="moelab-read")
+        self.compute = PriorityPool(threads, "moelab-decode")
+        self.io = PriorityPool(1, "moelab-read")
         self.stats = LoadStats()
 
     def close(self) -> None:
-        self.compute.shutdown(wait=True, cancel_futures=True)
-        self.io.shutdown(wait=True, cancel_futures=True)
+        self.compute.shutdown()
+        self.io.shutdown()
 
-    # -------------------------------------------------------------- pieces run on threads
+    # -------------------------------------------------------------- the pieces
     def _fail(self, task: TensorTask, e: BaseException) -> BaseException:
-        if isinstance(e, StoreError):
-            return e
+        if isinstance(e, StoreError) or not isinstance(e, TensorDecodeError | OSError):
+            return e  # a StoreError names the expert already; anything else is a bug
         return StoreError(f"{self.pack.where(task.layer, task.expert, task.name)}: {e}")
 
-    def _read_sm(self, job: _Job) -> None:
-        t = job.task
-        try:
-            blob = self.pack.read_segment(
-                t.layer, t.expert, t.name, t.spec["sm"], "sign-mantissa bytes"
-            )
-            job.sm = np.frombuffer(blob, dtype=np.uint8)
-        except BaseException as e:
-            job.part_done(self._fail(t, e))
-            return
-        job.part_done()
+    def _segment(self, task: TensorTask, ref: dict[str, Any], what: str) -> bytes:
+        return self.pack.read_segment(task.layer, task.expert, task.name, ref, what)
 
-    def _chunk(self, job: _Job, i: int, start: int) -> None:
-        t = job.task
+    def _decode_into(self, job: _Job, i: int, start: int, blob: bytes) -> None:
+        t0 = time.perf_counter()
         try:
-            blob = self.pack.read_segment(
-                t.layer, t.expert, t.name, t.spec["chunks"][i], f"exponent chunk {i}"
-            )
-            t0 = time.perf_counter()
-            part = decode_exponent_chunk(t.spec, i, blob)
-            job.exp[start : start + part.shape[0]] = part
-            self.stats.add(decode=time.perf_counter() - t0)
-        except BaseException as e:
-            job.part_done(self._fail(t, e))
-            return
-        job.part_done()
+            part = decode_exponent_chunk(job.task.spec, i, blob)
+        except TensorDecodeError as e:
+            raise self._fail(job.task, e) from None
+        job.exp[start : start + part.shape[0]] = part
+        self.stats.add(decode=time.perf_counter() - t0)
 
-    def _assemble(self, job: _Job) -> Tensor:
+    def _assembled(self, job: _Job) -> Tensor:
         t0 = time.perf_counter()
         try:
             out = assemble(job.task.spec, job.exp, job.sm, job.task.verify)
@@ -199,10 +194,8 @@ class Scheduler:
         self.stats.add(merge=time.perf_counter() - t0, tensors=1)
         return out
 
-    def _raw(self, task: TensorTask) -> Tensor:
-        blob = self.pack.read_segment(
-            task.layer, task.expert, task.name, task.spec["raw"], "raw bytes"
-        )
+    def _raw_tensor(self, task: TensorTask) -> Tensor:
+        blob = self._segment(task, task.spec["raw"], "raw bytes")
         try:
             out = decode_raw(task.spec, blob, task.verify)
         except TensorDecodeError as e:
@@ -210,41 +203,101 @@ class Scheduler:
         self.stats.add(tensors=1)
         return out
 
+    # -------------------------------------------------------------- pool entries
+    def _queue(self, pool: PriorityPool, job: _Job, fn: Callable[..., None], *args: Any) -> None:
+        with job.lock:  # so that a promotion cannot miss an entry queued concurrently
+            job.entries.append(
+                (pool, pool.submit(job.priority, Entry(self._guarded, job, fn, args)))
+            )
+
+    def _guarded(self, job: _Job, fn: Callable[..., None], args: tuple) -> None:
+        if job.future.done():
+            return
+        try:
+            fn(job, *args)
+        except BaseException as e:  # delivered to the waiting forward pass
+            job.settle(error=self._fail(job.task, e))
+
+    def _chunk_blobs(self, task: TensorTask) -> list[bytes]:
+        refs = task.spec["chunks"]
+        what = [f"exponent chunk {i}" for i in range(len(refs))]
+        return self.pack.read_segments(task.layer, task.expert, task.name, refs, what)
+
+    def _read_chunks(self, job: _Job) -> None:
+        bounds = np.cumsum([0, *job.task.spec["chunk_symbols"]])
+        for i, blob in enumerate(self._chunk_blobs(job.task)):
+            self._queue(self.compute, job, self._decode_chunk, i, int(bounds[i]), blob)
+
+    def _decode_chunk(self, job: _Job, i: int, start: int, blob: bytes) -> None:
+        self._decode_into(job, i, start, blob)
+        if job.part_done():
+            job.settle(self._assembled(job))
+
+    def _read_sm(self, job: _Job) -> None:
+        blob = self._segment(job.task, job.task.spec["sm"], "sign-mantissa bytes")
+        job.sm = np.frombuffer(blob, dtype=np.uint8)
+        if job.part_done():  # recombine on a decode thread: the I/O thread moves on
+            self._queue(self.compute, job, lambda j: j.settle(self._assembled(j)))
+
     # -------------------------------------------------------------- public
-    def submit(self, tasks: list[TensorTask]) -> list[tuple[TensorTask, Future]]:
-        """Start loading ``tasks`` in ZipMoE dispatch order; returns a future per task
-        (resolving to the decoded tensor, its SM bytes kept on ``job``)."""
+    def submit(
+        self, tasks: list[TensorTask], priority: int = DEMAND
+    ) -> list[tuple[TensorTask, Future]]:
+        """Start loading ``tasks`` in ZipMoE dispatch order at ``priority`` (``DEMAND`` or
+        ``PREFETCH``); returns a future per task (resolving to the decoded tensor; its
+        ``job`` attribute keeps the SM bytes)."""
         out = []
         for task in dispatch_order(tasks, self.threads, self.d_dec, self.d_sm):
             if task.spec["layout"] == "raw":
-                out.append((task, self.io.submit(self._raw, task)))
+                job = _Job(task, 1, priority)
+                self._queue(self.io, job, lambda j: j.settle(self._raw_tensor(j.task)))
+                out.append((task, job.future))
                 continue
-            bounds = np.cumsum([0, *task.spec["chunk_symbols"]])
-            job = _Job(task, task.n_chunks + task.type_one, self._assemble)
+            job = _Job(task, task.n_chunks + task.type_one, priority)
+            if task.n_chunks:
+                self._queue(self.io, job, self._read_chunks)
             if task.type_one:
-                self.io.submit(self._read_sm, job)
-            for i in range(task.n_chunks):
-                self.compute.submit(self._chunk, job, i, int(bounds[i]))
+                self._queue(self.io, job, self._read_sm)
             if task.n_chunks + task.type_one == 0:  # empty tensor
-                job.future.set_result(self._assemble(job))
-            job.future.job = job  # type: ignore[attr-defined]
+                job.settle(self._assembled(job))
             out.append((task, job.future))
         return out
 
+    def promote(self, futures: list[Future]) -> None:
+        """Raise the queued parts of these loads (prefetches now needed) to ``DEMAND``."""
+        for f in futures:
+            job = f.job  # type: ignore[attr-defined]
+            with job.lock:
+                if job.priority == DEMAND:
+                    continue
+                job.priority = DEMAND
+                for pool, entry in job.entries:
+                    pool.submit(DEMAND, entry)
+
+    def cancel(self, futures: list[Future]) -> None:
+        """Drop the queued parts of these loads (prefetches of a layer that has passed)."""
+        for f in futures:
+            job = f.job  # type: ignore[attr-defined]
+            with job.lock:
+                for _, entry in job.entries:
+                    entry.claim()
+                f.cancel()
+
     def load_serial(self, task: TensorTask) -> tuple[Tensor, np.ndarray | None]:
         """Load one tensor on the calling thread (naive offloading); returns it and, for the
-        split layout, its SM bytes."""
+        split layout, its SM bytes.
+
+        Raises:
+            StoreError: a segment or the tensor fails its checksum.
+        """
         if task.spec["layout"] == "raw":
-            return self._raw(task), None
-        parts = task.n_chunks + task.type_one
-        job = _Job(task, parts, self._assemble)
-        if task.type_one:
-            self._read_sm(job)
+            return self._raw_tensor(task), None
+        job = _Job(task, 0, DEMAND)
         bounds = np.cumsum([0, *task.spec["chunk_symbols"]])
-        for i in range(task.n_chunks):
-            if job.future.done():
-                break
-            self._chunk(job, i, int(bounds[i]))
-        if parts == 0:
-            job.future.set_result(self._assemble(job))
-        return job.future.result(), job.sm
+        for i, blob in enumerate(self._chunk_blobs(task)):
+            self._decode_into(job, i, int(bounds[i]), blob)
+        if task.type_one:
+            job.sm = np.frombuffer(
+                self._segment(task, task.spec["sm"], "sign-mantissa bytes"), np.uint8
+            )
+        return self._assembled(job), job.sm
