@@ -16,7 +16,10 @@ For every ``--run`` (cast to bf16):
    - *LFU + prefetch* (MoE-Infinity-like): uncompressed store, LFU, the next layer's top-k
      predicted experts prefetched on a background thread;
    - *ZipMoE*: zstd store, planned full/sign-mantissa tiers, token-weighted LFU with
-     admission, the Type-I/II scheduler on ``--threads`` decode threads.
+     admission, the Type-I/II scheduler on ``--threads`` decode threads;
+   - *ZipMoE + gate prefetch*: the same, plus ``--gate-prefetch`` experts of the next layer
+     guessed by its router on the current hidden state and loaded at prefetch priority
+     (:mod:`moelab.serve.offload.lookahead`; not part of ZipMoE).
    Every configuration is run ``--repeats`` times, the configurations shuffled per round
    (interleaved, so background load hits all alike); mean ± sd over the rounds. Every
    offloaded generation is checked token for token against the in-memory one.
@@ -57,7 +60,7 @@ from moelab.serve.offload.engine import MIB
 from moelab.serve.offload.policies import simulate
 from moelab.serve.offload.trace import record_requests, record_trace
 
-SYSTEMS = ("naive offload", "LFU + prefetch", "ZipMoE")
+SYSTEMS = ("naive offload", "LFU + prefetch", "ZipMoE", "ZipMoE + gate prefetch")
 
 
 def sizes(model) -> list[dict]:
@@ -183,12 +186,15 @@ def bench_run(run: Path, args) -> None:
                     m = load_offloaded(work / f"{name}-raw", policy="lru", threads=0, **kw)
                 elif system == "LFU + prefetch":
                     m = load_offloaded(
-                        work / f"{name}-raw", policy="lfu", threads=args.threads, prefetch=k, **kw
-                    )
+                        work / f"{name}-raw", policy="lfu", threads=args.threads, prefetch=k,
+                        predictor="history", **kw,
+                    )  # fmt: skip
                 else:
                     m = load_offloaded(
-                        work / f"{name}-zstd", policy="zipmoe", threads=args.threads, **kw
-                    )
+                        work / f"{name}-zstd", policy="zipmoe", threads=args.threads,
+                        prefetch=args.gate_prefetch if system.endswith("gate prefetch") else 0,
+                        **kw,
+                    )  # fmt: skip
                 eng = offload_engine(m)
                 out, s, (a, b) = timed_generation(m, prompt, args.tokens, eng.snapshot)
                 requests = max(b.requests - a.requests, 1)
@@ -197,6 +203,10 @@ def bench_run(run: Path, args) -> None:
                     hit_full=(b.hits_full - a.hits_full) / requests,
                     hit_sm=(b.hits_sm - a.hits_sm) / requests,
                     mb_per_token=(b.bytes_read - a.bytes_read) / 1e6 / max(len(out) - 1, 1),
+                    prefetch_used=(b.prefetch_hits - a.prefetch_hits)
+                    / max(b.prefetch_issued - a.prefetch_issued, 1)
+                    if b.prefetch_issued > a.prefetch_issued
+                    else None,
                     plan=f"{plan.n_full}F+{plan.n_sm}SM"
                     if plan is not None and plan.kind == "two_tier"
                     else "",
@@ -219,12 +229,12 @@ def print_speed(args, configs, results, stats, prompt, expert_total, identical, 
         f"{'yes' if identical else 'NO'}"
     )
     print(
-        "| storage | budget | system | ms/token | tok/s | vs naive | hit full / SM | MB read/token | tiers/layer |"
+        "| storage | budget | system | ms/token | tok/s | vs naive | hit full / SM | MB read/token | prefetches used | tiers/layer |"
     )
-    print("|---|---:|---|---:|---:|---:|---:|---:|---|")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---|")
     mem = results[configs[0]]
     print(
-        f"| - | 100 % | in memory | {1e3 * statistics.mean(mem):.1f} ± {1e3 * _sd(mem):.1f} | {1 / statistics.mean(mem):.2f} | | | | |"
+        f"| - | 100 % | in memory | {1e3 * statistics.mean(mem):.1f} ± {1e3 * _sd(mem):.1f} | {1 / statistics.mean(mem):.2f} | | | | | |"
     )
     for cap in (None, args.storage_mbps):
         for pct in args.budgets:
@@ -234,11 +244,12 @@ def print_speed(args, configs, results, stats, prompt, expert_total, identical, 
                 st = stats[(system, pct, cap)]
                 mean = statistics.mean(ts)
                 rel = "" if system == "naive offload" else f"{100 * (mean / naive - 1):+.0f} %"
+                used = "" if st["prefetch_used"] is None else f"{100 * st['prefetch_used']:.0f} %"
                 print(
                     f"| {'page cache' if cap is None else f'{cap:g} MB/s cap'} | {pct} % | {system} | "
                     f"{1e3 * mean:.1f} ± {1e3 * _sd(ts):.1f} | {1 / mean:.2f} | {rel} | "
                     f"{100 * st['hit_full']:.0f} % / {100 * st['hit_sm']:.0f} % | "
-                    f"{st['mb_per_token']:.1f} | {st['plan']} |"
+                    f"{st['mb_per_token']:.1f} | {used} | {st['plan']} |"
                 )
 
 
@@ -258,6 +269,9 @@ def main() -> None:
     )
     ap.add_argument("--storage-mbps", type=float, default=300.0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--gate-prefetch", type=int, default=1, help="experts prefetched per layer (gate row)"
+    )
     ap.add_argument("--no-sizes", action="store_true", help="skip table (1)")
     ap.add_argument(
         "--repeats", type=int, default=2, help="timed rounds (0: sizes and hit rates only)"
