@@ -76,8 +76,10 @@ def split(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     raise InvalidTypeError(f"bits: expected uint16 or uint32, got {bits.dtype}")
 
 
-def merge(exp: np.ndarray, sm: np.ndarray, dtype: str) -> np.ndarray:
-    """Inverse of :func:`split`: ``uint8`` exponent and sign-mantissa bytes → bit patterns.
+def merge(exp: np.ndarray, sm: np.ndarray, dtype: str, out: np.ndarray | None = None) -> np.ndarray:
+    """Inverse of :func:`split`: ``uint8`` exponent and sign-mantissa bytes → bit patterns,
+    written into ``out`` (``[N]`` ``uint16``/``uint32``, e.g. a slice of the whole tensor's
+    array, so that pieces can be merged on different threads) or a new array.
 
     Raises:
         ValueError: the two streams do not describe the same number of elements.
@@ -87,17 +89,24 @@ def merge(exp: np.ndarray, sm: np.ndarray, dtype: str) -> np.ndarray:
     if sm.shape[0] != n * b:
         raise InvalidValueError(f"sign-mantissa stream: expected {n * b} bytes, got {sm.shape[0]}")
     if dtype == "bfloat16":
+        if out is None:
+            out = np.empty(n, dtype=np.uint16)
+        np.left_shift(exp, 7, out=out, dtype=np.uint16)
         s = sm.astype(np.uint16)
-        out = exp.astype(np.uint16) << 7
-        out |= (s & 0x80) << 8
         out |= s & 0x7F
+        s &= 0x80
+        s <<= 8
+        out |= s
         return out
     wide = np.zeros((n, 4), dtype=np.uint8)
     wide[:, :3] = sm.reshape(n, 3)
     s = wide.reshape(-1).view("<u4").astype(np.uint32)
-    out = exp.astype(np.uint32) << 23
-    out |= (s & 0x800000) << 8
-    out |= s & 0x7FFFFF
+    bits = exp.astype(np.uint32) << 23
+    bits |= (s & 0x800000) << 8
+    bits |= s & 0x7FFFFF
+    if out is None:
+        return bits
+    out[:] = bits
     return out
 
 

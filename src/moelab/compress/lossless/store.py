@@ -198,11 +198,19 @@ class ExpertPack:
             raise StoreError(f"{self.where(layer, expert, name)}: {e}") from None
 
     def read_segments(
-        self, layer: int, expert: int, name: str, refs: list[dict], what: list[str]
+        self,
+        layer: int,
+        expert: int,
+        name: str,
+        refs: list[dict],
+        what: list[str],
+        check: bool = True,
     ) -> list[bytes]:
-        """CRC-checked segments that lie back to back in the pack, fetched as one request (as
-        a tensor's exponent chunks do): a storage device serves one large read faster than
-        many small ones, and each request costs the reading thread a round trip.
+        """Segments that lie back to back in the pack, fetched as one request (as a tensor's
+        exponent chunks do): a storage device serves one large read faster than many small
+        ones, and each request costs the reading thread a round trip. With ``check`` each is
+        CRC-checked here; without, the caller checks them (``check_segment``), e.g. on
+        another thread so that the reading thread can issue the next read.
 
         Raises:
             StoreError: a segment is short or fails its checksum (names the expert), or the
@@ -221,6 +229,8 @@ class ExpertPack:
         def sliced(offset: int, size: int) -> bytes:
             return span[offset - first : offset - first + size]
 
+        if not check:
+            return [sliced(r["offset"], r["size"]) for r in refs]
         try:
             return [read_segment(sliced, ref, w) for ref, w in zip(refs, what, strict=True)]
         except TensorDecodeError as e:

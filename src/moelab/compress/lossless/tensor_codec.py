@@ -151,12 +151,20 @@ def encode_tensor(t: Tensor, codec: str = "best", chunks: int = DEFAULT_CHUNKS) 
 
 # ----------------------------------------------------------------------------- decoding
 def read_segment(read: ReadFn, ref: dict[str, Any], what: str) -> bytes:
-    """Read one segment and check its size and CRC-32.
+    """Read one segment and check its size and CRC-32 (:func:`check_segment`).
 
     Raises:
         TensorDecodeError: short read or checksum mismatch (``what`` names the segment).
     """
-    data = read(ref["offset"], ref["size"])
+    return check_segment(read(ref["offset"], ref["size"]), ref, what)
+
+
+def check_segment(data: bytes, ref: dict[str, Any], what: str) -> bytes:
+    """``data`` if it has the size and CRC-32 that ``ref`` records.
+
+    Raises:
+        TensorDecodeError: short read or checksum mismatch (``what`` names the segment).
+    """
     if len(data) != ref["size"]:
         raise TensorDecodeError(
             f"{what}: truncated (read {len(data)} of {ref['size']} bytes at offset {ref['offset']})"
@@ -184,13 +192,36 @@ def assemble(
         TensorDecodeError: the result's sha256 differs from the stored one (``verify``).
     """
     sm_arr = np.frombuffer(sm, dtype=np.uint8) if isinstance(sm, bytes | bytearray) else sm
-    if exp.shape[0] != spec["numel"] or sm_arr.shape[0] != spec["numel"] * SM_BYTES[spec["dtype"]]:
+    check_streams(spec, exp, sm_arr)
+    return finish_tensor(spec, merge(exp, sm_arr, spec["dtype"]), verify)
+
+
+def check_streams(spec: dict[str, Any], exp: np.ndarray, sm: np.ndarray) -> None:
+    """Raises :class:`TensorDecodeError` unless the streams have the tensor's lengths."""
+    if exp.shape[0] != spec["numel"] or sm.shape[0] != spec["numel"] * SM_BYTES[spec["dtype"]]:
         raise TensorDecodeError("exponent/sign-mantissa streams have the wrong length")
-    bits = merge(exp, sm_arr, spec["dtype"])
-    return _finish(spec, bits, verify)
 
 
-def _finish(spec: dict[str, Any], bits: np.ndarray, verify: bool) -> Tensor:
+def merge_range(
+    spec: dict[str, Any], bits: np.ndarray, exp: np.ndarray, sm: np.ndarray, a: int, b: int
+) -> None:
+    """Recombine elements ``[a, b)`` of a ``split`` tensor into ``bits[a:b]`` (pieces of one
+    tensor can be merged on different threads)."""
+    w = SM_BYTES[spec["dtype"]]
+    merge(exp[a:b], sm[a * w : b * w], spec["dtype"], out=bits[a:b])
+
+
+def empty_bits(spec: dict[str, Any]) -> np.ndarray:
+    """An uninitialised ``[numel]`` array for the tensor's bit patterns."""
+    return np.empty(spec["numel"], dtype=np.uint16 if spec["dtype"] == "bfloat16" else np.uint32)
+
+
+def finish_tensor(spec: dict[str, Any], bits: np.ndarray, verify: bool) -> Tensor:
+    """The tensor of ``bits``, after checking their sha256 (``verify``).
+
+    Raises:
+        TensorDecodeError: the sha256 differs from the stored one.
+    """
     if verify and hashlib.sha256(bits.tobytes()).hexdigest() != spec["sha256"]:
         raise TensorDecodeError("sha256 of the decoded tensor does not match the stored one")
     return bits_to_tensor(bits, spec["dtype"], tuple(spec["shape"]))
@@ -201,7 +232,7 @@ def decode_raw(spec: dict[str, Any], blob: bytes, verify: bool = True) -> Tensor
     dt = np.uint16 if spec["dtype"] == "bfloat16" else np.uint32
     if len(blob) != spec["numel"] * ELEMENT_BYTES[spec["dtype"]]:
         raise TensorDecodeError("raw tensor bytes have the wrong length")
-    return _finish(spec, np.frombuffer(blob, dtype=dt).copy(), verify)
+    return finish_tensor(spec, np.frombuffer(blob, dtype=dt).copy(), verify)
 
 
 def decode_tensor(spec: dict[str, Any], read: ReadFn, verify: bool = True) -> Tensor:

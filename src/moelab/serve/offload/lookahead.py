@@ -29,9 +29,9 @@ def guess_experts(block: nn.Module, h: Tensor, n: int) -> list[int]:
     logits = router.logits(block.ffn_norm(h).reshape(-1, h.shape[-1])).float()
     k = min(router.config.top_k, logits.shape[-1])
     top = logits.topk(k, dim=-1).indices.reshape(-1)
-    votes = torch.bincount(top, minlength=logits.shape[-1]).double()
-    score = votes + logits.sum(0).double().softmax(0)  # the softmax (< 1) only breaks ties
-    order = score.argsort(descending=True)[:n]
+    votes = torch.bincount(top, minlength=logits.shape[-1])
+    by_logit = logits.sum(0).argsort(descending=True, stable=True)  # the tie-break
+    order = by_logit[votes[by_logit].argsort(descending=True, stable=True)][:n]
     return [int(e) for e in order if votes[e] > 0]
 
 

@@ -23,12 +23,15 @@ one whose layer has passed are cancelled (the authors pre-empt mispredicted pref
 Our choices [I]: every read (exponent chunks, then the SM bytes, of each task in dispatch
 order) goes to the one I/O thread, so the storage device, which serves one request at a time,
 serves them in priority order; the authors read exponent chunks on the compute threads, where
-they mostly come from the page cache. The ``P`` compute threads decode chunks as their reads
-complete, in priority order.
+they mostly come from the page cache. A tensor's exponent chunks are one request. The I/O
+thread only reads: CRC-32 checks, chunk decodes and the recombination (one piece per chunk)
+run on the ``P`` compute threads in priority order, so that the next read is issued at once
+and the forward pass, after a tensor's last read, waits for part of one recombination.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -43,8 +46,13 @@ from moelab.compress.lossless.store import ExpertPack, StoreError
 from moelab.compress.lossless.tensor_codec import (
     TensorDecodeError,
     assemble,
+    check_segment,
+    check_streams,
     decode_exponent_chunk,
     decode_raw,
+    empty_bits,
+    finish_tensor,
+    merge_range,
 )
 from moelab.errors import InvalidValueError
 from moelab.serve.offload.pool import DEMAND, Entry, PriorityPool
@@ -125,8 +133,15 @@ class _Job:
         self.future.job = self  # type: ignore[attr-defined]
         self.priority = priority
         self.entries: list[tuple[PriorityPool, Entry]] = []
+        self.sm_blob: bytes | None = None  # SM bytes read for this load, CRC not yet checked
+        self.bits: np.ndarray | None = None
         self._left = parts
         self.lock = threading.Lock()
+
+    def arm(self, parts: int) -> None:
+        """Start counting the next phase's ``parts``."""
+        with self.lock:
+            self._left = parts
 
     def part_done(self) -> bool:
         """Count one finished part; True for the last."""
@@ -218,26 +233,78 @@ class Scheduler:
         except BaseException as e:  # delivered to the waiting forward pass
             job.settle(error=self._fail(job.task, e))
 
-    def _chunk_blobs(self, task: TensorTask) -> list[bytes]:
+    def _chunk_blobs(self, task: TensorTask, check: bool = True) -> list[bytes]:
         refs = task.spec["chunks"]
         what = [f"exponent chunk {i}" for i in range(len(refs))]
-        return self.pack.read_segments(task.layer, task.expert, task.name, refs, what)
+        return self.pack.read_segments(task.layer, task.expert, task.name, refs, what, check)
+
+    def _read(self, ref: dict[str, Any]) -> bytes:
+        """A segment's bytes, unchecked: its CRC-32 is checked on a decode thread, so that
+        the I/O thread can issue the next read at once."""
+        return self.pack.read(ref["offset"], ref["size"])
 
     def _read_chunks(self, job: _Job) -> None:
         bounds = np.cumsum([0, *job.task.spec["chunk_symbols"]])
-        for i, blob in enumerate(self._chunk_blobs(job.task)):
+        for i, blob in enumerate(self._chunk_blobs(job.task, check=False)):
             self._queue(self.compute, job, self._decode_chunk, i, int(bounds[i]), blob)
 
     def _decode_chunk(self, job: _Job, i: int, start: int, blob: bytes) -> None:
+        blob = check_segment(blob, job.task.spec["chunks"][i], f"exponent chunk {i}")
         self._decode_into(job, i, start, blob)
         if job.part_done():
-            job.settle(self._assembled(job))
+            self._merge_pieces(job)
 
     def _read_sm(self, job: _Job) -> None:
-        blob = self._segment(job.task, job.task.spec["sm"], "sign-mantissa bytes")
-        job.sm = np.frombuffer(blob, dtype=np.uint8)
-        if job.part_done():  # recombine on a decode thread: the I/O thread moves on
-            self._queue(self.compute, job, lambda j: j.settle(self._assembled(j)))
+        job.sm_blob = self._read(job.task.spec["sm"])
+        job.sm = np.frombuffer(job.sm_blob, dtype=np.uint8)
+        if job.part_done():
+            self._merge_pieces(job)
+
+    def _merge_pieces(self, job: _Job) -> None:
+        """Queue the recombination as one piece per exponent chunk, plus the CRC-32 check of
+        freshly read SM bytes, on the decode threads; the last of them finishes the tensor.
+        (Pieces rather than one merge: both threads share the work, and the forward pass
+        waits for only part of it after the tensor's last read.)"""
+        spec = job.task.spec
+        check_streams(spec, job.exp, job.sm)
+        job.bits = empty_bits(spec)
+        edges = np.cumsum([0, *spec["chunk_symbols"]]).tolist()
+        pieces = list(itertools.pairwise(edges))
+        job.arm(len(pieces) + (job.sm_blob is not None))
+        if job.sm_blob is not None:
+            self._queue(self.compute, job, self._check_sm)
+        for a, b in pieces:
+            self._queue(self.compute, job, self._merge_piece, a, b)
+        if not pieces and job.sm_blob is None:
+            self._finish(job)
+
+    def _check_sm(self, job: _Job) -> None:
+        check_segment(job.sm_blob, job.task.spec["sm"], "sign-mantissa bytes")
+        if job.part_done():
+            self._finish(job)
+
+    def _merge_piece(self, job: _Job, a: int, b: int) -> None:
+        t0 = time.perf_counter()
+        merge_range(job.task.spec, job.bits, job.exp, job.sm, a, b)
+        self.stats.add(merge=time.perf_counter() - t0)
+        if job.part_done():
+            self._finish(job)
+
+    def _finish(self, job: _Job) -> None:
+        t0 = time.perf_counter()
+        out = finish_tensor(job.task.spec, job.bits, job.task.verify)
+        self.stats.add(merge=time.perf_counter() - t0, tensors=1)
+        job.settle(out)
+
+    def _read_raw(self, job: _Job) -> None:
+        blob = self._read(job.task.spec["raw"])
+        self._queue(self.compute, job, self._decode_raw, blob)
+
+    def _decode_raw(self, job: _Job, blob: bytes) -> None:
+        check_segment(blob, job.task.spec["raw"], "raw bytes")
+        out = decode_raw(job.task.spec, blob, job.task.verify)
+        self.stats.add(tensors=1)
+        job.settle(out)
 
     # -------------------------------------------------------------- public
     def submit(
@@ -250,7 +317,7 @@ class Scheduler:
         for task in dispatch_order(tasks, self.threads, self.d_dec, self.d_sm):
             if task.spec["layout"] == "raw":
                 job = _Job(task, 1, priority)
-                self._queue(self.io, job, lambda j: j.settle(self._raw_tensor(j.task)))
+                self._queue(self.io, job, self._read_raw)
                 out.append((task, job.future))
                 continue
             job = _Job(task, task.n_chunks + task.type_one, priority)
