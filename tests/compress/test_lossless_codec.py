@@ -11,8 +11,10 @@ from moelab.compress.lossless.bitfield import entropy_bits, merge, split, tensor
 from moelab.compress.lossless.tensor_codec import (
     chunk_bounds,
     decode_exponent_chunk,
+    empty_bits,
     encode_tensor,
     memory_read,
+    merge_range,
     round_trip,
 )
 
@@ -86,6 +88,22 @@ def test_split_layout_matches_the_bit_fields():
     # every 16-bit pattern survives split + merge
     allbits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     assert np.array_equal(merge(*split(allbits), "bfloat16"), allbits)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_merging_in_pieces_equals_merging_whole(dtype):
+    """The scheduler recombines a tensor chunk by chunk on several threads, into slices of one
+    array, in any order."""
+    rng = np.random.default_rng(0)
+    n = 1001
+    bits = rng.integers(0, 1 << (16 if dtype == "bfloat16" else 32), n, dtype=np.uint64)
+    bits = bits.astype(np.uint16 if dtype == "bfloat16" else np.uint32)
+    exp, sm = split(bits)
+    spec = {"dtype": dtype, "numel": n}
+    out = empty_bits(spec)
+    for a, b in reversed(chunk_bounds(n, 5)):
+        merge_range(spec, out, exp, sm, a, b)
+    assert out.dtype == bits.dtype and np.array_equal(out, bits)
 
 
 def test_chunks_decode_independently():
