@@ -30,9 +30,9 @@ Stores are written under ``--work`` (reused when present). Decoded tensors are n
 sha256-checked in the timed runs (``verify="off"``: the round trip was verified when the
 store was written, and every segment's CRC-32 is still checked on every read).
 
-Example (the README's table):
-  python benchmarks/zipmoe.py --run /work/runs/smollm2-moe --run /work/runs/main \\
-      --tokens 6 --repeats 2 --storage-mbps 300
+Example (the README's table (2)):
+  python benchmarks/zipmoe.py --run runs/smollm2-moe --run runs/main \\
+      --tokens 16 --repeats 2 --no-sizes --storage-mbps 300
 """
 
 from __future__ import annotations
