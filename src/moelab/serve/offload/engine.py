@@ -132,7 +132,6 @@ class _Loading:
 
     futures: dict[str, Future]
     after: str | None
-    prefetched: bool = False
 
 
 @dataclass
@@ -200,9 +199,9 @@ class OffloadEngine:
     # ------------------------------------------------------------------------ setup
     def _measure_delays(self) -> DelayModel:
         """Delay constants from the store: ``d_dec`` = (chunk decodes + recombination) of
-        expert (0, 0)'s tensors per chunk, the best of 3 timings here [I: the authors' constant is a
-        profiled decompression time per tensor; our CPU recombination is not free, so it is
-        included]; ``d_sm`` = one tensor's SM bytes at the capped or a measured read
+        expert (0, 0)'s tensors per chunk, the best of 3 timings here [I: the authors'
+        constant is a profiled decompression time per tensor; our CPU recombination is not
+        free, so it is included]; ``d_sm`` = one tensor's SM bytes at the capped or a measured read
         bandwidth; ``CR`` = coded / raw exponent bytes."""
         specs = list(self.pack.tensors(0, 0).values())
         T = len(specs)
@@ -429,5 +428,5 @@ class OffloadEngine:
                 continue
             tasks = self._tasks(li, e, st.sm.get(e))
             started = self.scheduler.submit(tasks, PREFETCH)
-            self.prefetching[(li, e)] = _Loading({t.name: f for t, f in started}, None, True)
+            self.prefetching[(li, e)] = _Loading({t.name: f for t, f in started}, None)
             self.stats.prefetch_issued += 1

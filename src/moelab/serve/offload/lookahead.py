@@ -1,6 +1,6 @@
-"""Next-layer expert prediction from the router itself ("speculative loading", Eliseev & Mazur,
-arXiv 2312.17238, their speculative expert loading): when MoE layer ``l`` is about to run, the next MoE layer's router is
-applied to layer ``l``'s hidden state; the residual stream changes little between layers, so
+"""Next-layer expert prediction from the router itself (the speculative expert loading of
+Eliseev & Mazur, arXiv 2312.17238): when MoE layer ``l`` is about to run, the next MoE layer's
+router is applied to layer ``l``'s hidden state; the residual stream changes little between layers, so
 its top experts are likely the ones layer ``l+1`` will pick. The offload engine prefetches them
 while layer ``l`` loads and computes.
 
@@ -35,17 +35,14 @@ def guess_experts(block: nn.Module, h: Tensor, n: int) -> list[int]:
     return [int(e) for e in order if votes[e] > 0]
 
 
-def install(model: nn.Module, hint: Callable[[int, list[int]], None], n: int) -> list:
+def install(model: nn.Module, hint: Callable[[int, list[int]], None], n: int) -> None:
     """Hook every MoE block but the last so that, before its FFN runs, ``hint(i + 1, experts)``
-    receives the guess for MoE layer ``i + 1`` (MoE layers counted from 0). Returns the hook
-    handles."""
+    receives the guess for MoE layer ``i + 1`` (MoE layers counted from 0)."""
     blocks = [b for b in model.blocks if b.is_moe]
-    handles = []
     for i, (block, nxt) in enumerate(itertools.pairwise(blocks)):
 
         def guess(module, args, i=i, nxt=nxt):
             with torch.no_grad():
                 hint(i + 1, guess_experts(nxt, args[0], n))
 
-        handles.append(block.ffn_norm.register_forward_pre_hook(guess))
-    return handles
+        block.ffn_norm.register_forward_pre_hook(guess)

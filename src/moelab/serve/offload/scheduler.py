@@ -121,6 +121,11 @@ class LoadStats:
             self.tensors += tensors
 
 
+def _edges(spec: dict[str, Any]) -> list[int]:
+    """Element offsets where a ``split`` tensor's exponent chunks start, and its end."""
+    return [0, *itertools.accumulate(spec["chunk_symbols"])]
+
+
 class _Job:
     """A tensor being assembled from ``parts`` pieces that finish on different threads, with
     its priority and its queued pool entries (to promote or cancel them)."""
@@ -188,9 +193,6 @@ class Scheduler:
             return e  # a StoreError names the expert already; anything else is a bug
         return StoreError(f"{self.pack.where(task.layer, task.expert, task.name)}: {e}")
 
-    def _segment(self, task: TensorTask, ref: dict[str, Any], what: str) -> bytes:
-        return self.pack.read_segment(task.layer, task.expert, task.name, ref, what)
-
     def _decode_into(self, job: _Job, i: int, start: int, blob: bytes) -> None:
         t0 = time.perf_counter()
         try:
@@ -209,9 +211,10 @@ class Scheduler:
         self.stats.add(merge=time.perf_counter() - t0, tensors=1)
         return out
 
-    def _raw_tensor(self, task: TensorTask) -> Tensor:
-        blob = self._segment(task, task.spec["raw"], "raw bytes")
+    def _raw_tensor(self, task: TensorTask, blob: bytes) -> Tensor:
+        """A ``raw``-layout tensor from its unchecked bytes."""
         try:
+            check_segment(blob, task.spec["raw"], "raw bytes")
             out = decode_raw(task.spec, blob, task.verify)
         except TensorDecodeError as e:
             raise self._fail(task, e) from None
@@ -244,9 +247,9 @@ class Scheduler:
         return self.pack.read(ref["offset"], ref["size"])
 
     def _read_chunks(self, job: _Job) -> None:
-        bounds = np.cumsum([0, *job.task.spec["chunk_symbols"]])
+        edges = _edges(job.task.spec)
         for i, blob in enumerate(self._chunk_blobs(job.task, check=False)):
-            self._queue(self.compute, job, self._decode_chunk, i, int(bounds[i]), blob)
+            self._queue(self.compute, job, self._decode_chunk, i, edges[i], blob)
 
     def _decode_chunk(self, job: _Job, i: int, start: int, blob: bytes) -> None:
         blob = check_segment(blob, job.task.spec["chunks"][i], f"exponent chunk {i}")
@@ -268,8 +271,7 @@ class Scheduler:
         spec = job.task.spec
         check_streams(spec, job.exp, job.sm)
         job.bits = empty_bits(spec)
-        edges = np.cumsum([0, *spec["chunk_symbols"]]).tolist()
-        pieces = list(itertools.pairwise(edges))
+        pieces = list(itertools.pairwise(_edges(spec)))
         job.arm(len(pieces) + (job.sm_blob is not None))
         if job.sm_blob is not None:
             self._queue(self.compute, job, self._check_sm)
@@ -301,10 +303,7 @@ class Scheduler:
         self._queue(self.compute, job, self._decode_raw, blob)
 
     def _decode_raw(self, job: _Job, blob: bytes) -> None:
-        check_segment(blob, job.task.spec["raw"], "raw bytes")
-        out = decode_raw(job.task.spec, blob, job.task.verify)
-        self.stats.add(tensors=1)
-        job.settle(out)
+        job.settle(self._raw_tensor(job.task, blob))
 
     # -------------------------------------------------------------- public
     def submit(
@@ -358,13 +357,16 @@ class Scheduler:
             StoreError: a segment or the tensor fails its checksum.
         """
         if task.spec["layout"] == "raw":
-            return self._raw_tensor(task), None
+            return self._raw_tensor(task, self._read(task.spec["raw"])), None
         job = _Job(task, 0, DEMAND)
-        bounds = np.cumsum([0, *task.spec["chunk_symbols"]])
+        edges = _edges(task.spec)
         for i, blob in enumerate(self._chunk_blobs(task)):
-            self._decode_into(job, i, int(bounds[i]), blob)
+            self._decode_into(job, i, edges[i], blob)
         if task.type_one:
             job.sm = np.frombuffer(
-                self._segment(task, task.spec["sm"], "sign-mantissa bytes"), np.uint8
+                self.pack.read_segment(
+                    task.layer, task.expert, task.name, task.spec["sm"], "sign-mantissa bytes"
+                ),
+                np.uint8,
             )
         return self._assembled(job), job.sm
