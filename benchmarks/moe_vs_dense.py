@@ -164,6 +164,9 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=None,
                     help="MoE shapes E:k:F tried at the first budget (default: the preset's)")  # fmt: skip
     ap.add_argument("--data", default="mix")
+    ap.add_argument("--tokenizer", default="byte", choices=["byte", "bpe"],
+                    help="both models' tokenizer, trained on the training split (TrainConfig.tokenizer)")  # fmt: skip
+    ap.add_argument("--bpe-vocab-size", type=int, default=TrainConfig.bpe_vocab_size)
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                     help="training precision of both models (TrainConfig.precision)")  # fmt: skip
     ap.add_argument("--seeds", type=int, nargs="+", default=[0],
@@ -173,7 +176,13 @@ def main() -> None:
     args = ap.parse_args()
 
     base = TrainConfig(
-        data=args.data, precision=args.precision, eval_every=10**9, checkpoint_every=0, log_every=10
+        data=args.data,
+        tokenizer=args.tokenizer,
+        bpe_vocab_size=args.bpe_vocab_size,
+        precision=args.precision,
+        eval_every=10**9,
+        checkpoint_every=0,
+        log_every=10,
     )
     tokenizer, train_stream, _ = prepare_data(base, None)
     preset = default_model_config()
@@ -216,7 +225,10 @@ def main() -> None:
         if args.json:
             keep = [{k: v for k, v in r.items() if k != "setting"} for r in rows]
             args.json.write_text(json.dumps(keep, indent=1))
-    print(f"\nMoE vs dense twin, data={args.data}, seeds={args.seeds}, runs in {root}")
+    print(
+        f"\nMoE vs dense twin, data={args.data}, tokenizer={tokenizer.kind} "
+        f"(vocab {tokenizer.vocab_size}), seeds={args.seeds}, runs in {root}"
+    )
 
 
 if __name__ == "__main__":
