@@ -89,17 +89,17 @@ def test_plan_is_the_argmin_of_the_delay_model():
     # slots fit in one full slot's bytes: with p ≈ (1, 0.6, ...) two SM slots save
     # 0.8·1.6 > 1 full hit, so the planner gives the whole layer to the SM tier
     io_bound = DelayModel(tensors=3, threads=2, chunks=5, d_dec=1e-5, d_sm=1e-2, cr=0.2)
-    plan = plan_tiers(counts, 2, 8, 2e6, 2_000_000, 1_000_000, io_bound, window=1)
+    plan = plan_tiers(counts, 2, 8, 2e6, 2_000_000, 1_000_000, io_bound)
     assert (plan.kind, plan.n_full, plan.n_sm) == ("two_tier", 0, 2)
     # compute bound (slow decode): a full hit is the only saving that matters
     cpu_bound = DelayModel(tensors=3, threads=2, chunks=5, d_dec=1.0, d_sm=1e-4, cr=0.2)
-    plan = plan_tiers(counts, 2, 8, 2e6, 2_000_000, 1_000_000, cpu_bound, window=1)
+    plan = plan_tiers(counts, 2, 8, 2e6, 2_000_000, 1_000_000, cpu_bound)
     assert (plan.n_full, plan.n_sm) == (1, 0)
     # brute force over every split of a bigger budget
     pi = inclusion_probabilities(rank_distribution(counts), 2)
     w = cps_weights(pi, 2)
     p = np.minimum(w / (1 + w), 1 - 1e-9)
-    plan = plan_tiers(counts, 2, 8, 5e6, 2_000_000, 1_000_000, io_bound, window=1)
+    plan = plan_tiers(counts, 2, 8, 5e6, 2_000_000, 1_000_000, io_bound)
     best = min(
         layer_delay(
             hit_distribution(p, int(f * 5e6 // 2e6), min(8, int((1 - f) * 5e6 // 1e6)), 2),
@@ -111,3 +111,16 @@ def test_plan_is_the_argmin_of_the_delay_model():
     assert plan.expected_delay_s == pytest.approx(best)
     # top-1 models fall back to LFU
     assert plan_tiers(counts, 1, 8, 2e6, 2_000_000, 1_000_000, io_bound).kind == "lfu"
+
+
+def test_a_split_reached_at_one_fraction_only_is_not_lost():
+    # a budget of exactly two full slots: 2F+0SM exists only at f = 1 (f = 0.98, 0.99 give
+    # 1F+0SM). A window-5 smoothing of the curve (the authors' code) picked the 1F+1SM
+    # plateau here; the plan is the split with the least expected delay
+    counts = np.array([[[50, 30, 10, 5, 3, 1, 1, 0]] * 4])
+    m = DelayModel(tensors=2, threads=2, chunks=5, d_dec=6e-4, d_sm=4.4e-3, cr=0.37)
+    plan = plan_tiers(counts, 2, 8, 4e6, 2_000_000, 1_000_000, m)
+    assert (plan.n_full, plan.n_sm, plan.fraction) == (2, 0, 1.0)
+    one_one = [d for f, d in plan.curve if f == 0.6]
+    assert plan.expected_delay_s < one_one[0]
+    assert plan.expected_delay_s == pytest.approx(min(d for _, d in plan.curve))
