@@ -41,6 +41,7 @@ from moelab.data import sample_batch
 from moelab.models import ModelConfig, MoETransformer, count_params, dense_twin_config
 from moelab.train.config import TrainConfig
 from moelab.train.loop import mixed_precision, prepare_data, train
+from moelab.train.optim import build_optimizer
 from moelab.train.presets import default_model_config
 
 
@@ -56,7 +57,7 @@ def seconds_per_step(
     for name, model_cfg in model_cfgs.items():
         torch.manual_seed(cfg.seed)
         model = MoETransformer(model_cfg)
-        models[name] = (model, torch.optim.AdamW(model.parameters(), lr=cfg.lr))
+        models[name] = (model, build_optimizer(model, cfg))  # the loop's own optimizer
     times: dict[str, list[float]] = {name: [] for name in models}
     for r in range(rounds):
         for name, (model, opt) in models.items():
