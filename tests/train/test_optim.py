@@ -1,5 +1,6 @@
-"""The loop's AdamW: torch's fused kernel on whole parameters gives the default loop's update;
-shards of an expanded parameter (strided views) stay off it."""
+"""The loop's AdamW: torch's fused kernel on whole parameters gives the default loop's update,
+also after loading a checkpoint saved without it; shards of an expanded parameter (strided
+views) stay off it."""
 
 import torch
 
@@ -27,7 +28,7 @@ def test_fused_adamw_matches_the_default_loop():
     ref.load_state_dict(ours.state_dict())
     cfg = TrainConfig(lr=1e-2, weight_decay=0.1)
     opt = build_optimizer(ours, cfg)
-    assert [o.defaults["fused"] for o in opt.optimizers] == [True]
+    assert [g["fused"] for o in opt.optimizers for g in o.param_groups] == [True, True]
     params = [p for p in ref.parameters()]
     plain = torch.optim.AdamW(
         [
@@ -51,7 +52,7 @@ def test_expanded_shards_are_not_fused_and_update_like_the_default_loop():
     opt = build_optimizer(model, cfg)
     _steps(model, opt, 2)
     e = expand_live(model, opt, ExpandSpec(hidden=2), cfg, step=2, calib_ids=None, seed=0)
-    assert any(o.defaults["fused"] is None for o in e.optimizer.optimizers)
+    assert all(g["fused"] is None for o in e.optimizer.optimizers for g in o.param_groups)
     e.model.loss(IDS, IDS).loss.backward()
     name = "blocks.0.attn.q_proj.weight"
     grad = dict(e.model.named_parameters())[name].grad.clone()
@@ -66,5 +67,23 @@ def test_expanded_shards_are_not_fused_and_update_like_the_default_loop():
     assert new
     width = new[0].shape[1]
     torch.testing.assert_close(
-        e.optimizer.state_of(new[0])["exp_avg"], 0.1 * grad[:, -width:], rtol=1e-6, atol=1e-12
+        e.optimizer.state_of(new[0])["exp_avg"],
+        (1 - cfg.beta1) * grad[:, -width:],
+        rtol=1e-6,
+        atol=1e-12,
     )
+
+
+def test_a_checkpoint_saved_without_the_fused_kernel_resumes_on_it():
+    torch.manual_seed(0)
+    model = MoETransformer(tiny_model())
+    cfg = TrainConfig(lr=1e-2)
+    opt = build_optimizer(model, cfg)
+    _steps(model, opt, 2)
+    sd = opt.state_dict()
+    for osd in sd["optimizers"]:  # as written before the loop used the fused kernel
+        for g in osd["param_groups"]:
+            g["fused"] = None
+    resumed = build_optimizer(model, cfg, sd)
+    assert [g["fused"] for o in resumed.optimizers for g in o.param_groups] == [True, True]
+    assert float(resumed.state_of(next(model.parameters()))["step"]) == 2

@@ -2,7 +2,8 @@
 
 A shard is a rectangular region of one model parameter. Before any width expansion every
 shard is a whole parameter and the optimizer is plain ``torch.optim.AdamW`` (decay on
-matrices, none on norms/biases) — or, with ``optimizer="muon"``, ``torch.optim.Muon`` for the
+matrices, none on norms/biases; torch's fused kernel whenever every shard is a whole
+contiguous parameter, see :func:`_fusable`) — or, with ``optimizer="muon"``, ``torch.optim.Muon`` for the
 2-D hidden matrices and AdamW for the rest. After a width expansion
 (:mod:`moelab.train.expand`) a parameter is covered by several shards: the region its old
 entries occupy and the regions of the new entries. Each shard is a separate tensor for
@@ -262,11 +263,14 @@ class ShardedOptimizer:
             if self._muon is not None or self._adam is None:
                 raise ConfigError("optimizer: the checkpoint holds a plain AdamW state")
             self._adam.load_state_dict(sd)
-            return
-        if len(sd["optimizers"]) != len(self.optimizers):
-            raise ConfigError("optimizer: the checkpoint's optimizers do not match the layout")
-        for opt, osd in zip(self.optimizers, sd["optimizers"], strict=True):
-            opt.load_state_dict(osd)
+        else:
+            if len(sd["optimizers"]) != len(self.optimizers):
+                raise ConfigError("optimizer: the checkpoint's optimizers do not match the layout")
+            for opt, osd in zip(self.optimizers, sd["optimizers"], strict=True):
+                opt.load_state_dict(osd)
+        if self._adam is not None:  # torch restores the saved groups' `fused`, which
+            for g in self._adam.param_groups:  # older checkpoints lack: re-derive it
+                g["fused"] = self._adam.defaults["fused"]
 
 
 def build_optimizer(
@@ -289,7 +293,7 @@ class PlainAdamW(torch.optim.AdamW):
     """``torch.optim.AdamW`` on whole parameters (decay on matrices only) with the loop's
     ``set_lr``: what expert-parallel / FSDP2 training uses, since ``torch.distributed``'s
     sharded state dicts need a real ``torch.optim`` optimizer over the (DTensor) parameters.
-    No re-warmup groups and no Muon there."""
+    No re-warmup groups, no Muon and no fused kernel there."""
 
     def __init__(self, model: nn.Module, cfg: TrainConfig) -> None:
         params = [p for p in model.parameters() if p.requires_grad]

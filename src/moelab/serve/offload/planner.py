@@ -23,8 +23,8 @@ section (c), describe it).
    smoothing removes no noise, but it makes a split that the grid reaches at only one or two
    values of ``f`` lose to any wide plateau. Such splits occur whenever the budget is an exact
    multiple of the slot sizes. On the upcycled SmolLM2-MoE at 25 % of the expert bytes, the
-   smoothed argmin was 1F+1SM (10.1 ms expected per layer step; measured 566 ms per output
-   token under a 300 MB/s cap) instead of 2F+0SM (8.4 ms expected; measured 503 ms).]
+   smoothed argmin was 1F+1SM (10.1 ms expected per layer step) instead of 2F+0SM (8.4 ms);
+   two runs under a 300 MB/s cap measured 566 and 503 ms per output token with them.]
 8. Fall back to a single LFU tier when no split is feasible or for ``k = 1`` (Switch) models.
 
 Our choices [I]: the grid includes ``f = 0`` and ``f = 1`` (the code's ``0.01 … 0.99`` misses
