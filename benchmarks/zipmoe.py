@@ -243,7 +243,7 @@ def print_speed(args, configs, results, stats, prompt, expert_total, identical, 
                 ts = results[(system, pct, cap)]
                 st = stats[(system, pct, cap)]
                 mean = statistics.mean(ts)
-                rel = "" if system == "naive offload" else f"{100 * (mean / naive - 1):+.0f} %"
+                rel = "" if system == "naive offload" else f"{round(100 * (mean / naive - 1)):+d} %"
                 used = "" if st["prefetch_used"] is None else f"{100 * st['prefetch_used']:.0f} %"
                 print(
                     f"| {'page cache' if cap is None else f'{cap:g} MB/s cap'} | {pct} % | {system} | "
