@@ -21,6 +21,15 @@ def _steps(model, opt, n):
         opt.zero_grad()
 
 
+def _trained_two_steps():
+    torch.manual_seed(0)
+    model = MoETransformer(tiny_model())
+    cfg = TrainConfig(lr=1e-2)
+    opt = build_optimizer(model, cfg)
+    _steps(model, opt, 2)
+    return model, cfg, opt
+
+
 def test_fused_adamw_matches_the_default_loop():
     torch.manual_seed(0)
     ours = MoETransformer(tiny_model())
@@ -46,11 +55,7 @@ def test_fused_adamw_matches_the_default_loop():
 
 
 def test_expanded_shards_are_not_fused_and_update_like_the_default_loop():
-    torch.manual_seed(0)
-    model = MoETransformer(tiny_model())
-    cfg = TrainConfig(lr=1e-2)
-    opt = build_optimizer(model, cfg)
-    _steps(model, opt, 2)
+    model, cfg, opt = _trained_two_steps()
     e = expand_live(model, opt, ExpandSpec(hidden=2), cfg, step=2, calib_ids=None, seed=0)
     assert all(g["fused"] is None for o in e.optimizer.optimizers for g in o.param_groups)
     e.model.loss(IDS, IDS).loss.backward()
@@ -75,11 +80,7 @@ def test_expanded_shards_are_not_fused_and_update_like_the_default_loop():
 
 
 def test_a_checkpoint_saved_without_the_fused_kernel_resumes_on_it():
-    torch.manual_seed(0)
-    model = MoETransformer(tiny_model())
-    cfg = TrainConfig(lr=1e-2)
-    opt = build_optimizer(model, cfg)
-    _steps(model, opt, 2)
+    model, cfg, opt = _trained_two_steps()
     sd = opt.state_dict()
     for osd in sd["optimizers"]:  # as written before the loop used the fused kernel
         for g in osd["param_groups"]:
