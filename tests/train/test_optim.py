@@ -7,7 +7,7 @@ import torch
 from moelab.models import MoETransformer
 from moelab.train.config import TrainConfig
 from moelab.train.expand import ExpandSpec, expand_live
-from moelab.train.optim import build_optimizer
+from moelab.train.optim import PlainAdamW, build_optimizer
 
 from .conftest import tiny_model
 
@@ -38,16 +38,7 @@ def test_fused_adamw_matches_the_default_loop():
     cfg = TrainConfig(lr=1e-2, weight_decay=0.1)
     opt = build_optimizer(ours, cfg)
     assert [g["fused"] for o in opt.optimizers for g in o.param_groups] == [True, True]
-    params = [p for p in ref.parameters()]
-    plain = torch.optim.AdamW(
-        [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ],
-        lr=1e-2,
-        betas=(cfg.beta1, cfg.beta2),
-        eps=cfg.eps,
-    )
+    plain = PlainAdamW(ref, cfg)  # the same groups on torch's default (unfused) loop
     _steps(ours, opt, 3)
     _steps(ref, plain, 3)
     for (name, a), b in zip(ours.named_parameters(), ref.parameters(), strict=True):

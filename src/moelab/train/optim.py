@@ -3,8 +3,8 @@
 A shard is a rectangular region of one model parameter. Before any width expansion every
 shard is a whole parameter and the optimizer is plain ``torch.optim.AdamW`` (decay on
 matrices, none on norms/biases; torch's fused kernel whenever every shard is a whole
-contiguous parameter, see :func:`_fusable`) — or, with ``optimizer="muon"``, ``torch.optim.Muon`` for the
-2-D hidden matrices and AdamW for the rest. After a width expansion
+contiguous parameter, see :func:`_fusable`) — or, with ``optimizer="muon"``,
+``torch.optim.Muon`` for the 2-D hidden matrices and AdamW for the rest. After a width expansion
 (:mod:`moelab.train.expand`) a parameter is covered by several shards: the region its old
 entries occupy and the regions of the new entries. Each shard is a separate tensor for
 ``torch.optim`` — a *view* sharing the model parameter's storage, so the optimizer writes

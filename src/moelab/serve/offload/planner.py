@@ -28,8 +28,9 @@ section (c), describe it).
 8. Fall back to a single LFU tier when no split is feasible or for ``k = 1`` (Switch) models.
 
 Our choices [I]: the grid includes ``f = 0`` and ``f = 1`` (the code's ``0.01 … 0.99`` misses
-"all SM" and "all full" when the budget is an exact multiple of the slot size); inclusion probabilities above 1 are capped and the excess redistributed over
-the uncapped ranks until they sum to ``k``; ``M`` is the caller's per-layer byte budget (the code uses
+"all SM" and "all full" when the budget is an exact multiple of the slot size); inclusion
+probabilities above 1 are capped and the excess redistributed over the uncapped ranks until
+they sum to ``k``; ``M`` is the caller's per-layer byte budget (the code uses
 ``0.95 · device memory / #layers``); the delay constants ``d_dec`` (seconds per chunk decode),
 ``d_sm`` (seconds per tensor's sign-mantissa read) and ``CR`` are measured on the store and
 the machine rather than profiled on a Jetson.
