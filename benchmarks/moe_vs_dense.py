@@ -7,10 +7,11 @@ twin has one SwiGLU FFN per layer whose width matches the MoE's *active* paramet
 (``moelab.models.dense_twin``).
 
 Sweeps, all at the first budget: the dense twin trains once per ``--dense-lrs`` value, the
-MoE once per ``--shapes`` entry (``E:k:F``, all with the same active parameters, so one twin
-serves them) and ``--moe-lrs`` value; each side keeps its best run (lowest validation
-bits/byte), and the later budgets rerun only those two settings. The twin gets its own
-learning-rate sweep, so it is not handicapped by the MoE's rate.
+MoE once per ``--shapes`` entry (``E:k:F``, or ``E:k:F+S`` with a shared expert of width S;
+all with the same active parameters, so one twin serves them) and ``--moe-lrs`` value; each
+side keeps its best run (lowest validation bits/byte), and the later budgets rerun only those
+two settings. The twin gets its own learning-rate sweep, so it is not handicapped by the
+MoE's rate.
 
 With ``--seeds`` every run is repeated per seed (initialisation, data split and batch order;
 the runs go seed by seed, MoE and twin in turn). Each side's best setting is the one with the
@@ -144,12 +145,16 @@ def print_table(rows: list[dict], best: dict) -> None:
 
 
 def moe_shape(base: ModelConfig, spec: str) -> tuple[str, ModelConfig]:
-    """``"E:k:F"`` → (a label, ``base`` with E experts, top-k and expert width F)."""
-    E, k, F = (int(v) for v in spec.split(":"))
+    """``"E:k:F"`` or ``"E:k:F+S"`` → (a label, ``base`` with E experts, top-k, expert width
+    F and an always-on shared expert of width S, DeepSeekMoE-style; default S = 0)."""
+    routed, _, shared = spec.partition("+")
+    E, k, F = (int(v) for v in routed.split(":"))
+    S = int(shared or 0)
     cfg = copy.deepcopy(base)
     cfg.moe.router.num_experts, cfg.moe.router.top_k = E, k
     cfg.moe.experts.ffn_hidden_size = F
-    return f"moe {E}x{k}/{F}", cfg
+    cfg.moe.experts.shared_expert_size = S
+    return f"moe {E}x{k}/{F}" + (f"+{S}" if S else ""), cfg
 
 
 def main() -> None:
@@ -163,7 +168,7 @@ def main() -> None:
     ap.add_argument("--moe-lrs", type=float, nargs="+", default=None,
                     help="the MoE's learning rates (default: the preset's)")  # fmt: skip
     ap.add_argument("--shapes", nargs="+", default=None,
-                    help="MoE shapes E:k:F tried at the first budget (default: the preset's)")  # fmt: skip
+                    help="MoE shapes E:k:F or E:k:F+S (S: shared expert width) tried at the first budget (default: the preset's)")  # fmt: skip
     ap.add_argument("--data", default="mix")
     ap.add_argument("--tokenizer", default="byte", choices=["byte", "bpe"],
                     help="both models' tokenizer, trained on the training split (TrainConfig.tokenizer)")  # fmt: skip
@@ -192,9 +197,12 @@ def main() -> None:
     shapes = args.shapes or [f"{r.num_experts}:{r.top_k}:{e.ffn_hidden_size}"]
     moes = [moe_shape(preset, spec) for spec in shapes]
     dense = dense_twin_config(moes[0][1])
-    active = {c.moe.router.top_k * c.moe.experts.ffn_hidden_size for _, c in moes}
+    active = {
+        c.moe.router.top_k * c.moe.experts.ffn_hidden_size + c.moe.experts.shared_expert_size
+        for _, c in moes
+    }
     if len(active) > 1:  # the routers' E·D weights differ a little; the twin is the first's
-        raise SystemExit("--shapes: every shape needs the same active expert width k·F")
+        raise SystemExit("--shapes: every shape needs the same active expert width k·F + S")
     root = args.out or Path(tempfile.mkdtemp(prefix="moe_vs_dense_"))
     rows: list[dict] = []
     best: dict = {}
