@@ -194,7 +194,8 @@ def main() -> None:
     preset = default_model_config()
     preset.vocab_size = tokenizer.vocab_size
     r, e = preset.moe.router, preset.moe.experts
-    shapes = args.shapes or [f"{r.num_experts}:{r.top_k}:{e.ffn_hidden_size}"]
+    preset_shape = f"{r.num_experts}:{r.top_k}:{e.ffn_hidden_size}+{e.shared_expert_size}"
+    shapes = args.shapes or [preset_shape]
     moes = [moe_shape(preset, spec) for spec in shapes]
     dense = dense_twin_config(moes[0][1])
     active = {
