@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from moelab.models import load_model
+from moelab.parallel.launch import free_port
 from moelab.train.config import ConfigError
 from moelab.train.loop import mixed_precision, train
 
@@ -120,15 +121,16 @@ def test_refuses_to_overwrite_a_run_and_to_resume_nothing(corpus, tmp_path):
 def test_two_process_data_parallel_run(corpus, tmp_path):
     run = tmp_path / "ddp"
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29517",
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
         "-m", "moelab.cli", "train", "--data", str(corpus), "--out", str(run), "--no-progress",
         "--d-model", "32", "--layers", "1", "--heads", "2", "--kv-heads", "1", "--experts", "4",
         "--top-k", "2", "--expert-ffn", "32", "--steps", "3", "--batch-size", "2", "--seq-len", "16",
         "--eval-tokens", "64", "--eval-every", "3", "--log-every", "1", "--max-bytes-per-domain", "1000000",
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # faulthandler: a rank that aborts prints every thread's Python stack
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stderr[-8000:]
     steps = [
         json.loads(x)["step"]
         for x in (run / "metrics.jsonl").read_text().splitlines()

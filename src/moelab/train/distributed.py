@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -41,5 +42,9 @@ def barrier(info: DistInfo) -> None:
 
 
 def shutdown(info: DistInfo) -> None:
+    """Leave the process group. A DDP reducer caught in a reference cycle (a traceback's
+    frames, a module's hooks) still holds the group; collecting it first lets gloo's worker
+    threads stop now, while the interpreter is whole, rather than during its finalization."""
     if info.enabled and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
