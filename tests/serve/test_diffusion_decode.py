@@ -160,8 +160,37 @@ def test_refresh_every_step_is_vanilla_and_refresh_k_reuses_less():
         dm, [5, 6, 7], max_new_tokens=12, options=DecodeOptions(0.5, cache=True, refresh=1)
     )
     assert every.ids == base.ids and every.stats.accepted == base.stats.accepted
-    # decoding forwards (not the KV-storing ones) compute every row, so activate as vanilla
-    dec = [i for i, a in enumerate(base.stats.accepted) if a]
-    assert [every.stats.forwards[i] for i in dec] == [base.stats.forwards[i] for i in dec]
+    # every forward computes every row (the KV-storing ones always do), so activates as vanilla
+    assert every.stats.forwards == base.stats.forwards
     with pytest.raises(ValueError, match="refresh"):
         DecodeOptions(refresh=0)
+
+
+def test_cached_decoding_stores_the_keys_values_of_a_full_recompute():
+    from moelab.serve.diffusion.decode import BlockDecoder
+
+    dm = _dm(4)
+    prompt = [5, 6, 7, 8, 9, 1]
+    dec = BlockDecoder(dm, prompt, max_new_tokens=10, options=DecodeOptions.preset("team"))
+    assert dec.prefix.length == B
+    dec.next_block()  # block 1 finished: its keys/values join the prefix
+    assert dec.prefix.length == 2 * B and not dec.done
+    assert dec.stats.accepted[-1] == 0  # the KV-storing forward
+    full = PrefixKV()
+    pos = torch.arange(2 * B)
+    with torch.no_grad():
+        diffusion_forward(
+            dm, dec.x[None, : 2 * B], pos, block_causal_mask(pos, pos, B), prefix=full, store=True
+        )
+    for got, want in zip(dec.prefix.k + dec.prefix.v, full.k + full.v, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # and its expert count is that of every row computed
+    hook = TeamMoEStep()
+    p1 = PrefixKV(k=[k[:, :, :B] for k in full.k], v=[v[:, :, :B] for v in full.v])
+    blk = torch.arange(B, 2 * B)
+    with torch.no_grad():
+        diffusion_forward(
+            dm, dec.x[None, B : 2 * B], blk, torch.ones(B, 2 * B, dtype=torch.bool),
+            prefix=p1, moe_hook=hook,
+        )  # fmt: skip
+    assert dec.stats.forwards[-1] == hook.experts_per_layer()

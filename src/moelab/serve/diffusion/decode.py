@@ -22,8 +22,10 @@ Our choices (labelled): the authors' code uses block 32 and distance ``> 3``; we
 distance to the block, ``hot_distance = max(1, round(3·b/32))`` unless given. Nothing is cold on
 a block's first step (no previous confidences yet). SEH needs a previous step and >= 2 masked
 positions; otherwise the step runs B0 alone. The KV-storing forward of a finished block
-follows the same DCD rule and counts as a forward (0 tokens accepted); the prompt prefill is
-not counted. The decoded length is rounded up to whole blocks and cut to ``max_new_tokens``.
+computes every token's MoE output, with no reuse and no limit (the authors' code runs it
+without stored states), so the keys/values later blocks attend to are exact; it counts as a
+forward (0 tokens accepted; our choice: the authors' expert logs record only the denoising
+forwards). The prompt prefill is not counted. The decoded length is rounded up to whole blocks and cut to ``max_new_tokens``.
 """
 
 from __future__ import annotations
@@ -340,7 +342,7 @@ class BlockDecoder:
         self.j += 1
         self.done = stop is not None or self.j >= self.n_blocks or hi >= self.end
         if not self.done:  # store the finished block's keys/values
-            hook = _hook(cur[None], cur, just, stored, None, mask_id, opts, b)
+            hook = TeamMoEStep()  # a full recompute: DCD's stale outputs stay out of the KV
             pos = torch.arange(s, s + b, device=device)
             diffusion_forward(
                 self.model, cur[None], pos,
