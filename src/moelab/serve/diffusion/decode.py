@@ -11,7 +11,10 @@ masked). A finished block is forwarded once more to store its keys/values (SDAR'
 TEAM adds, each switchable (:class:`DecodeOptions`):
 
 - ``cache`` (DCD, :mod:`.experts`): a decoded token (unmasked and not transferred at the
-  previous step) reuses its per-layer MoE output from the previous forward.
+  previous step) reuses its per-layer MoE output from the previous forward. With speculation,
+  every branch reuses the outputs of the branch that was accepted (our choice: the authors'
+  code keeps all four branches' outputs and lets branch j reuse branch j's, so a branch
+  other than the accepted one copies values computed next to fills that were rejected).
 - ``limit`` (LAC, :mod:`.experts`): cold masked tokens may only use experts activated by the
   non-cold tokens. Cold (authors' code) = still masked, distance to every unmasked position of
   the both-filled branch ``> hot_distance``, not one of the ``hot_top`` = 2 most confident
