@@ -82,7 +82,7 @@ def stage_train(args) -> None:
     cfg = TrainConfig(
         data=str(data), max_bytes_per_domain=None, steps=args.steps, seq_len=args.seq_len,
         batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup, eval_every=args.steps,
-        eval_tokens=4096, checkpoint_every=0, log_every=10, seed=0,
+        eval_tokens=4096, checkpoint_every=0, log_every=10, seed=args.seed,
         init_from=args.init_from, time_budget_s=args.time_budget, objective="block-diffusion", block_size=8,
     )  # fmt: skip
     res = train(None, cfg, args.out, progress=False)
@@ -185,6 +185,12 @@ def main() -> None:
     t.add_argument("--warmup", type=int, default=20)
     t.add_argument("--mix-bytes", type=int, default=300_000)
     t.add_argument("--task-lines", type=int, default=60_000)
+    t.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="training seed: the data split, the batch order and the sampled mask ratios",
+    )
     e = sub.add_parser("eval")
     e.add_argument("--run", required=True)
     e.add_argument("--ar-run", default=AR_RUN)
