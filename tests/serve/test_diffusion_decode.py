@@ -10,7 +10,7 @@ from moelab.models.block_diffusion import (
 )
 from moelab.serve.diffusion import DecodeOptions, diffusion_generate
 from moelab.serve.diffusion.branches import branch_forward, build_branches, choose_branch
-from moelab.serve.diffusion.decode import transfer_set
+from moelab.serve.diffusion.decode import BlockDecoder, transfer_set
 from moelab.serve.diffusion.experts import TeamMoEStep
 from moelab.serve.generate import generate_ids
 
@@ -167,8 +167,6 @@ def test_refresh_every_step_is_vanilla_and_refresh_k_reuses_less():
 
 
 def test_cached_decoding_stores_the_keys_values_of_a_full_recompute():
-    from moelab.serve.diffusion.decode import BlockDecoder
-
     dm = _dm(4)
     prompt = [5, 6, 7, 8, 9, 1]
     dec = BlockDecoder(dm, prompt, max_new_tokens=10, options=DecodeOptions.preset("team"))

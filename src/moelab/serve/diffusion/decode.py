@@ -28,7 +28,8 @@ positions; otherwise the step runs B0 alone. The KV-storing forward of a finishe
 computes every token's MoE output, with no reuse and no limit (the authors' code runs it
 without stored states), so the keys/values later blocks attend to are exact; it counts as a
 forward (0 tokens accepted; our choice: the authors' expert logs record only the denoising
-forwards). The prompt prefill is not counted. The decoded length is rounded up to whole blocks and cut to ``max_new_tokens``.
+forwards). The prompt prefill is not counted. The decoded length is rounded up to whole
+blocks and cut to ``max_new_tokens``.
 """
 
 from __future__ import annotations
