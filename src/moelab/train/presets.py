@@ -10,6 +10,7 @@ from moelab.models import ModelConfig
 
 
 def _byte_moe_lm(
+    *,
     d_model: int,
     n_heads: int,
     experts: int,
@@ -43,15 +44,28 @@ def default_model_config() -> ModelConfig:
     of 3 seeds and of the tuned dense twin by 0.060 ± 0.028 bits/byte (README, "MoE vs its
     dense twin")."""
     return _byte_moe_lm(
-        192, 6, 16, 4, 192, 256,
-        LossConfig(load_balance="switch", aux_loss_coeff=1e-2, z_loss_coeff=1e-3),
-    )  # fmt: skip
+        d_model=192,
+        n_heads=6,
+        experts=16,
+        top_k=4,
+        expert_ffn=192,
+        context=256,
+        losses=LossConfig(load_balance="switch", aux_loss_coeff=1e-2, z_loss_coeff=1e-3),
+    )
 
 
 def small_model_config(losses: LossConfig | None = None) -> ModelConfig:
     """A smaller model for method benchmarks that train several runs (D=128, 8 experts of
     width 256, top-2, context 128)."""
-    return _byte_moe_lm(128, 4, 8, 2, 256, 128, losses or LossConfig())
+    return _byte_moe_lm(
+        d_model=128,
+        n_heads=4,
+        experts=8,
+        top_k=2,
+        expert_ffn=256,
+        context=128,
+        losses=losses or LossConfig(),
+    )
 
 
 def default_model_dict() -> dict[str, Any]:
