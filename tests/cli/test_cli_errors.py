@@ -263,3 +263,12 @@ def test_decoder_must_fit_the_model(run_dir, tmp_path):
     ok = runner.invoke(app, ["generate", str(bd), "--decoder", "team", "--max-new-tokens", "8"])
     assert ok.exit_code == 0, ok.output
     assert "NFE" in ok.output and "APT" in ok.output
+
+
+def test_fit_to_budget_needs_a_time_budget(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("hello world " * 200)
+    out = tmp_path / "r"
+    args = ["train", "--data", str(text), "--out", str(out), *TINY, "--fit-to-budget"]
+    assert "--time-budget" in _err(runner.invoke(app, args))
+    assert not out.exists()

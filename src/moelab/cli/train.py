@@ -84,6 +84,8 @@ TRAIN_OPTIONS = [
     ConfigOption("bpe_vocab_size", "bpe_vocab_size", "BPE vocabulary size."),
     ConfigOption("max_bytes_per_domain", "max_bytes_per_domain", "Cap per corpus domain, bytes."),
     ConfigOption("time_budget", "time_budget_s", "Stop after this many seconds."),
+    ConfigOption("fit_to_budget", "fit_to_budget",
+                 "Fit the total steps (at most --steps) to --time-budget after timing the first steps."),
     ConfigOption("seed", "seed", "Random seed."),
     ConfigOption("allow_noncausal_routing", "allow_noncausal_routing",
                  "Allow USMoE scopes that look at future tokens (not a causal LM)."),
@@ -214,6 +216,7 @@ def train(
       torchrun --nproc-per-node 4 -m moelab.cli train --expert-parallel 2 --fsdp
     """
     from moelab.train.expand import parse_expand
+    from moelab.train.loop import read_run_info
     from moelab.train.loop import train as train_run
 
     run_dir = out or Path("runs") / name
@@ -262,6 +265,12 @@ def train(
     if result.final_eval is not None:
         console.print(
             summary_table(f"{run_dir}: validation after {result.step} steps", result.final_eval)
+        )
+    fit = read_run_info(run_dir).get("budget_fit")
+    if fit:
+        console.print(
+            f"steps fitted to the time budget: {fit['steps']} of {fit['requested_steps']} "
+            f"({fit['step_s']:.3f} s per step)"
         )
     console.print(f"run saved to {run_dir} ({result.elapsed_s:.0f} s)")
 

@@ -47,6 +47,9 @@ class TrainConfig:
         checkpoint_every: steps between checkpoints (0 = only at the end and on Ctrl-C).
         log_every: steps between metric lines in ``metrics.jsonl``.
         time_budget_s: stop after this many seconds of training (None = run all steps).
+        fit_to_budget: fit the total steps (at most ``steps``) to ``time_budget_s`` after
+            timing the first steps, so that the cosine ends with the budget
+            (:mod:`moelab.train.budget`); needs ``time_budget_s``.
         seed: seeds the model init, the data split and the batch order.
         init_from: a model folder (e.g. from ``moelab upcycle``) whose weights and tokenizer
             start the run instead of a random init.
@@ -112,6 +115,7 @@ class TrainConfig:
     checkpoint_every: int = 100
     log_every: int = 10
     time_budget_s: float | None = None
+    fit_to_budget: bool = False
     seed: int = 0
     init_from: str | None = None
     optimizer: str = "adamw"
@@ -167,6 +171,13 @@ class TrainConfig:
             math.isfinite(self.time_budget_s) and self.time_budget_s > 0
         ):
             raise ConfigError(f"time_budget_s: must be > 0 seconds, got {self.time_budget_s}")
+        if self.fit_to_budget and self.time_budget_s is None:
+            raise ConfigError("fit_to_budget: needs a time budget (--time-budget SECONDS)")
+        if self.fit_to_budget and self.expand_at is not None:
+            raise ConfigError(
+                "fit_to_budget: not with expand_at (the expansion step is fixed before the "
+                "total steps are known)"
+            )
         if self.lora_rank < 0:
             raise ConfigError(f"lora_rank: must be >= 0, got {self.lora_rank}")
         if not (math.isfinite(self.lora_alpha) and self.lora_alpha > 0):

@@ -20,11 +20,15 @@ Reliability (what a kill, a second process or a changed input can and cannot do)
   ``--resume`` completes from that checkpoint.
 - ``run.json`` records a fingerprint of the corpus and of the tokenizer files; ``--resume``
   refuses a changed corpus or tokenizer unless ``allow_data_change=True``.
+- With ``fit_to_budget`` the total steps are fitted to the time budget after the warmup
+  (:mod:`moelab.train.budget`) and written into ``run.json`` before the next step, so a
+  resume follows the fitted schedule.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import signal
 import time
@@ -62,6 +66,7 @@ from moelab.models.block_diffusion import to_block_diffusion
 from moelab.models.hooks import moe_layers
 from moelab.models.io import MANIFEST_FILE
 from moelab.models.lora import add_expert_lora, freeze_all_but_lora
+from moelab.train.budget import MIN_TIMED_STEPS, SKIP_STEPS, fit_step, fit_steps
 from moelab.train.checkpoint import checkpoint_dirs, load_checkpoint, save_checkpoint
 from moelab.train.config import ConfigError, TrainConfig
 from moelab.train.diffusion import batch_elbo_nats, diffusion_loss_terms
@@ -341,6 +346,34 @@ def _check_same_data(run_dir: Path, run_info: dict[str, Any], fp: dict[str, Any]
         )
 
 
+def _fit_to_budget(cfg, run_dir, dist_info, device, step, elapsed_s, step_times, last_s):
+    """``cfg`` with its steps fitted to its time budget (:func:`moelab.train.budget.fit_steps`;
+    the least over the ranks), recorded in run.json for ``--resume``."""
+    fit = fit_steps(
+        step=step,
+        elapsed_s=elapsed_s,
+        budget_s=cfg.time_budget_s,
+        max_steps=cfg.steps,
+        step_times=step_times,
+        eval_every=cfg.eval_every,
+        eval_s=last_s["eval"],
+        checkpoint_every=cfg.checkpoint_every,
+        checkpoint_s=last_s["checkpoint"],
+    )
+    if dist_info.enabled:
+        steps = torch.tensor([fit.steps], device=device)
+        torch.distributed.all_reduce(steps, op=torch.distributed.ReduceOp.MIN)
+        fit = dataclasses.replace(fit, steps=int(steps.item()))
+    cfg = dataclasses.replace(cfg, steps=fit.steps)
+    if dist_info.is_main:
+        info = read_run_info(run_dir)
+        info["train"] = cfg.to_dict()
+        info["budget_fit"] = fit.to_dict()
+        atomic_write_json(run_dir / RUN_FILE, info)
+    barrier(dist_info)
+    return cfg
+
+
 def _train(
     model_cfg,
     cfg,
@@ -475,6 +508,10 @@ def _train(
 
     saved_step = {"step": ckpt.step if ckpt is not None else None}
     device = next(model.parameters()).device
+    fitted = resume and "budget_fit" in run_info  # a resume keeps the fitted total
+    fit_at = fit_step(cfg.warmup_steps) if cfg.fit_to_budget and not fitted else None
+    step_times: list[float] = []
+    last_s = {"eval": 0.0, "checkpoint": 0.0}  # the fit's cost of one of each
 
     def stop_requested() -> bool:
         """The stop flag, agreed by all ranks (so that no rank leaves a collective alone)."""
@@ -486,6 +523,7 @@ def _train(
         return stop.stop
 
     def checkpoint(step: int) -> None:
+        t = time.perf_counter()
         saved_step["step"] = step
         gens = [generator.get_state()]
         if dist_info.enabled:
@@ -503,10 +541,12 @@ def _train(
         elif dist_info.is_main:
             save_checkpoint(run_dir, model, {**state, "optimizer": optimizer.state_dict()}, step)
         barrier(dist_info)
+        last_s["checkpoint"] = time.perf_counter() - t
 
     def validate(step: int) -> EvalResult | None:
         """Score the validation streams on rank 0 (on every rank when the model is sharded:
         its forward is collective) and log them."""
+        t = time.perf_counter()
         result = None
         if dist_info.is_main or parallel is not None:
             result = evaluate(
@@ -523,6 +563,7 @@ def _train(
             metrics.write(rec)
             bar.set_val(result.overall.bits_per_byte)
         barrier(dist_info)
+        last_s["eval"] = time.perf_counter() - t
         return result if dist_info.is_main else None
 
     tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * dist_info.world_size
@@ -537,6 +578,13 @@ def _train(
         if start_step == 0:  # the starting point of the validation curve
             validate(0)
         while step < cfg.steps:
+            if fit_at is not None and step >= fit_at and len(step_times) >= MIN_TIMED_STEPS:
+                elapsed = elapsed_before + time.perf_counter() - t0
+                cfg = _fit_to_budget(
+                    cfg, run_dir, dist_info, device, step, elapsed, step_times, last_s
+                )
+                bar.set_total(cfg.steps)
+                fit_at = None
             if cfg.expand_at is not None and step == cfg.expand_at:
                 grown = expand_in_training(
                     model, optimizer, ExpandSpec.from_train_config(cfg), cfg, train_stream, step
@@ -604,6 +652,8 @@ def _train(
             step += 1
             tokens_seen += tokens_per_step
             dt = time.perf_counter() - t_step
+            if fit_at is not None and step - start_step > SKIP_STEPS:
+                step_times.append(dt)
             last_loss = ce_sum / cfg.grad_accum
             tokens_local = cfg.batch_size * cfg.seq_len * cfg.grad_accum
             imbalance = [

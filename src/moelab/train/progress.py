@@ -59,5 +59,9 @@ class TrainProgress:
         if self.enabled:
             self.progress.update(self.task, completed=step, **self.fields)
 
+    def set_total(self, total_steps: int) -> None:
+        if self.enabled:
+            self.progress.update(self.task, total=total_steps)
+
     def set_val(self, bpb: float) -> None:
         self.update(self.progress.tasks[0].completed if self.enabled else 0, val=bpb)

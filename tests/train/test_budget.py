@@ -1,0 +1,134 @@
+import itertools
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import moelab.train.loop as loop
+from moelab.train.budget import MARGIN, BudgetFit, fit_step, fit_steps, predicted_seconds
+from moelab.train.config import ConfigError
+from moelab.train.schedule import lr_at
+
+from .conftest import tiny_model, tiny_train
+
+COSTS = dict(eval_every=200, eval_s=10.0, checkpoint_every=100, checkpoint_s=1.0)
+
+
+def test_predicted_seconds_counts_steps_validations_and_checkpoints_by_hand():
+    # 420 steps of 0.5 s; validations at 200, 400 and the final 450; checkpoints at 100..400
+    got = predicted_seconds(450, step=30, elapsed_s=20.0, step_s=0.5, **COSTS)
+    assert got == pytest.approx(20 + 210 + 3 * 10 + 4 * 1)
+    # a total on an eval step validates once there; a final checkpoint is not counted
+    got = predicted_seconds(400, step=30, elapsed_s=20.0, step_s=0.5, **COSTS)
+    assert got == pytest.approx(20 + 185 + 2 * 10 + 3 * 1)
+
+
+def test_fit_is_the_largest_total_within_the_budget_by_hand():
+    def fit(**kw):
+        args = dict(step=10, elapsed_s=5.0, budget_s=100.0, max_steps=1000,
+                    step_times=[1, 1, 1, 1, 1, 9], eval_every=100, eval_s=0.0,
+                    checkpoint_every=0, checkpoint_s=0.0)  # fmt: skip
+        return fit_steps(**{**args, **kw})
+
+    # 5 + (N − 10) · 1 ≤ 97 (the median ignores the one slow step)
+    assert fit().steps == 102 and fit().step_s == 1.0
+    # with 3 s validations: N = 99 costs 94 + 3 = 97; N = 100 costs 95 + 3; N = 101 costs 96 + 6
+    assert fit(eval_s=3.0).steps == 99
+    assert fit(max_steps=50).steps == 50  # a fast machine runs the steps asked for
+    assert fit(elapsed_s=99.0).steps == 11  # nothing fits: one more step, then the budget stops
+    assert fit() == BudgetFit(at_step=10, requested_steps=1000, steps=102, step_s=1.0,
+                              eval_s=0.0, checkpoint_s=0.0)  # fmt: skip
+
+
+def test_fit_equals_a_linear_scan_of_every_total():
+    cases = itertools.product([0, 7, 30], [1.0, 40.0], [0.3, 0.9], [25, 200], [0.0, 4.0])
+    for step, elapsed, step_s, eval_every, eval_s in cases:
+        costs = dict(eval_every=eval_every, eval_s=eval_s, checkpoint_every=50, checkpoint_s=0.7)
+        fit = fit_steps(step=step, elapsed_s=elapsed, budget_s=150.0, max_steps=600,
+                        step_times=[step_s] * 5, **costs)  # fmt: skip
+        within = [
+            n
+            for n in range(step + 1, 601)
+            if predicted_seconds(n, step=step, elapsed_s=elapsed, step_s=step_s, **costs)
+            <= (1 - MARGIN) * 150.0
+        ]
+        assert fit.steps == max(within, default=step + 1)
+
+
+def test_fit_refuses_too_few_or_bad_step_times():
+    args = dict(step=5, elapsed_s=1.0, budget_s=10.0, max_steps=20, **COSTS)
+    with pytest.raises(ValueError, match=">= 5 step times"):
+        fit_steps(step_times=[0.1] * 4, **args)
+    with pytest.raises(ValueError, match="finite"):
+        fit_steps(step_times=[0.1] * 4 + [float("nan")], **args)
+
+
+def test_fit_step_is_the_end_of_the_warmup_with_enough_timed_steps():
+    assert fit_step(30) == 30
+    assert fit_step(2) == 7  # 2 untimed + 5 timed steps
+
+
+def test_config_needs_a_budget_and_no_expansion(corpus):
+    with pytest.raises(ConfigError, match="--time-budget"):
+        tiny_train(corpus, fit_to_budget=True)
+    with pytest.raises(ConfigError, match="expand_at"):
+        tiny_train(corpus, fit_to_budget=True, time_budget_s=60.0, steps=20, expand_at=10,
+                   expand_hidden=2.0)  # fmt: skip
+
+
+def _fake_fit(calls, steps):
+    """Replaces the timing-dependent fit with a fixed total, recording its arguments."""
+
+    def fake(**kw):
+        calls.append({**kw, "step_times": list(kw["step_times"])})
+        return BudgetFit(kw["step"], kw["max_steps"], steps, 0.01, kw["eval_s"], 0.0)
+
+    return fake
+
+
+def _records(run_dir, split):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["split"] == split]
+
+
+def test_the_fitted_total_sets_the_cosine_and_survives_an_exact_resume(
+    corpus, tmp_path, monkeypatch
+):
+    calls = []
+    monkeypatch.setattr(loop, "fit_steps", _fake_fit(calls, 12))
+    cfg = tiny_train(corpus, steps=20, time_budget_s=1e6, fit_to_budget=True)
+    full, part = tmp_path / "full", tmp_path / "part"
+    result = loop.train(tiny_model(), cfg, full, progress=False)
+    # the fit is taken before step 7 (2 warmup steps, 2 untimed + 5 timed) from steps 3..7
+    assert len(calls) == 1 and calls[0]["step"] == 7 and calls[0]["max_steps"] == 20
+    assert len(calls[0]["step_times"]) == 5 and calls[0]["eval_s"] > 0
+    assert not result.interrupted and result.step == 12 and (full / "manifest.json").exists()
+    info = json.loads((full / "run.json").read_text())
+    assert info["train"]["steps"] == 12 and info["budget_fit"]["requested_steps"] == 20
+    lrs = {r["step"]: r["lr"] for r in _records(full, "train")}
+    sched = dict(lr=cfg.lr, warmup_steps=2, min_lr_ratio=cfg.min_lr_ratio)
+    assert lrs[6] == pytest.approx(lr_at(5, total_steps=20, **sched))  # before the fit
+    for step in range(8, 13):  # after it, the cosine of 12 steps
+        assert lrs[step] == pytest.approx(lr_at(step - 1, total_steps=12, **sched))
+    assert [r["step"] for r in _records(full, "val")] == [0, 3, 6, 9, 12]
+
+    stopped = loop.train(tiny_model(), cfg, part, progress=False, stop_after=9)
+    assert stopped.interrupted and len(calls) == 2
+    loop.train(None, None, part, resume=True, progress=False)
+    assert len(calls) == 2  # the resume keeps the recorded total
+    a, b = _records(full, "train"), _records(part, "train")
+    assert [r["step"] for r in b] == list(range(1, 13))
+    for x, y in zip(a, b, strict=True):
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-6, abs=1e-6)
+    wa, wb = load_file(full / "model.safetensors"), load_file(part / "model.safetensors")
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_generous_budget_keeps_the_requested_steps(corpus, tmp_path):
+    cfg = tiny_train(corpus, steps=9, time_budget_s=1e6, fit_to_budget=True)
+    result = loop.train(tiny_model(), cfg, tmp_path / "run", progress=False)
+    fit = json.loads((tmp_path / "run" / "run.json").read_text())["budget_fit"]
+    assert result.step == 9 and fit["steps"] == 9 and fit["at_step"] == 7
+    assert fit["step_s"] > 0 and fit["eval_s"] > 0
