@@ -76,13 +76,14 @@ def seconds_per_step(
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def run_one(name, model_cfg, base, train_stream, budget, lr, root, t_step) -> dict:
+def run_one(name, model_cfg, base, train_stream, budget, lr, root, t_step, cap) -> dict:
     """Train ``model_cfg`` at ``lr`` for the steps that fit ``budget`` seconds at ``t_step``
-    seconds per step; the result row."""
+    seconds per step, stopping at ``cap`` × ``budget`` seconds at the latest (0: no cap);
+    the result row."""
     cfg = dataclasses.replace(base, lr=lr)
     steps = max(10, int(budget / t_step))
     run_cfg = dataclasses.replace(
-        cfg, steps=steps, warmup_steps=max(1, steps // 20), time_budget_s=budget * 1.15
+        cfg, steps=steps, warmup_steps=max(1, steps // 20), time_budget_s=budget * cap or None
     )
     label = name.replace(" ", "_").replace("/", "-")
     out = root / f"{label}-{budget:g}s-lr{lr:g}-seed{base.seed}"
@@ -177,6 +178,9 @@ def main() -> None:
                     help="training precision of both models (TrainConfig.precision)")  # fmt: skip
     ap.add_argument("--seeds", type=int, nargs="+", default=[0],
                     help="repeat every run per seed; report mean ± sd")  # fmt: skip
+    ap.add_argument("--time-cap", type=float, default=1.15,
+                    help="stop a run at this multiple of its budget (0: never; the probe's step count decides). "
+                         "A cap cuts runs short when something else shares the cores")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None, help="keep the runs here")
     ap.add_argument("--json", type=Path, default=None, help="write every row here")
     args = ap.parse_args()
@@ -224,7 +228,9 @@ def main() -> None:
         for seed in args.seeds:  # seed-major, sides interleaved, so drift hits both alike
             seeded = dataclasses.replace(base, seed=seed)
             for j, (_, name, cfg, lr) in enumerate(trials):
-                row = run_one(name, cfg, seeded, train_stream, budget, lr, root, t_step[name])
+                row = run_one(
+                    name, cfg, seeded, train_stream, budget, lr, root, t_step[name], args.time_cap
+                )
                 row["setting"] = (name, cfg, lr)
                 runs[j].append(row)
                 rows.append(row)
