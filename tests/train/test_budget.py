@@ -1,11 +1,13 @@
 import itertools
 import json
+import time
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 import moelab.train.loop as loop
+from moelab.core.experts import cpu_kernel
 from moelab.train.budget import MARGIN, BudgetFit, fit_step, fit_steps, predicted_seconds
 from moelab.train.config import ConfigError
 from moelab.train.schedule import lr_at
@@ -132,3 +134,22 @@ def test_a_generous_budget_keeps_the_requested_steps(corpus, tmp_path):
     fit = json.loads((tmp_path / "run" / "run.json").read_text())["budget_fit"]
     assert result.step == 9 and fit["steps"] == 9 and fit["at_step"] == 7
     assert fit["step_s"] > 0 and fit["eval_s"] > 0
+
+
+def test_the_kernels_first_build_is_kept_off_the_clock(corpus, tmp_path, monkeypatch):
+    # A fresh environment builds the fused kernel on first use (30-40 s). Were that in
+    # the step-0 validation, the fit would charge it to every later validation and cut steps.
+    real, calls = cpu_kernel.kernel, []
+
+    def first_build(*args):
+        if not calls:
+            time.sleep(1.0)
+        calls.append(time.perf_counter())
+        return real()
+
+    monkeypatch.setattr(cpu_kernel, "kernel", first_build)
+    # validations at steps 0 and 9 only: the fit at step 7 costs the step-0 one
+    cfg = tiny_train(corpus, steps=9, time_budget_s=1e6, fit_to_budget=True, eval_every=100)
+    result = loop.train(tiny_model(), cfg, tmp_path / "run", progress=False)
+    fit = json.loads((tmp_path / "run" / "run.json").read_text())["budget_fit"]
+    assert result.step == 9 and calls and 0 < fit["eval_s"] < 1.0

@@ -18,9 +18,9 @@ from the saved input projection.
 Measured by ``benchmarks/layer_speed.py``; the README has the table.
 
 The kernel is compiled on first use with ``torch.utils.cpp_extension.load`` (C++ compiler and
-ninja required, ~30 s once; cached in ``<TORCH_EXTENSIONS_DIR or torch's default>/
-moelab_experts_cpu-py<XY>-torch<version>-<source hash>``, shared by every checkout with the same
-source; a build killed half-way is redone by the next process). Where it cannot be built,
+ninja required, 30-40 s once per torch installation; cached in ``<TORCH_EXTENSIONS_DIR or
+torch's default>/moelab_experts_cpu-py<XY>-torch<version>-<hash>``; a build killed half-way is
+redone by the next process). Where it cannot be built,
 or with ``MOELAB_CPU_KERNEL=0``, :func:`kernel` returns None, and the experts run the PyTorch
 loop, which gives the same values.
 """
@@ -53,17 +53,19 @@ _MIN_TILE_ROWS = 256
 
 def build_directory() -> Path:
     """Where the kernel is built: ``<TORCH_EXTENSIONS_DIR or torch's default root>/
-    moelab_experts_cpu-py<XY>-torch<version>-<source hash>``.
+    moelab_experts_cpu-py<XY>-torch<version>-<hash>``.
 
-    Keyed by the source's content rather than its path, so that every checkout or virtual
-    environment with the same source shares one build: ninja rebuilds whenever the compile
-    command changes, and the command names the source file.
+    The hash covers the source's content and the torch installation's path, not the
+    checkout's: checkouts sharing a virtual environment share one build. ninja rebuilds
+    whenever the compile command changes, and the command names torch's include and library
+    folders, so two environments sharing one folder would rebuild over each other in turn.
     """
     from torch.utils.cpp_extension import get_default_build_root
 
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
     py = f"py{sys.version_info.major}{sys.version_info.minor}"
-    digest = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
+    key = _SOURCE.read_bytes() + str(Path(torch.__file__).resolve().parent).encode()
+    digest = hashlib.sha256(key).hexdigest()[:12]
     return Path(root) / f"moelab_experts_cpu-{py}-torch{torch.__version__}-{digest}"
 
 

@@ -1,7 +1,10 @@
 // Fused CPU expert kernel: every expert's whole feed-forward chain (gather, input projection,
 // activation, output projection, scatter) as one work item, the items spread over the intra-op
 // threads, each running single-threaded GEMMs. See moelab/core/experts/cpu_kernel.py.
-#include <torch/extension.h>
+// ATen and the pybind casters only: torch/extension.h adds the whole C++ frontend, and
+// compiling it takes a minute where this takes 30-40 s.
+#include <ATen/ATen.h>
+#include <torch/csrc/utils/pybind.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
