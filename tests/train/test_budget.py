@@ -1,5 +1,7 @@
 import itertools
 import json
+import math
+import shutil
 import time
 
 import pytest
@@ -8,9 +10,17 @@ from safetensors.torch import load_file
 
 import moelab.train.loop as loop
 from moelab.core.experts import cpu_kernel
-from moelab.train.budget import MARGIN, BudgetFit, fit_step, fit_steps, predicted_seconds
+from moelab.train.budget import (
+    MARGIN,
+    BudgetFit,
+    fit_step,
+    fit_steps,
+    predicted_seconds,
+    progress_at,
+    recorded_fits,
+)
+from moelab.train.checkpoint import checkpoint_dirs
 from moelab.train.config import ConfigError
-from moelab.train.schedule import lr_at
 
 from .conftest import tiny_model, tiny_train
 
@@ -79,12 +89,16 @@ def test_config_needs_a_budget_and_no_expansion(corpus):
                    expand_hidden=2.0)  # fmt: skip
 
 
-def _fake_fit(calls, steps):
-    """Replaces the timing-dependent fit with a fixed total, recording its arguments."""
+def _fake_fit(calls, totals):
+    """Replaces the timing-dependent fit with a fixed total per fit step, recording its
+    arguments."""
 
     def fake(**kw):
         calls.append({**kw, "step_times": list(kw["step_times"])})
-        return BudgetFit(kw["step"], kw["max_steps"], steps, 0.01, kw["eval_s"], 0.0)
+        step = kw["step"]
+        return BudgetFit(
+            step, kw["max_steps"], totals[step], 0.01, kw["eval_s"], 0.0, kw["progress"]
+        )
 
     return fake
 
@@ -94,45 +108,88 @@ def _records(run_dir, split):
     return [r for r in map(json.loads, lines) if r["split"] == split]
 
 
-def test_the_fitted_total_sets_the_cosine_and_survives_an_exact_resume(
+def _expected_progress(step):
+    """By hand for 2 warmup steps, --steps 40 and fits at 7 (total 30), 20 (32), 30 (32)."""
+    p1 = 5 / 38
+    p2 = p1 + (1 - p1) * 13 / 23
+    p3 = p2 + (1 - p2) * 10 / 12
+    if step < 7:
+        return (step - 2) / 38
+    if step < 20:
+        return p1 + (1 - p1) * (step - 7) / 23
+    if step < 30:
+        return p2 + (1 - p2) * (step - 20) / 12
+    return p3 + (1 - p3) * (step - 30) / 2
+
+
+def test_refits_after_validations_keep_the_cosine_continuous_and_resume_exactly(
     corpus, tmp_path, monkeypatch
 ):
     calls = []
-    monkeypatch.setattr(loop, "fit_steps", _fake_fit(calls, 12))
-    cfg = tiny_train(corpus, steps=20, time_budget_s=1e6, fit_to_budget=True)
+    monkeypatch.setattr(loop, "fit_steps", _fake_fit(calls, {7: 30, 20: 32, 30: 32}))
+    cfg = tiny_train(corpus, steps=40, eval_every=10, time_budget_s=1e6, fit_to_budget=True)
     full, part = tmp_path / "full", tmp_path / "part"
     result = loop.train(tiny_model(), cfg, full, progress=False)
-    # the fit is taken before step 7 (2 warmup steps, 2 untimed + 5 timed) from steps 3..7
-    assert len(calls) == 1 and calls[0]["step"] == 7 and calls[0]["max_steps"] == 20
-    assert len(calls[0]["step_times"]) == 5 and calls[0]["eval_s"] > 0
-    assert not result.interrupted and result.step == 12 and (full / "manifest.json").exists()
+    # the first fit before step 7 (2 warmup steps, 2 untimed + 5 timed); then one after each
+    # validation at least 7 steps on: 20, 30 (10 is too close to 7, 40 is past the end)
+    assert [c["step"] for c in calls] == [7, 20, 30]
+    assert [len(c["step_times"]) for c in calls] == [5, 13, 10]
+    assert all(c["max_steps"] == 40 and c["eval_s"] > 0 for c in calls)
+    for c in calls:
+        assert c["progress"] == pytest.approx(_expected_progress(c["step"]))
+    assert not result.interrupted and result.step == 32 and (full / "manifest.json").exists()
     info = json.loads((full / "run.json").read_text())
-    assert info["train"]["steps"] == 12 and info["budget_fit"]["requested_steps"] == 20
-    lrs = {r["step"]: r["lr"] for r in _records(full, "train")}
-    sched = dict(lr=cfg.lr, warmup_steps=2, min_lr_ratio=cfg.min_lr_ratio)
-    assert lrs[6] == pytest.approx(lr_at(5, total_steps=20, **sched))  # before the fit
-    for step in range(8, 13):  # after it, the cosine of 12 steps
-        assert lrs[step] == pytest.approx(lr_at(step - 1, total_steps=12, **sched))
-    assert [r["step"] for r in _records(full, "val")] == [0, 3, 6, 9, 12]
+    assert info["train"]["steps"] == 32
+    assert [(f["at_step"], f["steps"]) for f in info["budget_fits"]] == [
+        (7, 30),
+        (20, 32),
+        (30, 32),
+    ]
+    r = cfg.min_lr_ratio
+    for rec in _records(full, "train"):
+        s = rec["step"] - 1  # the record of step s + 1 carries the rate step s ran at
+        want = (
+            cfg.lr * (s + 1) / 2
+            if s < 2
+            else cfg.lr * (r + (1 - r) * 0.5 * (1 + math.cos(math.pi * _expected_progress(s))))
+        )
+        assert rec["lr"] == pytest.approx(want, rel=1e-9), s
+    assert [r["step"] for r in _records(full, "val")] == [0, 10, 20, 30, 32]
 
-    stopped = loop.train(tiny_model(), cfg, part, progress=False, stop_after=9)
-    assert stopped.interrupted and len(calls) == 2
+    # interrupted at 23, then the checkpoints after 18 lost: the resume replays the fit at 20
+    stopped = loop.train(tiny_model(), cfg, part, progress=False, stop_after=23)
+    assert stopped.interrupted and [c["step"] for c in calls[3:]] == [7, 20]
+    for step, folder in checkpoint_dirs(part):
+        if step > 18:
+            shutil.rmtree(folder)
     loop.train(None, None, part, resume=True, progress=False)
-    assert len(calls) == 2  # the resume keeps the recorded total
+    assert [c["step"] for c in calls[5:]] == [30]  # only the fit not yet recorded is taken
     a, b = _records(full, "train"), _records(part, "train")
-    assert [r["step"] for r in b] == list(range(1, 13))
+    assert [r["step"] for r in b] == list(range(1, 33))
     for x, y in zip(a, b, strict=True):
+        assert x["lr"] == pytest.approx(y["lr"], rel=1e-12)
         assert x["loss"] == pytest.approx(y["loss"], rel=1e-6, abs=1e-6)
     wa, wb = load_file(full / "model.safetensors"), load_file(part / "model.safetensors")
     for name in wa:
         torch.testing.assert_close(wa[name], wb[name], rtol=1e-5, atol=1e-6)
 
 
+def test_a_run_with_the_single_fit_of_before_refits_resumes_on_its_schedule():
+    # --steps 40, warmup 2, one fit at 7 to 30: the old schedule was the cosine of 30 steps
+    fits = recorded_fits({"budget_fit": dict(at_step=7, requested_steps=40, steps=30, step_s=0.1,
+                                             eval_s=1.0, checkpoint_s=0.0)}, warmup_steps=2)  # fmt: skip
+    assert fits[0].progress == pytest.approx(5 / 28)
+    for step in range(7, 31):
+        got = progress_at(step, warmup_steps=2, requested_steps=40, fits=fits)
+        assert got == pytest.approx(min((step - 2) / 28, 1.0))
+
+
 def test_a_generous_budget_keeps_the_requested_steps(corpus, tmp_path):
     cfg = tiny_train(corpus, steps=9, time_budget_s=1e6, fit_to_budget=True)
     result = loop.train(tiny_model(), cfg, tmp_path / "run", progress=False)
-    fit = json.loads((tmp_path / "run" / "run.json").read_text())["budget_fit"]
-    assert result.step == 9 and fit["steps"] == 9 and fit["at_step"] == 7
+    fits = json.loads((tmp_path / "run" / "run.json").read_text())["budget_fits"]
+    assert result.step == 9 and [(f["at_step"], f["steps"]) for f in fits] == [(7, 9)]
+    fit = fits[0]
     assert fit["step_s"] > 0 and fit["eval_s"] > 0
 
 
@@ -151,5 +208,5 @@ def test_the_kernels_first_build_is_kept_off_the_clock(corpus, tmp_path, monkeyp
     # validations at steps 0 and 9 only: the fit at step 7 costs the step-0 one
     cfg = tiny_train(corpus, steps=9, time_budget_s=1e6, fit_to_budget=True, eval_every=100)
     result = loop.train(tiny_model(), cfg, tmp_path / "run", progress=False)
-    fit = json.loads((tmp_path / "run" / "run.json").read_text())["budget_fit"]
+    fit = json.loads((tmp_path / "run" / "run.json").read_text())["budget_fits"][0]
     assert result.step == 9 and calls and 0 < fit["eval_s"] < 1.0

@@ -266,11 +266,13 @@ def train(
         console.print(
             summary_table(f"{run_dir}: validation after {result.step} steps", result.final_eval)
         )
-    fit = read_run_info(run_dir).get("budget_fit")
-    if fit:
+    fits = read_run_info(run_dir).get("budget_fits")
+    if fits:
+        times = ", ".join(f"{f['step_s']:.3f}" for f in fits)
         console.print(
-            f"steps fitted to the time budget: {fit['steps']} of {fit['requested_steps']} "
-            f"({fit['step_s']:.3f} s per step)"
+            f"steps fitted to the time budget: {fits[-1]['steps']} of "
+            f"{fits[0]['requested_steps']} (fits at steps "
+            f"{', '.join(str(f['at_step']) for f in fits)}: {times} s per step)"
         )
     console.print(f"run saved to {run_dir} ({result.elapsed_s:.0f} s)")
 

@@ -12,13 +12,22 @@ allocator and cache warm-up). When the warmup is shorter than the steps that mus
 the steps in between follow the cosine of ``--steps`` [our choice]. A safety :data:`MARGIN`
 of the budget is left for step-time drift on a shared machine; the budget still stops the run
 if the machine slows down more than that.
+
+The fit is taken again after every validation, from the steps timed since the last fit and
+that validation's cost [our choice]. On a shared 2-core machine the step time drifts by ±15 %
+over minutes and the first hundred steps run ~10 % slower than the rest, so a single fit from
+the warmup left up to 15 % of the budget unused. A refit keeps the learning rate continuous:
+the cosine's progress ``p`` (0 after the warmup, 1 at the end) carries on from its value at
+the refit, ``p(s) = p_f + (1 − p_f)·(s − a_f)/(T_f − a_f)`` for the latest fit ``f`` taken
+before step ``s`` at step ``a_f`` with total ``T_f`` (:func:`progress_at`). Every fit is
+recorded, so ``--resume`` replays them and reproduces the uninterrupted run.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 SKIP_STEPS = 2
 """Steps not timed at the start of a run or a resume (warm-up of caches and allocator)."""
@@ -39,6 +48,7 @@ class BudgetFit:
         step_s: median seconds of one timed optimizer step.
         eval_s: seconds of one validation (the last one before the fit; 0 if none ran).
         checkpoint_s: seconds of one checkpoint (the last one before the fit; 0 if none).
+        progress: the cosine's progress at ``at_step``, in [0, 1] (see :func:`progress_at`).
     """
 
     at_step: int
@@ -47,9 +57,38 @@ class BudgetFit:
     step_s: float
     eval_s: float
     checkpoint_s: float
+    progress: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def progress_at(
+    step: int, *, warmup_steps: int, requested_steps: int, fits: list[BudgetFit]
+) -> float:
+    """The cosine's progress in [0, 1] at optimizer step ``step >= warmup_steps``: that of
+    ``requested_steps`` before the first fit, then carried on by the latest fit taken at or
+    before ``step`` (the module docstring has the formula)."""
+    taken = [f for f in fits if f.at_step <= step]
+    if not taken:
+        return min((step - warmup_steps) / max(requested_steps - warmup_steps, 1), 1.0)
+    f = taken[-1]
+    return min(
+        f.progress + (1 - f.progress) * (step - f.at_step) / max(f.steps - f.at_step, 1), 1.0
+    )
+
+
+def recorded_fits(run_info: dict, warmup_steps: int) -> list[BudgetFit]:
+    """The fits a run recorded in ``run.json``, in the order taken. A run from before refits
+    recorded one ``"budget_fit"`` whose cosine restarted at the fit as that of the fitted total;
+    its progress at the fit, ``(a − w)/(T − w)``, reproduces that schedule."""
+    if "budget_fits" in run_info:
+        return [BudgetFit(**f) for f in run_info["budget_fits"]]
+    if "budget_fit" in run_info:
+        f = BudgetFit(**run_info["budget_fit"])
+        span = max(f.steps - warmup_steps, 1)
+        return [replace(f, progress=min(max(f.at_step - warmup_steps, 0) / span, 1.0))]
+    return []
 
 
 def fit_step(warmup_steps: int) -> int:
@@ -94,6 +133,7 @@ def fit_steps(
     eval_s: float,
     checkpoint_every: int,
     checkpoint_s: float,
+    progress: float = 0.0,
 ) -> BudgetFit:
     """The largest total in ``[step + 1, max_steps]`` whose :func:`predicted_seconds` stays
     within ``(1 − MARGIN) · budget_s`` (``step + 1`` when none does: the budget then stops
@@ -107,6 +147,7 @@ def fit_steps(
         step_times: seconds of the timed steps (at least :data:`MIN_TIMED_STEPS`).
         eval_every, checkpoint_every: the run's intervals, steps (checkpoint 0 = never).
         eval_s, checkpoint_s: seconds of one validation and one checkpoint.
+        progress: the cosine's progress at ``step``, recorded with the fit.
 
     Raises:
         ValueError: fewer than :data:`MIN_TIMED_STEPS` step times, or a step time that is
@@ -147,4 +188,5 @@ def fit_steps(
         step_s=step_s,
         eval_s=eval_s,
         checkpoint_s=checkpoint_s,
+        progress=progress,
     )

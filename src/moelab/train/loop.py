@@ -20,9 +20,9 @@ Reliability (what a kill, a second process or a changed input can and cannot do)
   ``--resume`` completes from that checkpoint.
 - ``run.json`` records a fingerprint of the corpus and of the tokenizer files; ``--resume``
   refuses a changed corpus or tokenizer unless ``allow_data_change=True``.
-- With ``fit_to_budget`` the total steps are fitted to the time budget after the warmup
-  (:mod:`moelab.train.budget`) and written into ``run.json`` before the next step, so a
-  resume follows the fitted schedule.
+- With ``fit_to_budget`` the total steps are fitted to the time budget after the warmup and
+  refitted after every validation (:mod:`moelab.train.budget`); each fit is written into
+  ``run.json`` before the next step, so a resume replays the fitted schedule.
 """
 
 from __future__ import annotations
@@ -67,7 +67,14 @@ from moelab.models.block_diffusion import to_block_diffusion
 from moelab.models.hooks import moe_layers
 from moelab.models.io import MANIFEST_FILE
 from moelab.models.lora import add_expert_lora, freeze_all_but_lora
-from moelab.train.budget import MIN_TIMED_STEPS, SKIP_STEPS, fit_step, fit_steps
+from moelab.train.budget import (
+    MIN_TIMED_STEPS,
+    SKIP_STEPS,
+    fit_step,
+    fit_steps,
+    progress_at,
+    recorded_fits,
+)
 from moelab.train.checkpoint import checkpoint_dirs, load_checkpoint, save_checkpoint
 from moelab.train.config import ConfigError, TrainConfig
 from moelab.train.diffusion import batch_elbo_nats, diffusion_loss_terms
@@ -347,29 +354,42 @@ def _check_same_data(run_dir: Path, run_info: dict[str, Any], fp: dict[str, Any]
         )
 
 
-def _fit_to_budget(cfg, run_dir, dist_info, device, step, elapsed_s, step_times, last_s):
+def _validation_from(step: int, cfg) -> int:
+    """The first validation step at or after ``step`` (refits follow validations: a function
+    of the step alone, so that a resume refits where the uninterrupted run did)."""
+    return -(-step // cfg.eval_every) * cfg.eval_every
+
+
+def _fit_to_budget(cfg, run_dir, dist_info, device, step, elapsed_s, step_times, last_s, fits):
     """``cfg`` with its steps fitted to its time budget (:func:`moelab.train.budget.fit_steps`;
-    the least over the ranks), recorded in run.json for ``--resume``."""
+    the least over the ranks); the fit is appended to ``fits`` and every fit recorded in
+    run.json for ``--resume``."""
+    requested = fits[0].requested_steps if fits else cfg.steps
     fit = fit_steps(
         step=step,
         elapsed_s=elapsed_s,
         budget_s=cfg.time_budget_s,
-        max_steps=cfg.steps,
+        max_steps=requested,
         step_times=step_times,
         eval_every=cfg.eval_every,
         eval_s=last_s["eval"],
         checkpoint_every=cfg.checkpoint_every,
         checkpoint_s=last_s["checkpoint"],
+        progress=progress_at(
+            step, warmup_steps=cfg.warmup_steps, requested_steps=requested, fits=fits
+        ),
     )
     if dist_info.enabled:
         steps = torch.tensor([fit.steps], device=device)
         torch.distributed.all_reduce(steps, op=torch.distributed.ReduceOp.MIN)
         fit = dataclasses.replace(fit, steps=int(steps.item()))
+    fits.append(fit)
     cfg = dataclasses.replace(cfg, steps=fit.steps)
     if dist_info.is_main:
         info = read_run_info(run_dir)
+        info.pop("budget_fit", None)  # the single fit of runs from before refits
         info["train"] = cfg.to_dict()
-        info["budget_fit"] = fit.to_dict()
+        info["budget_fits"] = [f.to_dict() for f in fits]
         atomic_write_json(run_dir / RUN_FILE, info)
     barrier(dist_info)
     return cfg
@@ -509,8 +529,16 @@ def _train(
 
     saved_step = {"step": ckpt.step if ckpt is not None else None}
     device = next(model.parameters()).device
-    fitted = resume and "budget_fit" in run_info  # a resume keeps the fitted total
-    fit_at = fit_step(cfg.warmup_steps) if cfg.fit_to_budget and not fitted else None
+    # A resume replays the recorded fits and refits only after the last of them.
+    fits = recorded_fits(run_info, cfg.warmup_steps) if resume else []
+    fit_at = None
+    if cfg.fit_to_budget:
+        fit_at = fit_step(cfg.warmup_steps)
+        if fits:
+            fit_at = _validation_from(fits[-1].at_step + SKIP_STEPS + MIN_TIMED_STEPS, cfg)
+    if fits:
+        taken = [f for f in fits if f.at_step <= start_step]
+        cfg = dataclasses.replace(cfg, steps=(taken or fits)[-1].steps)
     step_times: list[float] = []
     last_s = {"eval": 0.0, "checkpoint": 0.0}  # the fit's cost of one of each
 
@@ -586,10 +614,16 @@ def _train(
             if fit_at is not None and step >= fit_at and len(step_times) >= MIN_TIMED_STEPS:
                 elapsed = elapsed_before + time.perf_counter() - t0
                 cfg = _fit_to_budget(
-                    cfg, run_dir, dist_info, device, step, elapsed, step_times, last_s
+                    cfg, run_dir, dist_info, device, step, elapsed, step_times, last_s, fits
                 )
                 bar.set_total(cfg.steps)
-                fit_at = None
+                step_times.clear()  # the next refit times the steps from here on
+                fit_at = _validation_from(step + SKIP_STEPS + MIN_TIMED_STEPS, cfg)
+            elif fits and fit_at is not None and step >= fit_at:  # too few timed since a resume
+                fit_at = _validation_from(step + 1, cfg)
+            elif due := [f for f in fits if f.at_step == step and f.steps != cfg.steps]:
+                cfg = dataclasses.replace(cfg, steps=due[-1].steps)  # replayed on a resume
+                bar.set_total(cfg.steps)
             if cfg.expand_at is not None and step == cfg.expand_at:
                 grown = expand_in_training(
                     model, optimizer, ExpandSpec.from_train_config(cfg), cfg, train_stream, step
@@ -600,7 +634,15 @@ def _train(
                 step_fn = DDP(module) if dist_info.enabled else module
                 if dist_info.is_main:
                     metrics.write(expansion_record(step, model.cfg, grown.spec))
-            lr = scheduled_lr(cfg, step)
+            progress = None
+            if fits and step >= cfg.warmup_steps:
+                progress = progress_at(
+                    step,
+                    warmup_steps=cfg.warmup_steps,
+                    requested_steps=fits[0].requested_steps,
+                    fits=fits,
+                )
+            lr = scheduled_lr(cfg, step, progress)
             optimizer.set_lr(step, lr)
             t_step = time.perf_counter()
             counts = [

@@ -6,22 +6,29 @@ import math
 
 
 def lr_at(
-    step: int, *, lr: float, warmup_steps: int, total_steps: int, min_lr_ratio: float
+    step: int,
+    *,
+    lr: float,
+    warmup_steps: int,
+    total_steps: int,
+    min_lr_ratio: float,
+    progress: float | None = None,
 ) -> float:
     """Learning rate for optimizer step ``step`` (0-based).
 
     ``lr · (step+1)/warmup`` during warmup; then
     ``lr · (r + (1−r)·½(1 + cos(π·progress)))`` with progress from 0 to 1 over the remaining
-    steps and ``r = min_lr_ratio``.
+    steps and ``r = min_lr_ratio``. A given ``progress`` (a schedule refitted to a time
+    budget: :func:`moelab.train.budget.progress_at`) replaces the one from ``total_steps``.
     """
     if step < warmup_steps:
         return lr * (step + 1) / warmup_steps
-    span = max(total_steps - warmup_steps, 1)
-    progress = min((step - warmup_steps) / span, 1.0)
+    if progress is None:
+        progress = min((step - warmup_steps) / max(total_steps - warmup_steps, 1), 1.0)
     return lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def scheduled_lr(cfg, step: int) -> float:
+def scheduled_lr(cfg, step: int, progress: float | None = None) -> float:
     """:func:`lr_at` with a :class:`~moelab.train.config.TrainConfig`'s schedule fields."""
     return lr_at(
         step,
@@ -29,6 +36,7 @@ def scheduled_lr(cfg, step: int) -> float:
         warmup_steps=cfg.warmup_steps,
         total_steps=cfg.steps,
         min_lr_ratio=cfg.min_lr_ratio,
+        progress=progress,
     )
 
 
