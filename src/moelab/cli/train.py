@@ -85,7 +85,7 @@ TRAIN_OPTIONS = [
     ConfigOption("max_bytes_per_domain", "max_bytes_per_domain", "Cap per corpus domain, bytes."),
     ConfigOption("time_budget", "time_budget_s", "Stop after this many seconds."),
     ConfigOption("fit_to_budget", "fit_to_budget",
-                 "Fit the total steps (at most --steps) to --time-budget after timing the first steps."),
+                 "Fit the total steps (at most --steps) to --time-budget after the warmup, refitted after each validation."),
     ConfigOption("seed", "seed", "Random seed."),
     ConfigOption("allow_noncausal_routing", "allow_noncausal_routing",
                  "Allow USMoE scopes that look at future tokens (not a causal LM)."),

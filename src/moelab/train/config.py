@@ -48,8 +48,8 @@ class TrainConfig:
         log_every: steps between metric lines in ``metrics.jsonl``.
         time_budget_s: stop after this many seconds of training (None = run all steps).
         fit_to_budget: fit the total steps (at most ``steps``) to ``time_budget_s`` after
-            timing the first steps, so that the cosine ends with the budget
-            (:mod:`moelab.train.budget`); needs ``time_budget_s``.
+            timing the first steps, and again after every validation, so that the cosine
+            ends with the budget (:mod:`moelab.train.budget`); needs ``time_budget_s``.
         seed: seeds the model init, the data split and the batch order.
         init_from: a model folder (e.g. from ``moelab upcycle``) whose weights and tokenizer
             start the run instead of a random init.
