@@ -78,7 +78,7 @@ def test_fit_refuses_too_few_or_bad_step_times():
 
 def test_fit_step_is_the_end_of_the_warmup_with_enough_timed_steps():
     assert fit_step(30) == 30
-    assert fit_step(2) == 7  # 2 untimed + 5 timed steps
+    assert fit_step(2) == 15  # 10 untimed + 5 timed steps
 
 
 def test_config_needs_a_budget_and_no_expansion(corpus):
@@ -109,41 +109,41 @@ def _records(run_dir, split):
 
 
 def _expected_progress(step):
-    """By hand for 2 warmup steps, --steps 40 and fits at 7 (total 30), 20 (32), 30 (32)."""
-    p1 = 5 / 38
-    p2 = p1 + (1 - p1) * 13 / 23
-    p3 = p2 + (1 - p2) * 10 / 12
-    if step < 7:
-        return (step - 2) / 38
-    if step < 20:
-        return p1 + (1 - p1) * (step - 7) / 23
+    """By hand for 2 warmup steps, --steps 60 and fits at 15 (total 50), 30 (52), 50 (52)."""
+    p1 = 13 / 58
+    p2 = p1 + (1 - p1) * 15 / 35
+    p3 = p2 + (1 - p2) * 20 / 22
+    if step < 15:
+        return (step - 2) / 58
     if step < 30:
-        return p2 + (1 - p2) * (step - 20) / 12
-    return p3 + (1 - p3) * (step - 30) / 2
+        return p1 + (1 - p1) * (step - 15) / 35
+    if step < 50:
+        return p2 + (1 - p2) * (step - 30) / 22
+    return p3 + (1 - p3) * (step - 50) / 2
 
 
 def test_refits_after_validations_keep_the_cosine_continuous_and_resume_exactly(
     corpus, tmp_path, monkeypatch
 ):
     calls = []
-    monkeypatch.setattr(loop, "fit_steps", _fake_fit(calls, {7: 30, 20: 32, 30: 32}))
-    cfg = tiny_train(corpus, steps=40, eval_every=10, time_budget_s=1e6, fit_to_budget=True)
+    monkeypatch.setattr(loop, "fit_steps", _fake_fit(calls, {15: 50, 30: 52, 50: 52}))
+    cfg = tiny_train(corpus, steps=60, eval_every=10, time_budget_s=1e6, fit_to_budget=True)
     full, part = tmp_path / "full", tmp_path / "part"
     result = loop.train(tiny_model(), cfg, full, progress=False)
-    # the first fit before step 7 (2 warmup steps, 2 untimed + 5 timed); then one after each
-    # validation at least 7 steps on: 20, 30 (10 is too close to 7, 40 is past the end)
-    assert [c["step"] for c in calls] == [7, 20, 30]
-    assert [len(c["step_times"]) for c in calls] == [5, 13, 10]
-    assert all(c["max_steps"] == 40 and c["eval_s"] > 0 for c in calls)
+    # the first fit before step 15 (2 warmup steps, 10 untimed + 5 timed); then one after each
+    # validation at least 15 steps on: 30, 50 (40 is too close to 30, 60 is past the end)
+    assert [c["step"] for c in calls] == [15, 30, 50]
+    assert [len(c["step_times"]) for c in calls] == [5, 15, 20]
+    assert all(c["max_steps"] == 60 and c["eval_s"] > 0 for c in calls)
     for c in calls:
         assert c["progress"] == pytest.approx(_expected_progress(c["step"]))
-    assert not result.interrupted and result.step == 32 and (full / "manifest.json").exists()
+    assert not result.interrupted and result.step == 52 and (full / "manifest.json").exists()
     info = json.loads((full / "run.json").read_text())
-    assert info["train"]["steps"] == 32
+    assert info["train"]["steps"] == 52
     assert [(f["at_step"], f["steps"]) for f in info["budget_fits"]] == [
-        (7, 30),
-        (20, 32),
-        (30, 32),
+        (15, 50),
+        (30, 52),
+        (50, 52),
     ]
     r = cfg.min_lr_ratio
     for rec in _records(full, "train"):
@@ -154,18 +154,18 @@ def test_refits_after_validations_keep_the_cosine_continuous_and_resume_exactly(
             else cfg.lr * (r + (1 - r) * 0.5 * (1 + math.cos(math.pi * _expected_progress(s))))
         )
         assert rec["lr"] == pytest.approx(want, rel=1e-9), s
-    assert [r["step"] for r in _records(full, "val")] == [0, 10, 20, 30, 32]
+    assert [r["step"] for r in _records(full, "val")] == [0, 10, 20, 30, 40, 50, 52]
 
-    # interrupted at 23, then the checkpoints after 18 lost: the resume replays the fit at 20
-    stopped = loop.train(tiny_model(), cfg, part, progress=False, stop_after=23)
-    assert stopped.interrupted and [c["step"] for c in calls[3:]] == [7, 20]
+    # interrupted at 33, then the checkpoints after 26 lost: the resume replays the fit at 30
+    stopped = loop.train(tiny_model(), cfg, part, progress=False, stop_after=33)
+    assert stopped.interrupted and [c["step"] for c in calls[3:]] == [15, 30]
     for step, folder in checkpoint_dirs(part):
-        if step > 18:
+        if step > 26:
             shutil.rmtree(folder)
     loop.train(None, None, part, resume=True, progress=False)
-    assert [c["step"] for c in calls[5:]] == [30]  # only the fit not yet recorded is taken
+    assert [c["step"] for c in calls[5:]] == [50]  # only the fit not yet recorded is taken
     a, b = _records(full, "train"), _records(part, "train")
-    assert [r["step"] for r in b] == list(range(1, 33))
+    assert [r["step"] for r in b] == list(range(1, 53))
     for x, y in zip(a, b, strict=True):
         assert x["lr"] == pytest.approx(y["lr"], rel=1e-12)
         assert x["loss"] == pytest.approx(y["loss"], rel=1e-6, abs=1e-6)
@@ -185,10 +185,10 @@ def test_a_run_with_the_single_fit_of_before_refits_resumes_on_its_schedule():
 
 
 def test_a_generous_budget_keeps_the_requested_steps(corpus, tmp_path):
-    cfg = tiny_train(corpus, steps=9, time_budget_s=1e6, fit_to_budget=True)
+    cfg = tiny_train(corpus, steps=20, time_budget_s=1e6, fit_to_budget=True)
     result = loop.train(tiny_model(), cfg, tmp_path / "run", progress=False)
     fits = json.loads((tmp_path / "run" / "run.json").read_text())["budget_fits"]
-    assert result.step == 9 and [(f["at_step"], f["steps"]) for f in fits] == [(7, 9)]
+    assert result.step == 20 and [(f["at_step"], f["steps"]) for f in fits] == [(15, 20)]
     fit = fits[0]
     assert fit["step_s"] > 0 and fit["eval_s"] > 0
 
@@ -205,8 +205,8 @@ def test_the_kernels_first_build_is_kept_off_the_clock(corpus, tmp_path, monkeyp
         return real()
 
     monkeypatch.setattr(cpu_kernel, "kernel", first_build)
-    # validations at steps 0 and 9 only: the fit at step 7 costs the step-0 one
-    cfg = tiny_train(corpus, steps=9, time_budget_s=1e6, fit_to_budget=True, eval_every=100)
+    # validations at steps 0 and 20 only: the fit at step 15 costs the step-0 one
+    cfg = tiny_train(corpus, steps=20, time_budget_s=1e6, fit_to_budget=True, eval_every=100)
     result = loop.train(tiny_model(), cfg, tmp_path / "run", progress=False)
     fit = json.loads((tmp_path / "run" / "run.json").read_text())["budget_fits"][0]
-    assert result.step == 9 and calls and 0 < fit["eval_s"] < 1.0
+    assert result.step == 20 and calls and 0 < fit["eval_s"] < 1.0
