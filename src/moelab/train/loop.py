@@ -538,7 +538,7 @@ def _train(
             fit_at = _validation_from(fits[-1].at_step + SKIP_STEPS + MIN_TIMED_STEPS, cfg)
     if fits:
         taken = [f for f in fits if f.at_step <= start_step]
-        cfg = dataclasses.replace(cfg, steps=(taken or fits)[-1].steps)
+        cfg = dataclasses.replace(cfg, steps=taken[-1].steps if taken else fits[0].requested_steps)
     step_times: list[float] = []
     last_s = {"eval": 0.0, "checkpoint": 0.0}  # the fit's cost of one of each
 
