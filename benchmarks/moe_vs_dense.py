@@ -43,7 +43,7 @@ from moelab.models import ModelConfig, MoETransformer, count_params, dense_twin_
 from moelab.train.config import TrainConfig
 from moelab.train.loop import mixed_precision, prepare_data, train
 from moelab.train.optim import build_optimizer
-from moelab.train.presets import default_model_config
+from moelab.train.presets import default_model_config, default_train_dict
 
 
 def seconds_per_step(
@@ -74,6 +74,9 @@ def seconds_per_step(
                 if r:
                     times[name].append(time.perf_counter() - t)
     return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+PRESET_TRAIN = default_train_dict()
 
 
 def run_one(name, model_cfg, base, train_stream, budget, lr, root, t_step, cap) -> dict:
@@ -171,9 +174,9 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=None,
                     help="MoE shapes E:k:F or E:k:F+S (S: shared expert width) tried at the first budget (default: the preset's)")  # fmt: skip
     ap.add_argument("--data", default="mix")
-    ap.add_argument("--tokenizer", default="byte", choices=["byte", "bpe"],
-                    help="both models' tokenizer, trained on the training split (TrainConfig.tokenizer)")  # fmt: skip
-    ap.add_argument("--bpe-vocab-size", type=int, default=TrainConfig.bpe_vocab_size)
+    ap.add_argument("--tokenizer", default=PRESET_TRAIN["tokenizer"], choices=["byte", "bpe"],
+                    help="both models' tokenizer, trained on the training split (default: moelab train's)")  # fmt: skip
+    ap.add_argument("--bpe-vocab-size", type=int, default=PRESET_TRAIN["bpe_vocab_size"])
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                     help="training precision of both models (TrainConfig.precision)")  # fmt: skip
     ap.add_argument("--seeds", type=int, nargs="+", default=[0],

@@ -49,6 +49,18 @@ def test_top1_flag_defaults_to_unnormalised_weights_and_flag_overrides():
     assert model.moe.router.norm_topk_prob is True
 
 
+def test_train_defaults_to_a_512_token_bpe_that_a_file_or_flag_overrides(tmp_path):
+    _, train = build_configs(None, {}, {}, dense=False)
+    assert (train.tokenizer, train.bpe_vocab_size) == ("bpe", 512)
+    assert TrainConfig().tokenizer == "byte"  # the library's default is unchanged
+    _, train = build_configs(None, {}, {"tokenizer": "byte"}, dense=False)
+    assert train.tokenizer == "byte"
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("train:\n  bpe_vocab_size: 1024\n")
+    _, train = build_configs(cfg, {}, {}, dense=False)
+    assert (train.tokenizer, train.bpe_vocab_size) == ("bpe", 1024)
+
+
 def test_new_router_flags_reach_the_config():
     model, train = build_configs(
         None,

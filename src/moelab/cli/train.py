@@ -119,10 +119,10 @@ def build_configs(
     """
     from moelab.models import dense_twin_config
     from moelab.train.config import ConfigError, read_config_file
-    from moelab.train.presets import default_model_dict, merge
+    from moelab.train.presets import default_model_dict, default_train_dict, merge
 
     file_cfg = read_config_file(config_file) if config_file else {}
-    train_dict = merge(TrainConfig().to_dict(), file_cfg.get("train", {}))
+    train_dict = merge(default_train_dict(), file_cfg.get("train", {}))
     train_flags = nested(TRAIN_OPTIONS, train_flags) if _by_flag(train_flags) else train_flags
     train_cfg = TrainConfig.from_dict(merge(train_dict, train_flags, skip_none=True))
     model_dict = merge(default_model_dict(), file_cfg.get("model", {}))
