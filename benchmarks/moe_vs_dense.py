@@ -91,6 +91,8 @@ def run_one(name, model_cfg, base, train_stream, budget, lr, root, t_step, cap) 
     label = name.replace(" ", "_").replace("/", "-")
     out = root / f"{label}-{budget:g}s-lr{lr:g}-seed{base.seed}"
     result = train(dataclasses.replace(model_cfg), run_cfg, out, progress=False)
+    if result.interrupted:  # SIGINT/SIGTERM: stop the sweep; the run resumes with moelab train
+        raise SystemExit(f"{name}: interrupted at step {result.step}; {out} can be resumed")
     ev = result.final_eval
     params = count_params(MoETransformer(model_cfg))
     row = {
