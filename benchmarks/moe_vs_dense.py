@@ -76,9 +76,6 @@ def seconds_per_step(
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-PRESET_TRAIN = default_train_dict()
-
-
 def run_one(name, model_cfg, base, train_stream, budget, lr, root, t_step, cap) -> dict:
     """Train ``model_cfg`` at ``lr`` for the steps that fit ``budget`` seconds at ``t_step``
     seconds per step, stopping at ``cap`` × ``budget`` seconds at the latest (0: no cap);
@@ -167,6 +164,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    preset_train = default_train_dict()
     ap.add_argument("--budgets", type=float, nargs="+", default=[240.0],
                     help="training seconds per model, one comparison per budget")  # fmt: skip
     ap.add_argument("--dense-lrs", type=float, nargs="+", default=None,
@@ -176,9 +174,9 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=None,
                     help="MoE shapes E:k:F or E:k:F+S (S: shared expert width) tried at the first budget (default: the preset's)")  # fmt: skip
     ap.add_argument("--data", default="mix")
-    ap.add_argument("--tokenizer", default=PRESET_TRAIN["tokenizer"], choices=["byte", "bpe"],
+    ap.add_argument("--tokenizer", default=preset_train["tokenizer"], choices=["byte", "bpe"],
                     help="both models' tokenizer, trained on the training split (default: moelab train's)")  # fmt: skip
-    ap.add_argument("--bpe-vocab-size", type=int, default=PRESET_TRAIN["bpe_vocab_size"])
+    ap.add_argument("--bpe-vocab-size", type=int, default=preset_train["bpe_vocab_size"])
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                     help="training precision of both models (TrainConfig.precision)")  # fmt: skip
     ap.add_argument("--seeds", type=int, nargs="+", default=[0],
