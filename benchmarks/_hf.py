@@ -33,15 +33,16 @@ def load_hf(hf_dir: Path, dtype: torch.dtype):
 
 
 def greedy_fns(
-    model: MoETransformer, hf, prompts: list[list[int]]
+    model: MoETransformer, hf, prompts: list[list[int]], compile: bool = False
 ) -> tuple[Callable[[int, int], list[list[int]]], Callable[[int, int], list[list[int]]]]:
     """``(ours, theirs)``: ``f(B, n)`` greedily generates n tokens for the first B prompts
     (all of one length, so no padding) in one batch and returns the new ids per prompt.
-    Ours runs moelab's serving engine; theirs ``generate(do_sample=False)``."""
+    Ours runs moelab's serving engine (its decode steps compiled with ``compile``); theirs
+    ``generate(do_sample=False)``."""
     L = len(prompts[0])
 
     def ours(B: int, n: int) -> list[list[int]]:
-        engine = Engine(model, max_batch=B)
+        engine = Engine(model, max_batch=B, compile=compile)
         seqs = [engine.submit(p, SamplingParams(max_tokens=n, temperature=0)) for p in prompts[:B]]
         while engine.has_work():
             engine.step()

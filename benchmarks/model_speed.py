@@ -12,7 +12,8 @@ times, interleaved round-robin with medians of the repeats (``benchmarks/_timing
 - **prefill**: one no-grad forward over a ``[1, S]`` prompt; tokens/s;
 - **greedy decode at batch 1**: moelab's serving engine against ``generate(do_sample=False)``;
   decode tokens/s ``(N−1) / (T(N) − T(1))`` (prefill cancels out), and whether the greedy
-  tokens are identical.
+  tokens are identical. With ``--compile`` also moelab's engine with its decode steps
+  compiled (``Engine(compile=True)``; the compilation runs before the timing).
 
 ``--profile-decode`` instead profiles moelab's greedy decode (batch 1, after the prefill)
 with ``torch.profiler``, once with the experts on the per-expert ``loop`` backend (the CPU
@@ -24,6 +25,7 @@ Usage::
     python benchmarks/model_speed.py                                 # both models
     python benchmarks/model_speed.py --runs runs/main --repeats 3    # one model
     python benchmarks/model_speed.py --runs runs/smollm2-moe --profile-decode
+    python benchmarks/model_speed.py --runs runs/main --compile      # + compiled decoding
 """
 
 from __future__ import annotations
@@ -134,12 +136,19 @@ def bench_run(run: Path, args) -> dict:
         "hf N": lambda: gen_hf(1, N),
         "hf 1": lambda: gen_hf(1, 1),
     }
+    if args.compile:
+        gen_compiled, _ = greedy_fns(model, hf, prompts, compile=True)
+        start = time.perf_counter()
+        row["same_tokens_compiled"] = gen_compiled(1, N) == gen_hf(1, N)  # compiles here
+        print(f"  compiled the decode step in {time.perf_counter() - start:.0f} s", flush=True)
+        fns["compiled N"] = lambda: gen_compiled(1, N)
+        fns["compiled 1"] = lambda: gen_compiled(1, 1)
     t = interleaved_medians(fns, repeats=args.repeats, budget_s=120, min_repeats=args.repeats)
-    row["decode"] = (
-        decode_rate(1, N, t["ours N"], t["ours 1"]),
-        decode_rate(1, N, t["hf N"], t["hf 1"]),
-    )
-    for key in ("train", "prefill", "decode"):
+    hf_rate = decode_rate(1, N, t["hf N"], t["hf 1"])
+    row["decode"] = (decode_rate(1, N, t["ours N"], t["ours 1"]), hf_rate)
+    if args.compile:
+        row["decode compiled"] = (decode_rate(1, N, t["compiled N"], t["compiled 1"]), hf_rate)
+    for key in ("train", "prefill", "decode", "decode compiled")[: 3 + args.compile]:
         a, b = row[key]
         print(f"  {key:8s} moelab {a:9.1f} tok/s  HF {b:9.1f} tok/s  {a / b:.2f}x", flush=True)
     return row
@@ -200,6 +209,8 @@ def main() -> None:
                     help="where the HF exports are written (reused when present)")  # fmt: skip
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--compile", action="store_true",
+                    help="also time moelab's decode with compiled steps (Engine(compile=True))")  # fmt: skip
     ap.add_argument("--profile-decode", action="store_true",
                     help="profile moelab's decode on the loop and auto expert backends instead")  # fmt: skip
     args = ap.parse_args()
@@ -221,9 +232,12 @@ def main() -> None:
         shapes = {
             "train": f"{s.train_batch}×{s.train_seq}, {'AdamW' if s.optimizer == 'adamw' else 'SGD'}",
             "prefill": f"1×{s.prefill_seq}",
-            "decode": f"batch 1, {s.decode_tokens} tokens, identical: "
-            + ("yes" if r["same_tokens"] else "NO"),
         }
+        for key, same in (("decode", "same_tokens"), ("decode compiled", "same_tokens_compiled")):
+            if key in r:
+                shapes[key] = f"batch 1, {s.decode_tokens} tokens, identical: " + (
+                    "yes" if r[same] else "NO"
+                )
         for key, shape in shapes.items():
             a, b = r[key]
             print(f"| {r['run']} | {key} | {shape} | {a:.1f} | {b:.1f} | {a / b:.2f}× |")

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from moelab.cli._app import Opt, app, err_console, guarded
+from moelab.cli._compile import CompileFlag, check_compile
 from moelab.cli._diffusion import Decoder, Threshold, decode_options
 from moelab.cli._offload import (
     CacheMb,
@@ -38,12 +39,14 @@ def generate(
     storage_mbps: StorageMbps = None,
     decoder: Decoder = "causal",
     threshold: Threshold = 0.95,
+    compile: CompileFlag = False,
 ) -> None:
     """Continue a prompt, streaming tokens as they are sampled.
 
     Examples:
       moelab generate runs/main --prompt "ROMEO:" --max-new-tokens 300
       moelab generate runs/main --prompt "def main(" --temperature 0
+      moelab generate runs/main --max-new-tokens 2000 --compile
       moelab generate runs/main-zip --offload --cache-mb 4 --storage-mbps 200
       moelab generate runs/bd --decoder team --threshold 0.9 --temperature 0 --prompt "A 123+456="
     """
@@ -52,6 +55,7 @@ def generate(
     from moelab.serve.diffusion import sampling_picker
     from moelab.serve.generate import generate_ids, stream_text
 
+    guarded(check_compile, compile, offload, decoder)
     model, tokenizer = guarded(load_for_inference, run, offload, cache_mb, policy, storage_mbps)
     options = guarded(decode_options, model, decoder, threshold)
     if options is not None:
@@ -65,7 +69,7 @@ def generate(
         prompt_ids = tokenizer.encode(prompt)
         ids = generate_ids(
             model, prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature,
-            top_k=top_k or None, top_p=top_p, seed=seed, stop_id=tokenizer.eot_id,
+            top_k=top_k or None, top_p=top_p, seed=seed, stop_id=tokenizer.eot_id, compile=compile,
         )  # fmt: skip
         counted = _Counted(ids)
         start = time.perf_counter()

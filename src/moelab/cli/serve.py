@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from moelab.cli._app import Opt, app, console, guarded
+from moelab.cli._compile import CompileFlag, check_compile
 from moelab.cli._diffusion import Decoder, Threshold, decode_options
 from moelab.cli._offload import CacheMb, OffloadFlag, Policy, StorageMbps, load_for_inference
 from moelab.errors import InvalidValueError
@@ -112,6 +113,7 @@ def serve(
     storage_mbps: StorageMbps = None,
     decoder: Decoder = "causal",
     threshold: Threshold = 0.95,
+    compile: CompileFlag = False,
 ) -> None:
     """Serve a model over HTTP with the OpenAI API (completions, chat, streaming).
 
@@ -135,6 +137,7 @@ def serve(
     from moelab.serve.server import ServerConfig, build_app, uvicorn_server
 
     guarded(_check, port, max_batch, max_queue, timeout, max_body_kb)
+    guarded(check_compile, compile, offload, decoder)
     model, tokenizer = guarded(load_for_inference, run, offload, cache_mb, policy, storage_mbps)
     offload_stats = _offload_stats(model) if offload else None
     name = model_name or run.resolve().name
@@ -142,7 +145,7 @@ def serve(
     options = guarded(decode_options, model, decoder, threshold)
     limits = {"max_batch": max_batch, "max_queue": max_queue}
     if options is None:
-        engine = guarded(Engine, model, tokenizer, **limits)
+        engine = guarded(Engine, model, tokenizer, compile=compile, **limits)
     else:
         engine = guarded(DiffusionEngine, model, tokenizer, options=options, **limits)
     config = ServerConfig(

@@ -290,7 +290,9 @@ def causal_mask(
         allowed = (k_pos <= q_pos[..., None]) & key_mask[:, None, :]  # [B, S, L]
         return (allowed | (k_pos == q_pos[..., None]))[:, None]
     L = start_pos + num_new
-    if key_mask is not None and bool(key_mask[:, :L].all()):
+    # an all-real key mask allows a cheaper mask; under torch.compile that host read would
+    # break the graph, and keeping the key mask gives the same attention
+    if key_mask is not None and not torch.compiler.is_compiling() and bool(key_mask[:, :L].all()):
         key_mask = None
     if key_mask is None and start_pos == 0:
         return None

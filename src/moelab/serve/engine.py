@@ -161,6 +161,12 @@ class Engine:
             :class:`QueueFullError` beyond it.
         prefill_tokens: prompt tokens admitted per iteration (at least one request always is).
         track_experts: accumulate per-layer expert counts into :attr:`stats`.
+        compile: run the decode steps through ``torch.compile(model, dynamic=True)``
+            (prefills stay eager: one compiled graph serves every decode step at any
+            position and cache size). The first decode step compiles (tens of seconds on
+            CPU, once per process); inductor's fused float32 arithmetic differs from eager
+            in the last bits, so logits agree to ~1e-6 relative and a greedy near-tie may
+            resolve differently.
 
     Raises:
         ValueError: ``max_batch`` or ``max_queue`` < 1, a USMoE router that looks at
@@ -176,6 +182,7 @@ class Engine:
         max_queue: int = 256,
         prefill_tokens: int = 2048,
         track_experts: bool = True,
+        compile: bool = False,
     ) -> None:
         if not isinstance(model, MoETransformer):
             raise InvalidTypeError(f"model: expected MoETransformer, got {type(model).__name__}")
@@ -183,12 +190,14 @@ class Engine:
             if not isinstance(v, int) or v < 1:
                 raise InvalidValueError(f"{name}: must be an int >= 1, got {v!r}")
         self.model = model.eval()
+        self._decode_model = torch.compile(model, dynamic=True) if compile else model
         self.tokenizer = tokenizer
         self.max_batch, self.max_queue = max_batch, max_queue
         self.prefill_tokens = prefill_tokens
         self.track_experts = track_experts
         self.device = model.embed.weight.device
-        self.cache = self._make_cache()
+        with torch.inference_mode():  # like the buffers it grows into inside step()
+            self.cache = self._make_cache()
         self.running: list[Sequence] = []  # row i of the cache holds running[i]
         self.waiting: deque[Sequence] = deque()
         self.stats = EngineStats()
@@ -428,11 +437,14 @@ class Engine:
         n = len(seqs)
         x = torch.tensor([[s.output_ids[-1]] for s in seqs], device=self.device)
         lengths = self.cache.lengths[:n]
+        # grow the cache here, one position ahead: a compiled decode then never takes the
+        # growth branch, nor sees a view that spans the whole buffer (both recompile)
+        self.cache.reserve(min(max(lengths) + 2, self.cache.max_len))
         # rows at one position take the cheaper shared-position path (same maths)
         same = all(x == lengths[0] for x in lengths)
         starts = lengths[0] if same else torch.tensor(lengths, device=self.device)
         self.cache.select(0, n)
-        out = self.model(x, kv_cache=self.cache, start_pos=starts)
+        out = self._decode_model(x, kv_cache=self.cache, start_pos=starts)
         experts = self._routing(out.records, list(range(n)), seqs)
         tokens = self._sample(out.logits[:, -1], seqs)
         for i in range(n - 1, -1, -1):  # backwards: removing row i only moves a later row
@@ -529,6 +541,7 @@ class Engine:
             self._remove_row(row)
             self._finish(seq, reason)
 
+    @torch.inference_mode()  # stop() and _fail_all() reach here outside step()
     def _remove_row(self, row: int) -> None:
         last = len(self.running) - 1
         if row < last:

@@ -22,6 +22,7 @@ def generate_ids(
     top_p: float | None = 0.95,
     seed: int = 0,
     stop_id: int | None = None,
+    compile: bool = False,
 ) -> Iterator[int]:
     """Yield new token ids one by one (prefill the prompt once, then one token per step).
 
@@ -33,7 +34,8 @@ def generate_ids(
     USMoE routing must be causal (``selection_scope`` ``"position"`` or ``"causal_prefix"``,
     both decoded incrementally);
     expert-choice models are refused (decoding one token at a time is not the routing they
-    were trained with).
+    were trained with). ``compile`` runs the decode steps compiled (:class:`Engine`'s
+    ``compile``).
 
     Raises:
         ValueError: empty prompt, max_new_tokens < 0, bad sampling settings, a USMoE
@@ -60,7 +62,7 @@ def generate_ids(
     ids = prompt_ids[-(limit - 1) :] if limit > 1 else prompt_ids[-1:]
     was_training = model.training
     try:
-        engine = Engine(model, max_batch=1, max_queue=1, track_experts=False)
+        engine = Engine(model, max_batch=1, max_queue=1, track_experts=False, compile=compile)
         out: list[int] = []
         seq = engine.submit(
             ids, params, lambda ev: out.append(ev.token_id) if isinstance(ev, TokenEvent) else None

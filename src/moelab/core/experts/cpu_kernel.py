@@ -124,8 +124,14 @@ def supports(x: Tensor, activation: str, *weights: Tensor) -> bool:
         and x.device.type == "cpu"
         and x.is_floating_point()
         and activation in ACTIVATIONS
-        and kernel() is not None
+        and _available()
     )
+
+
+@torch.compiler.assume_constant_result
+def _available() -> bool:
+    # torch.compile takes the answer as a constant instead of tracing the build machinery
+    return kernel() is not None
 
 
 def _max_tile_rows(num_rows: int) -> int:
@@ -145,7 +151,7 @@ def _needs_save(*tensors: Tensor) -> bool:
 
 
 def _check_available() -> None:
-    if kernel() is None:
+    if not _available():
         raise RuntimeError("the fused CPU expert kernel is not available")
 
 
@@ -170,14 +176,33 @@ class _SortedExperts(torch.autograd.Function):
         return gx, gw_in, gw_down, None, None, None
 
 
+def _combine(y_pairs: Tensor, pair_weight: Tensor, T: int, k: int) -> Tensor:
+    """``out[t] = Σ_j w[t·k + j] · y[t·k + j]``, summed in the weights' dtype (float32)."""
+    w = pair_weight.view(T, 1, k)
+    with autocast_off(y_pairs.device):
+        return torch.bmm(w, y_pairs.to(w.dtype).view(T, k, -1)).squeeze(1)
+
+
+@torch.library.custom_op("moelab::fused_moe_pairs", mutates_args=())
+def _pairs_op(
+    x: Tensor, w_in: Tensor, w_down: Tensor, counts: Tensor, act: int, token_idx: Tensor,
+    order: Tensor,
+) -> Tensor:  # fmt: skip
+    """The kernel's inference forward as an operator torch.compile can put in its graph: the
+    expert outputs ``[T·k, D]`` in pair order (the host read of ``counts`` stays inside)."""
+    return _forward(x, w_in, w_down, counts.tolist(), act, token_idx, order, False)[0]
+
+
+@_pairs_op.register_fake
+def _(x, w_in, w_down, counts, act, token_idx, order):
+    return x.new_empty(order.shape[0], x.shape[1])
+
+
 class _TokenMoE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w_in, w_down, pair_weight, counts, act, token_idx, order, k, save):
         y_pairs, h = _forward(x, w_in, w_down, counts, act, token_idx, order, save)
-        T, D = x.shape
-        w = pair_weight.view(T, 1, k)
-        with autocast_off(x.device):  # the combine sums in the weights' dtype (float32)
-            out = torch.bmm(w, y_pairs.to(w.dtype).view(T, k, D)).squeeze(1)
+        out = _combine(y_pairs, pair_weight, x.shape[0], k)
         if save:
             ctx.save_for_backward(x, h, w_in, w_down, pair_weight, y_pairs, token_idx, order)
         ctx.counts, ctx.act, ctx.k = counts, act, k
@@ -268,6 +293,12 @@ def fused_moe(
     """
     _check_available()
     save = _needs_save(x, w_in, w_down, pair_weight)
+    if not save and torch.compiler.is_compiling():  # inference under torch.compile
+        y_pairs = _pairs_op(
+            x.contiguous(), w_in, w_down, counts, ACTIVATIONS[activation],
+            token_idx.contiguous(), order.contiguous(),
+        )  # fmt: skip
+        return _combine(y_pairs, pair_weight, x.shape[0], top_k)
     return _TokenMoE.apply(
         x.contiguous(),
         w_in,

@@ -1,0 +1,72 @@
+"""Decoding through ``torch.compile`` (``Engine(compile=True)``, ``moelab generate --compile``):
+the same greedy tokens as eager decoding, one graph for every step (no graph break at the
+fused expert kernel, no recompile when the cache grows), and the flag's refusals."""
+
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
+from typer.testing import CliRunner
+
+from moelab.cli import app
+from moelab.core.experts import cpu_kernel
+from moelab.data import ByteTokenizer
+from moelab.models import ModelConfig, MoETransformer, save_model
+from moelab.serve.engine import Engine
+from moelab.serve.generate import generate_ids
+from moelab.serve.params import SamplingParams
+
+
+def peaked_model() -> MoETransformer:
+    """A tiny model whose greedy choices have wide margins (a scaled LM head), so inductor's
+    last-bit differences cannot flip a near-tie."""
+    torch.manual_seed(0)
+    model = MoETransformer(ModelConfig.tiny(vocab_size=50, max_seq_len=160)).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)
+    return model
+
+
+# inductor needs the same C++ toolchain as the kernel
+@pytest.mark.slow
+@pytest.mark.skipif(cpu_kernel.kernel() is None, reason="no C++ toolchain")
+def test_compiled_decode_gives_eager_tokens_with_one_graph_across_cache_growth():
+    model = peaked_model()
+    prompt = [3, 7, 1, 4, 4, 9, 2, 8]
+    want = list(generate_ids(model, prompt, max_new_tokens=140, temperature=0))
+    torch._dynamo.reset()
+    counters.clear()
+    # 148 positions: the cache grows from 64 to 128 to 160 on the way
+    got = list(generate_ids(model, prompt, max_new_tokens=140, temperature=0, compile=True))
+    assert got == want and len(got) == 140
+    assert counters["stats"]["unique_graphs"] == 1
+    assert not counters["graph_break"]  # the fused kernel runs as an operator in the graph
+    again = list(generate_ids(model, prompt[:3], max_new_tokens=20, temperature=0, compile=True))
+    assert again == list(generate_ids(model, prompt[:3], max_new_tokens=20, temperature=0))
+    assert counters["stats"]["unique_graphs"] == 1  # a new engine reuses the graph
+
+
+def test_stop_after_the_cache_grew_cancels_instead_of_raising():
+    # the grown buffers are inference tensors; freeing a row outside step() used to raise
+    # "Inplace update to inference tensor outside InferenceMode"
+    engine = Engine(peaked_model(), max_batch=2)
+    seq = engine.submit([1, 2, 3], SamplingParams(max_tokens=120, temperature=0))
+    for _ in range(80):
+        engine.step()
+    assert engine.cache.capacity > 64
+    engine.stop()
+    assert seq.finish_reason == "cancelled" and engine.cache.lengths == [0, 0]
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [(["--offload", "--cache-mb", "4"], "not with --offload"), (["--decoder", "team"], "causal")],
+)
+def test_compile_refuses_offload_and_diffusion_decoders(tmp_path, extra, needle):
+    save_model(MoETransformer(ModelConfig.tiny(vocab_size=256, max_seq_len=64)), tmp_path)
+    ByteTokenizer().save(tmp_path)
+    for command in ("generate", "serve"):
+        result = CliRunner().invoke(app, [command, str(tmp_path), "--compile", *extra])
+        assert result.exit_code == 2, result.output
+        text = result.output.strip()
+        assert text.startswith("error:") and needle in text and "\n" not in text, text
