@@ -23,6 +23,7 @@ lowest mean, and the gap is reported as mean ± sd over the seeds of the paired 
         --shapes 8:2:384 16:2:384 32:4:192 --json out.json
     python benchmarks/moe_vs_dense.py --budgets 60 --data shakespeare
     python benchmarks/moe_vs_dense.py --budgets 420 --dense-lrs 2e-3 --seeds 0 1 2
+    python benchmarks/moe_vs_dense.py --budgets 190 760 --step-times 0.692 0.699 --time-cap 0
 """
 
 from __future__ import annotations
@@ -184,6 +185,9 @@ def main() -> None:
     ap.add_argument("--time-cap", type=float, default=1.15,
                     help="stop a run at this multiple of its budget (0: never; the probe's step count decides). "
                          "A cap cuts runs short when something else shares the cores")  # fmt: skip
+    ap.add_argument("--step-times", type=float, nargs="+", default=None,
+                    help="seconds per step of each --shapes entry, then of the twin, in place of the probe "
+                         "(to extend an earlier comparison at its step counts)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None, help="keep the runs here")
     ap.add_argument("--json", type=Path, default=None, help="write every row here")
     args = ap.parse_args()
@@ -214,10 +218,14 @@ def main() -> None:
     root = args.out or Path(tempfile.mkdtemp(prefix="moe_vs_dense_"))
     rows: list[dict] = []
     best: dict = {}
-    t_step = seconds_per_step(
-        {name: cfg for name, cfg in [*moes, ("dense twin", dense)]}, base, train_stream
-    )
-    print("seconds per step (interleaved probe):", {k: round(v, 3) for k, v in t_step.items()})
+    models = {name: cfg for name, cfg in [*moes, ("dense twin", dense)]}
+    if args.step_times is None:
+        t_step = seconds_per_step(models, base, train_stream)
+        print("seconds per step (interleaved probe):", {k: round(v, 3) for k, v in t_step.items()})
+    elif len(args.step_times) != len(models):
+        raise SystemExit(f"--step-times: one per shape and one for the twin ({len(models)})")
+    else:
+        t_step = dict(zip(models, args.step_times, strict=True))
     for i, budget in enumerate(args.budgets):
         if i == 0:
             trials = [("moe", n, c, lr) for n, c in moes for lr in args.moe_lrs or [base.lr]]
