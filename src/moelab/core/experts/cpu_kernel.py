@@ -180,7 +180,7 @@ def _combine(y_pairs: Tensor, pair_weight: Tensor, T: int, k: int) -> Tensor:
     """``out[t] = Σ_j w[t·k + j] · y[t·k + j]``, summed in the weights' dtype (float32)."""
     w = pair_weight.view(T, 1, k)
     with autocast_off(y_pairs.device):
-        return torch.bmm(w, y_pairs.to(w.dtype).view(T, k, -1)).squeeze(1)
+        return torch.bmm(w, y_pairs.to(w.dtype).view(T, k, y_pairs.shape[-1])).squeeze(1)
 
 
 @torch.library.custom_op("moelab::fused_moe_pairs", mutates_args=())
