@@ -148,7 +148,9 @@ def bench_run(run: Path, args) -> dict:
     row["decode"] = (decode_rate(1, N, t["ours N"], t["ours 1"]), hf_rate)
     if args.compile:
         row["decode compiled"] = (decode_rate(1, N, t["compiled N"], t["compiled 1"]), hf_rate)
-    for key in ("train", "prefill", "decode", "decode compiled")[: 3 + args.compile]:
+    for key in ("train", "prefill", "decode", "decode compiled"):
+        if key not in row:
+            continue
         a, b = row[key]
         print(f"  {key:8s} moelab {a:9.1f} tok/s  HF {b:9.1f} tok/s  {a / b:.2f}x", flush=True)
     return row

@@ -162,11 +162,11 @@ class Engine:
         prefill_tokens: prompt tokens admitted per iteration (at least one request always is).
         track_experts: accumulate per-layer expert counts into :attr:`stats`.
         compile: run the decode steps through ``torch.compile(model, dynamic=True)``
-            (prefills stay eager: one compiled graph serves every decode step at any
-            position and cache size). The first decode step compiles (tens of seconds on
-            CPU, once per process); inductor's fused float32 arithmetic differs from eager
-            in the last bits, so logits agree to ~1e-6 relative and a greedy near-tie may
-            resolve differently.
+            (prefills stay eager). At batch 1 one graph serves every position and cache
+            size; other batch sizes and rows at different positions add graphs. The first
+            decode step compiles (tens of seconds on CPU, once per process); inductor's
+            fused float32 arithmetic differs from eager in the last bits, so a greedy
+            near-tie may resolve differently.
 
     Raises:
         ValueError: ``max_batch`` or ``max_queue`` < 1, a USMoE router that looks at
