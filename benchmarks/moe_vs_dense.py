@@ -24,6 +24,8 @@ lowest mean, and the gap is reported as mean ± sd over the seeds of the paired 
     python benchmarks/moe_vs_dense.py --budgets 60 --data shakespeare
     python benchmarks/moe_vs_dense.py --budgets 420 --dense-lrs 2e-3 --seeds 0 1 2
     python benchmarks/moe_vs_dense.py --budgets 190 760 --step-times 0.692 0.699 --time-cap 0
+    python benchmarks/moe_vs_dense.py --budgets 1520 --step-times 0.692 0.699 --time-cap 0 \
+        --device cuda      # a CPU comparison's step counts, trained on a GPU
 """
 
 from __future__ import annotations
@@ -42,13 +44,14 @@ import torch
 from moelab.data import sample_batch
 from moelab.models import ModelConfig, MoETransformer, count_params, dense_twin_config
 from moelab.train.config import TrainConfig
+from moelab.train.device import resolve_device
 from moelab.train.loop import mixed_precision, prepare_data, train
 from moelab.train.optim import build_optimizer
 from moelab.train.presets import default_model_config, default_train_dict
 
 
 def seconds_per_step(
-    model_cfgs: dict[str, ModelConfig], cfg: TrainConfig, train_stream, rounds: int = 8
+    model_cfgs: dict[str, ModelConfig], cfg: TrainConfig, train_stream, device, rounds: int = 8
 ) -> dict[str, float]:
     """Median wall time of one optimizer step (forward, backward, AdamW) of every model,
     measured interleaved: ``rounds`` rounds of 3 steps per model in turn, the first round a
@@ -58,13 +61,13 @@ def seconds_per_step(
     models = {}
     for name, model_cfg in model_cfgs.items():
         torch.manual_seed(cfg.seed)
-        model = MoETransformer(model_cfg)
+        model = MoETransformer(model_cfg).to(device)
         models[name] = (model, build_optimizer(model, cfg))  # the loop's own optimizer
     times: dict[str, list[float]] = {name: [] for name in models}
     for r in range(rounds):
         for name, (model, opt) in models.items():
             for _ in range(3):
-                batch = sample_batch(train_stream, cfg.batch_size, cfg.seq_len, gen)
+                batch = sample_batch(train_stream, cfg.batch_size, cfg.seq_len, gen).to(device)
                 t = time.perf_counter()
                 for _ in range(cfg.grad_accum):
                     with mixed_precision(cfg, batch.input_ids.device):
@@ -72,12 +75,14 @@ def seconds_per_step(
                     loss.backward()
                 opt.step()
                 opt.zero_grad()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
                 if r:
                     times[name].append(time.perf_counter() - t)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def run_one(name, model_cfg, base, train_stream, budget, lr, root, t_step, cap) -> dict:
+def run_one(name, model_cfg, base, train_stream, budget, lr, root, t_step, cap, device) -> dict:
     """Train ``model_cfg`` at ``lr`` for the steps that fit ``budget`` seconds at ``t_step``
     seconds per step, stopping at ``cap`` × ``budget`` seconds at the latest (0: no cap);
     the result row."""
@@ -88,7 +93,7 @@ def run_one(name, model_cfg, base, train_stream, budget, lr, root, t_step, cap) 
     )
     label = name.replace(" ", "_").replace("/", "-")
     out = root / f"{label}-{budget:g}s-lr{lr:g}-seed{base.seed}"
-    result = train(dataclasses.replace(model_cfg), run_cfg, out, progress=False)
+    result = train(dataclasses.replace(model_cfg), run_cfg, out, progress=False, device=device)
     if result.interrupted:  # SIGINT/SIGTERM: stop the sweep; the run resumes with moelab train
         raise SystemExit(f"{name}: interrupted at step {result.step}; {out} can be resumed")
     ev = result.final_eval
@@ -188,6 +193,9 @@ def main() -> None:
     ap.add_argument("--step-times", type=float, nargs="+", default=None,
                     help="seconds per step of each --shapes entry, then of the twin, in place of the probe "
                          "(to extend an earlier comparison at its step counts)")  # fmt: skip
+    ap.add_argument("--device", default="cpu",
+                    help="where both models train: cpu (the budgets are this machine's seconds), cuda, auto. "
+                         "With --step-times from a CPU run, a GPU reruns that run's step counts")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None, help="keep the runs here")
     ap.add_argument("--json", type=Path, default=None, help="write every row here")
     args = ap.parse_args()
@@ -201,6 +209,7 @@ def main() -> None:
         checkpoint_every=0,
         log_every=10,
     )
+    device = resolve_device(args.device)
     tokenizer, train_stream, _ = prepare_data(base, None)
     preset = default_model_config()
     preset.vocab_size = tokenizer.vocab_size
@@ -220,7 +229,7 @@ def main() -> None:
     best: dict = {}
     models = {name: cfg for name, cfg in [*moes, ("dense twin", dense)]}
     if args.step_times is None:
-        t_step = seconds_per_step(models, base, train_stream)
+        t_step = seconds_per_step(models, base, train_stream, device)
         print("seconds per step (interleaved probe):", {k: round(v, 3) for k, v in t_step.items()})
     elif len(args.step_times) != len(models):
         raise SystemExit(f"--step-times: one per shape and one for the twin ({len(models)})")
@@ -240,8 +249,9 @@ def main() -> None:
             seeded = dataclasses.replace(base, seed=seed)
             for j, (_, name, cfg, lr) in enumerate(trials):
                 row = run_one(
-                    name, cfg, seeded, train_stream, budget, lr, root, t_step[name], args.time_cap
-                )
+                    name, cfg, seeded, train_stream, budget, lr, root, t_step[name],
+                    args.time_cap, device,
+                )  # fmt: skip
                 row["setting"] = (name, cfg, lr)
                 runs[j].append(row)
                 rows.append(row)

@@ -198,6 +198,13 @@ def train(
         int | None, Opt(help="Ranks per expert-parallel group (torchrun; world = DP × EP).")
     ] = None,
     fsdp: Annotated[bool, Opt(help="FSDP2 for the non-expert parameters (torchrun).")] = False,
+    device: Annotated[
+        str,
+        Opt(
+            help="auto (CUDA when present), cpu, cuda or cuda:N; torchrun: cuda:$LOCAL_RANK. "
+            "Not a run setting: --resume may change it."
+        ),
+    ] = "auto",
     **flags: Any,
 ) -> None:
     """Train an MoE language model on real text.
@@ -214,6 +221,7 @@ def train(
       torchrun --nproc-per-node 2 -m moelab.cli train --steps 100
       moelab train --steps 1000 --expand-at 450 --expand hidden=2x,expert=2x
       torchrun --nproc-per-node 4 -m moelab.cli train --expert-parallel 2 --fsdp
+      moelab train --device cuda --steps 5000     # one GPU
     """
     from moelab.train.expand import parse_expand
     from moelab.train.loop import read_run_info
@@ -252,7 +260,7 @@ def train(
         parallel = guarded(ExpertParallel, expert_parallel or 1, fsdp)
     result = guarded(
         train_run, model_cfg, train_cfg, run_dir, resume=resume, progress=progress,
-        allow_data_change=allow_data_change, parallel=parallel,
+        allow_data_change=allow_data_change, parallel=parallel, device=device,
     )  # fmt: skip
     if result is None:
         return

@@ -26,13 +26,17 @@ class DistInfo:
         return self.world_size > 1
 
 
-def init_distributed() -> DistInfo:
-    """Join the process group when launched by ``torchrun`` (``WORLD_SIZE`` > 1)."""
+def init_distributed(device: torch.device | None = None) -> DistInfo:
+    """Join the process group when launched by ``torchrun`` (``WORLD_SIZE`` > 1): NCCL when
+    this rank trains on a GPU (made the rank's current device), gloo on the CPU."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return DistInfo()
+    on_gpu = device is not None and device.type == "cuda"
+    if on_gpu:
+        torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group("nccl" if on_gpu else "gloo")
     return DistInfo(rank=dist.get_rank(), world_size=dist.get_world_size())
 
 

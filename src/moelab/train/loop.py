@@ -77,6 +77,7 @@ from moelab.train.budget import (
 )
 from moelab.train.checkpoint import checkpoint_dirs, load_checkpoint, save_checkpoint
 from moelab.train.config import ConfigError, TrainConfig
+from moelab.train.device import device_rng_state, resolve_device, set_device_rng_state
 from moelab.train.diffusion import batch_elbo_nats, diffusion_loss_terms
 from moelab.train.distributed import DistInfo, barrier, init_distributed, shutdown
 from moelab.train.evaluate import EvalResult, evaluate
@@ -279,6 +280,7 @@ def train(
     allow_data_change: bool = False,
     parallel: Any = None,
     on_step: Callable[[int, MoETransformer], dict[str, Any] | None] | None = None,
+    device: str | torch.device | None = "auto",
 ) -> TrainResult:
     """Train (or resume) a run in ``run_dir``.
 
@@ -303,17 +305,22 @@ def train(
             ``metrics.jsonl`` (so ``--resume`` keeps exactly the records of the steps
             kept). For measurements such as a probe-batch loss curve: it must not change the
             model, and with ``parallel`` it must not run the sharded model's forward.
+        device: ``auto`` (CUDA when present), ``cpu``, ``cuda`` or ``cuda:N``
+            (:func:`moelab.train.device.resolve_device`; under torchrun each rank takes
+            ``cuda:$LOCAL_RANK``). Not part of the run's settings: a resume may change it.
     Returns:
         :class:`TrainResult`.
     Raises:
-        ConfigError, CorpusError, CheckpointError, TokenizerError: user errors, one-line messages.
+        ConfigError, CorpusError, CheckpointError, TokenizerError: user errors, one-line messages
+            (a ``device`` torch cannot use is a ConfigError).
         FolderBusyError: another process is writing into ``run_dir``.
         DiskFullError: the disk filled up (the last complete checkpoint stays valid).
     """
     run_dir = Path(run_dir)
-    dist_info = init_distributed()
+    device = resolve_device(device)
+    dist_info = init_distributed(device)
     args = (model_cfg, cfg, run_dir, resume, progress, stop_after, allow_data_change, dist_info)
-    args = (*args, parallel, on_step)
+    args = (*args, parallel, on_step, device)
     try:
         if not dist_info.is_main:
             return _train(*args)
@@ -404,8 +411,9 @@ def _train(
     stop_after,
     allow_data_change,
     dist_info: DistInfo,
-    parallel=None,
-    on_step=None,
+    parallel,
+    on_step,
+    device: torch.device,
 ) -> TrainResult:
     ckpt = None
     if resume:
@@ -471,6 +479,7 @@ def _train(
             "--expert-parallel/--fsdp: train with AdamW and without --expand-at (width "
             "expansion and Muon are single-process or DDP features)"
         )
+    model = model.to(device)
     if parallel is not None:  # validate the layout on every rank before anything is written
         if resume:
             parallel.check_resume(run_dir)
@@ -506,6 +515,7 @@ def _train(
     metrics = MetricsLog(run_dir / "metrics.jsonl")
     if ckpt is not None:
         torch.set_rng_state(ckpt.state["torch_rng"])
+        set_device_rng_state(device, ckpt.state.get("device_rng"))
         generator.set_state(ckpt.state["generator"][dist_info.rank])
         start_step = ckpt.step
         tokens_seen = int(ckpt.state["tokens_seen"])
@@ -528,7 +538,6 @@ def _train(
         metrics.truncate_after(-1)
 
     saved_step = {"step": ckpt.step if ckpt is not None else None}
-    device = next(model.parameters()).device
     # A resume replays the recorded fits and refits only after the last of them.
     fits = recorded_fits(run_info, cfg.warmup_steps) if resume else []
     fit_at = None
@@ -561,6 +570,7 @@ def _train(
         state = {
             "step": step,
             "torch_rng": torch.get_rng_state(),
+            **({"device_rng": r} if (r := device_rng_state(device)) is not None else {}),
             "generator": gens,
             "tokens_seen": tokens_seen,
             "elapsed_s": elapsed_before + time.perf_counter() - t0,
@@ -646,15 +656,18 @@ def _train(
             optimizer.set_lr(step, lr)
             t_step = time.perf_counter()
             counts = [
-                torch.zeros(layer.config.router.num_experts, dtype=torch.int64) for layer in layers
+                torch.zeros(layer.config.router.num_experts, dtype=torch.int64, device=device)
+                for layer in layers
             ]
             ce_sum = aux_sum = 0.0
             n_bytes = 0
             gen_at_start, rng_at_start = generator.get_state(), torch.get_rng_state()
+            device_rng_at_start = device_rng_state(device)
             for micro in range(cfg.grad_accum):
                 if stop_requested():  # react within one micro-batch: abandon this step
                     break
                 batch = sample_batch(train_stream, cfg.batch_size, cfg.seq_len, generator)
+                batch = batch.to(device, non_blocking=True)
                 sync = micro == cfg.grad_accum - 1 or step_fn is module
                 ctx = nullcontext() if sync else step_fn.no_sync()
                 with ctx:
@@ -672,6 +685,7 @@ def _train(
             if stop_requested():  # roll the abandoned step back; checkpoint the last finished one
                 generator.set_state(gen_at_start)
                 torch.set_rng_state(rng_at_start)
+                set_device_rng_state(device, device_rng_at_start)
                 optimizer.zero_grad(set_to_none=True)
                 for layer in layers:
                     layer.reset_loss_state()
