@@ -47,7 +47,7 @@ from moelab.data import eval_batches, load_tokenizer
 from moelab.models import ModelConfig, load_model
 from moelab.train.config import TrainConfig
 from moelab.train.evaluate import evaluate
-from moelab.train.loop import prepare_data, train
+from moelab.train.loop import train, validation_streams
 
 
 @torch.no_grad()
@@ -150,7 +150,7 @@ def run_arm(root: Path, name: str, losses: LossConfig, shared: bool, seed: int, 
     t0 = time.time()
     train(model_config(losses, shared), tcfg, run, progress=False)
     model = load_model(run)
-    _, _, val = prepare_data(tcfg, load_tokenizer(run))
+    val = validation_streams(tcfg, load_tokenizer(run))
     ev = evaluate(model, val, seq_len=SEQ_LEN, batch_size=16, max_tokens=args.eval_tokens)
     m = routing_metrics(model, val, SEQ_LEN, min(args.eval_tokens, 4096))
     print(f"{run.name}: {time.time() - t0:.0f} s", flush=True)

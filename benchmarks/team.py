@@ -102,13 +102,13 @@ def stage_eval(args) -> None:
     from moelab.serve.diffusion import DECODERS, DecodeOptions, DecodeStats, diffusion_generate
     from moelab.train.diffusion import batch_elbo_nats
     from moelab.train.evaluate import evaluate
-    from moelab.train.loop import prepare_data, run_train_config
+    from moelab.train.loop import run_train_config, validation_streams
 
     torch.set_num_threads(1)
     dm, tok = load_model(Path(args.run)).eval(), load_tokenizer(Path(args.run))
     ar = load_model(Path(args.ar_run)).eval()
     cfg = run_train_config(Path(args.run))
-    _, _, val = prepare_data(cfg, tok)
+    val = validation_streams(cfg, tok)
     n = cfg.seq_len
     elbo = evaluate(dm, val, seq_len=n, batch_size=8, max_tokens=8192, nats_fn=batch_elbo_nats)
     arb = evaluate(ar, val, seq_len=n, batch_size=8, max_tokens=8192)

@@ -50,7 +50,7 @@ from moelab.data import load_corpus, load_tokenizer
 from moelab.models import ModelConfig, MoETransformer, load_model, with_router
 from moelab.train.config import TrainConfig
 from moelab.train.evaluate import evaluate
-from moelab.train.loop import prepare_data, train
+from moelab.train.loop import train, validation_streams
 
 BUDGETS = (1.0, 0.86)
 WINDOW = 128
@@ -180,7 +180,7 @@ def backbone_job(root: Path, seed: int, args: argparse.Namespace) -> dict:
     train(backbone(args.shared_expert), train_cfg(seed, args.steps), run, progress=False)
     res["curve"] = val_curve(run)
     model = load_model(run)
-    _, _, val = prepare_data(train_cfg(seed, args.steps), load_tokenizer(run))
+    val = validation_streams(train_cfg(seed, args.steps), load_tokenizer(run))
     print(f"seed {seed}: backbone trained in {time.time() - t0:.0f} s", flush=True)
     ids, labels, tasks = windows(seed, args.windows_per_class)
     for name, make in rules("sequence").items():
@@ -212,7 +212,7 @@ def released_job(root: Path, seed: int, f: float, args: argparse.Namespace) -> d
     run = root / f"usmoe{seed}-{int(f * 100)}"
     cfg = backbone(args.shared_expert, router, balance="none")
     train(cfg, train_cfg(seed, args.steps), run, progress=False)
-    _, _, val = prepare_data(train_cfg(seed, args.steps), load_tokenizer(run))
+    val = validation_streams(train_cfg(seed, args.steps), load_tokenizer(run))
     bpb = bits_per_byte(load_model(run), val, args.eval_tokens)
     print(f"seed {seed}: USMoE @{int(f * 100)}% trained in {time.time() - t0:.0f} s", flush=True)
     return {"c": {f"USMoE as released @{int(f * 100)}% (no balancing)": bpb}}

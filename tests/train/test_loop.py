@@ -178,3 +178,16 @@ def test_bf16_mixed_precision_trains_float32_weights_under_autocast(corpus, tmp_
     assert {t.dtype for t in weights.values()} == {torch.float32}
     with pytest.raises(ConfigError, match="precision"):
         tiny_train(corpus, precision="fp16")
+
+
+def test_validation_streams_equal_prepare_datas_without_the_training_split(corpus):
+    from moelab.train.loop import prepare_data, validation_streams
+
+    cfg = tiny_train(corpus, tokenizer="bpe", bpe_vocab_size=300)
+    tokenizer, _, val = prepare_data(cfg, None)
+    again = validation_streams(cfg, tokenizer)
+    assert list(again) == list(val) == ["user"]
+    for name in val:
+        assert torch.equal(again[name].ids, val[name].ids)
+        assert torch.equal(again[name].token_bytes, val[name].token_bytes)
+        assert again[name].name == val[name].name == "val/user"

@@ -120,11 +120,11 @@ def _fmt(v) -> str:
 def _analysis_streams(run: Path, data: str | None, tokenizer):
     """The run's validation streams per domain (or ``data`` split by domain) and its seq_len."""
     from moelab.data import TokenStream, load_corpus
-    from moelab.train.loop import prepare_data, run_train_config
+    from moelab.train.loop import run_train_config, validation_streams
 
     cfg = run_train_config(run, need_data=data is None)
     if data is None:
-        return prepare_data(cfg, tokenizer)[2], cfg.seq_len
+        return validation_streams(cfg, tokenizer), cfg.seq_len
     docs = load_corpus(data)
     names = sorted({d.domain for d in docs})
     streams = {

@@ -101,7 +101,7 @@ def _evaluate_run(
     so a reference model is scored on the same documents (with its own tokenizer)."""
     from moelab.data import TokenStream, load_corpus
     from moelab.train.evaluate import evaluate
-    from moelab.train.loop import prepare_data, run_train_config
+    from moelab.train.loop import run_train_config, validation_streams
 
     model, tokenizer = load_for_inference(run, *offload_args)
     noncausal = model.noncausal_routing_layers()
@@ -114,7 +114,7 @@ def _evaluate_run(
     cfg = run_train_config(scored_as or run, need_data=data is None)
     seq_len = min(cfg.seq_len, model.cfg.max_seq_len)
     if data is None:
-        _, _, streams = prepare_data(cfg, tokenizer)
+        streams = validation_streams(cfg, tokenizer)
     else:
         streams = {data: TokenStream.from_documents(load_corpus(data), tokenizer, name=data)}
     from moelab.train.diffusion import batch_elbo_nats  # block diffusion: the ELBO bound

@@ -218,7 +218,19 @@ def prepare_data(
         tokenizer = make_tokenizer(cfg.tokenizer, texts, vocab_size=cfg.bpe_vocab_size)
     names = sorted({d.domain for d in docs})
     train = TokenStream.from_documents(train_docs, tokenizer, domain_names=names, name="train")
-    val = {
+    return tokenizer, train, _validation(val_docs, names, tokenizer)
+
+
+def validation_streams(cfg: TrainConfig, tokenizer: Tokenizer) -> dict[str, TokenStream]:
+    """The run's validation streams per domain (:func:`prepare_data`'s third result) without
+    encoding the training split: what ``moelab eval`` and ``analyze`` score."""
+    docs = load_corpus(cfg.data, max_bytes_per_domain=cfg.max_bytes_per_domain)
+    _, val_docs = split_documents(docs, val_fraction=cfg.val_fraction, seed=cfg.seed)
+    return _validation(val_docs, sorted({d.domain for d in docs}), tokenizer)
+
+
+def _validation(val_docs, names, tokenizer) -> dict[str, TokenStream]:
+    return {
         name: TokenStream.from_documents(
             [d for d in val_docs if d.domain == name],
             tokenizer,
@@ -227,7 +239,6 @@ def prepare_data(
         )
         for name in names
     }
-    return tokenizer, train, val
 
 
 def _eval_record(step: int, result: EvalResult) -> dict[str, Any]:
