@@ -183,6 +183,8 @@ def main() -> None:
     ap.add_argument("--tokenizer", default=preset_train["tokenizer"], choices=["byte", "bpe"],
                     help="both models' tokenizer, trained on the training split (default: moelab train's)")  # fmt: skip
     ap.add_argument("--bpe-vocab-size", type=int, default=preset_train["bpe_vocab_size"])
+    ap.add_argument("--max-bytes-per-domain", type=int, default=preset_train["max_bytes_per_domain"],
+                    help="cap per corpus domain in bytes (default: moelab train's, the whole corpus)")  # fmt: skip
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                     help="training precision of both models (TrainConfig.precision)")  # fmt: skip
     ap.add_argument("--seeds", type=int, nargs="+", default=[0],
@@ -204,6 +206,7 @@ def main() -> None:
         data=args.data,
         tokenizer=args.tokenizer,
         bpe_vocab_size=args.bpe_vocab_size,
+        max_bytes_per_domain=args.max_bytes_per_domain,
         precision=args.precision,
         eval_every=10**9,
         checkpoint_every=0,

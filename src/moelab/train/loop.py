@@ -575,9 +575,11 @@ def _train(
         t = time.perf_counter()
         saved_step["step"] = step
         gens = [generator.get_state()]
-        if dist_info.enabled:
-            gens = [torch.empty_like(gens[0]) for _ in range(dist_info.world_size)]
-            torch.distributed.all_gather(gens, generator.get_state())
+        if dist_info.enabled:  # on the device: NCCL gathers only GPU tensors
+            mine = generator.get_state().to(device)
+            gens = [torch.empty_like(mine) for _ in range(dist_info.world_size)]
+            torch.distributed.all_gather(gens, mine)
+            gens = [g.cpu() for g in gens]
         state = {
             "step": step,
             "torch_rng": torch.get_rng_state(),
