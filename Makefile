@@ -43,7 +43,7 @@ run: $(VENV)/.run-installed
 	elif [ -f $(RUN)/run.json ]; then $(VENV)/bin/moelab train --out $(RUN) --resume; \
 	else $(VENV)/bin/moelab train --data mix --steps 1500 --time-budget 380 --fit-to-budget \
 		--eval-every 200 --out $(RUN); fi
-	$(VENV)/bin/moelab eval $(RUN)
+	$(VENV)/bin/moelab eval $(RUN) --tokens 98304
 	$(VENV)/bin/moelab analyze $(RUN)
 	@if [ -f $(RUN)-zip/store.json ]; then echo "$(RUN)-zip is already compressed"; \
 	else $(VENV)/bin/moelab compress $(RUN) --lossless --out $(RUN)-zip; fi
