@@ -210,13 +210,10 @@ def prepare_data(
 ) -> tuple[Tokenizer, TokenStream, dict[str, TokenStream]]:
     """Load (unless ``docs`` are given) and split the corpus, train the tokenizer if none is
     given, and encode the training stream plus one validation stream per domain."""
-    if docs is None:
-        docs = load_corpus(cfg.data, max_bytes_per_domain=cfg.max_bytes_per_domain)
-    train_docs, val_docs = split_documents(docs, val_fraction=cfg.val_fraction, seed=cfg.seed)
+    train_docs, val_docs, names = _split(cfg, docs)
     if tokenizer is None:
         texts = [d.text for d in train_docs]
         tokenizer = make_tokenizer(cfg.tokenizer, texts, vocab_size=cfg.bpe_vocab_size)
-    names = sorted({d.domain for d in docs})
     train = TokenStream.from_documents(train_docs, tokenizer, domain_names=names, name="train")
     return tokenizer, train, _validation(val_docs, names, tokenizer)
 
@@ -224,9 +221,16 @@ def prepare_data(
 def validation_streams(cfg: TrainConfig, tokenizer: Tokenizer) -> dict[str, TokenStream]:
     """The run's validation streams per domain (:func:`prepare_data`'s third result) without
     encoding the training split: what ``moelab eval`` and ``analyze`` score."""
-    docs = load_corpus(cfg.data, max_bytes_per_domain=cfg.max_bytes_per_domain)
-    _, val_docs = split_documents(docs, val_fraction=cfg.val_fraction, seed=cfg.seed)
-    return _validation(val_docs, sorted({d.domain for d in docs}), tokenizer)
+    _, val_docs, names = _split(cfg, None)
+    return _validation(val_docs, names, tokenizer)
+
+
+def _split(cfg: TrainConfig, docs: list[Document] | None):
+    """(training documents, validation documents, sorted domain names) of the run's corpus."""
+    if docs is None:
+        docs = load_corpus(cfg.data, max_bytes_per_domain=cfg.max_bytes_per_domain)
+    train_docs, val_docs = split_documents(docs, val_fraction=cfg.val_fraction, seed=cfg.seed)
+    return train_docs, val_docs, sorted({d.domain for d in docs})
 
 
 def _validation(val_docs, names, tokenizer) -> dict[str, TokenStream]:

@@ -90,9 +90,9 @@ def default_train_dict() -> dict[str, Any]:
     by about 0.25 against bytes and widens the MoE's lead over its dense twin, where 2,048
     tokens narrowed it. The library's 1.5 MB cap per domain (4.5 MB of ``mix``) is one epoch
     at about 380 s: at twice that and more, both models repeat it, the larger MoE overfits
-    first and its lead shrinks (to −0.005 bits/byte at 3,040 s, one seed); on the whole corpus its
-    lead at 380 s and 760 s is larger (README, "MoE vs its dense twin"). The library's
-    :class:`TrainConfig` keeps bytes and the cap, which cost no tokenizer training."""
+    first and its lead shrinks (to −0.005 bits/byte at 3,040 s, one seed); on the whole
+    corpus its lead at 380 s and 760 s is larger (README, "MoE vs its dense twin"). The
+    library's :class:`TrainConfig` keeps bytes and the cap, which cost no tokenizer training."""
     return TrainConfig().to_dict() | {
         "tokenizer": "bpe",
         "bpe_vocab_size": 512,
