@@ -16,7 +16,9 @@ MoE's rate.
 With ``--seeds`` every run is repeated per seed (initialisation, data split and batch order;
 the runs go seed by seed, MoE and twin in turn). Each side's best setting is the one with the
 lowest mean, and the gap is reported as mean ± sd over the seeds of the paired differences
-(dense − MoE at the same seed).
+(dense − MoE at the same seed). With several budgets it also prints the MoE's compute
+multiplier: the budget the twin needs to match the MoE's score (``dense_equivalent_budget``,
+per seed) over the MoE's budget.
 
     python benchmarks/moe_vs_dense.py                                  # 2 × 240 s, mix corpus
     python benchmarks/moe_vs_dense.py --budgets 120 240 480 --dense-lrs 1e-3 2e-3 4e-3 \
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import itertools
 import json
 import statistics
 import tempfile
@@ -123,6 +126,20 @@ def _mean_sd(xs: list[float]) -> tuple[float, float]:
     return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0
 
 
+def dense_equivalent_budget(curve: dict[float, float], target: float) -> float | None:
+    """The budget (s) at which the twin's validation curve ``{budget: bits/byte}`` reaches
+    ``target``: linear in log(budget) between the two measured budgets that bracket it (the
+    curve is taken as decreasing). None when ``target`` lies outside the measured range, since
+    extrapolating a loss curve is a guess. Divided by the MoE's own budget, this is the MoE's
+    compute multiplier over its twin, the scaling-law way of stating the lead: unlike a gap in
+    bits/byte, it does not shrink just because both curves flatten."""
+    points = sorted(curve.items())
+    for (b0, l0), (b1, l1) in itertools.pairwise(points):
+        if l1 <= target <= l0 and l0 > l1:
+            return b0 * (b1 / b0) ** ((l0 - target) / (l0 - l1))
+    return None
+
+
 def print_table(rows: list[dict], best: dict) -> None:
     """Every run, then per budget each side's best setting (mean ± sd over seeds) and the gap."""
     domains = sorted(rows[0]["per_domain"])
@@ -151,6 +168,21 @@ def print_table(rows: list[dict], best: dict) -> None:
             f"{budget:5.0f} s: MoE {m:.4f} ± {m_sd:.4f} vs dense {d:.4f} ± {d_sd:.4f} "
             f"({len(moe)} seeds): MoE ahead by {g:+.4f} ± {g_sd:.4f} bits/byte"
         )
+    budgets = sorted({r["budget_s"] for r in rows})
+    for budget in budgets if len(budgets) > 1 else ():
+        ratios = []
+        for r in best[(budget, "moe")]:  # per seed: each seed holds out its own documents
+            curve = {b: x["val_bpb"] for b in budgets for x in best[(b, "dense twin")]
+                     if x["seed"] == r["seed"]}  # fmt: skip
+            needed = dense_equivalent_budget(curve, r["val_bpb"])
+            if needed is not None:
+                ratios.append(needed / budget)
+        if ratios:
+            m, sd = _mean_sd(ratios)
+            print(
+                f"{budget:5.0f} s: the twin needs {m:.2f} ± {sd:.2f}× this budget to match the "
+                f"MoE ({len(ratios)} seeds inside its measured budgets)"
+            )
 
 
 def moe_shape(base: ModelConfig, spec: str) -> tuple[str, ModelConfig]:
