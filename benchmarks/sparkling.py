@@ -1,7 +1,7 @@
 """SPARKLING mid-training width expansion (arXiv 2602.02472) on the real ``mix`` corpus.
 
-Settings: {dense, MoE} × {2× hidden size, 2× expert inner size} with AdamW, plus dense 2×
-hidden with Muon. Default model: 4 layers of D = 64 (4 heads of 16), MoE 8 experts of F = 64
+Settings: {dense, MoE} × {2× hidden size, 2× expert inner size, both} with AdamW, plus dense
+2× hidden with Muon. Default model: 4 layers of D = 64 (4 heads of 16), MoE 8 experts of F = 64
 top-2 (dense FFN 128), byte-level, batch 16 × 128, 1,200 steps with the expansion at step 600
 (``--d-model``, ``--layers``, ``--experts``, ``--steps``, ``--expand-at``). Each setting,
 3 seeds, compares five runs of ``moelab.train.loop.train`` with the same total steps,
@@ -48,9 +48,9 @@ Measured per run (mean ± sd over the seeds):
   run);
 - pair cos: mean cosine similarity between each new unit and the old unit it copies
   (``copy``) or its counterpart ``j mod n_old`` (other rows) 200 steps after the expansion —
-  residual channels for hidden expansion, expert/FFN hidden units for inner expansion
-  (``moelab.train.expand.counterpart_cosine``); the scratch row is unrelated units, the
-  independence reference;
+  residual channels for hidden (and both-axes) expansion, expert/FFN hidden units for inner
+  expansion (``moelab.train.expand.counterpart_cosine``); the scratch row is unrelated units,
+  the independence reference;
 - final validation bits per byte, and its difference from the same seed's scratch run (same
   held-out documents, so this is the paired comparison);
 - compute to reach scratch's final loss: training FLOPs (analytic ``6·N_active + 6·L·S·d_attn``
@@ -60,7 +60,7 @@ Measured per run (mean ± sd over the seeds):
 
 Usage::
 
-    python benchmarks/sparkling.py                 # 5 settings x 5 runs x 3 seeds, ~70 min
+    python benchmarks/sparkling.py                 # 7 settings x 5 runs x 3 seeds, ~2 h
     python benchmarks/sparkling.py --steps 250 --expand-at 50 --seeds 1 --settings 3 \
         --d-model 32 --layers 2 --experts 4 --seq-len 64   # quick
     python benchmarks/sparkling.py --methods sparkling,copy,scratch   # a subset of the runs
@@ -119,7 +119,12 @@ SETTINGS = (
     ("moe", "hidden", "adamw"),
     ("moe", "inner", "adamw"),
     ("dense", "hidden", "muon"),
+    ("dense", "both", "adamw"),
+    ("moe", "both", "adamw"),
 )
+# (hidden, inner) width factors per axis; "both" is the paper's third axis
+FACTORS = {"hidden": (2.0, None), "inner": (None, 2.0), "both": (2.0, 2.0)}
+LABELS = {"hidden": "hidden", "inner": "expert", "both": "hidden+expert"}
 
 
 def small_config(kind: str, seq_len: int, d_model: int, n_layers: int, experts: int) -> ModelConfig:
@@ -236,7 +241,7 @@ def run_setting(
 ) -> dict:
     """The small run up to the expansion (shared), its expansions resumed to the end
     (``moelab expand`` + ``moelab train --resume``), and the from-scratch run."""
-    factors = {"hidden": 2.0, "inner": None} if axis == "hidden" else {"hidden": None, "inner": 2.0}
+    factors = dict(zip(("hidden", "inner"), FACTORS[axis], strict=True))
     base = root / f"{key}-small"
     cfg = TrainConfig.from_dict(tdict)
     _, _, streams = prepare_data(cfg, None)
@@ -259,7 +264,8 @@ def run_setting(
             grown_probe = probe_loss(load_model(latest_checkpoint_dir(run)), streams, tdict)
             train(None, None, run, resume=True, progress=False, stop_after=t_e + 200, on_step=hook)
         # symmetry 200 steps after the expansion, from that step's checkpoint (exact resume)
-        cos = counterpart_cosine(load_model(latest_checkpoint_dir(run)), small, axis)
+        role = "hidden" if axis == "both" else axis  # both: the residual channels
+        cos = counterpart_cosine(load_model(latest_checkpoint_dir(run)), small, role)
         if t_e + 200 < tdict["steps"]:
             train(None, None, run, resume=True, progress=False, on_step=hook)
         out[method] = measure(run, small, wide, tdict, t_e, cos, grown_probe)
@@ -292,7 +298,7 @@ def run_seed_setting(root: Path, seed: int, setting: tuple, args: argparse.Names
     """One pool job: every run of one setting at one seed (they share the small run)."""
     kind, axis, opt = setting
     small = small_config(kind, args.seq_len, args.d_model, args.layers, args.experts)
-    wide = expanded_config(small, *((2.0, None) if axis == "hidden" else (None, 2.0)))
+    wide = expanded_config(small, *FACTORS[axis])
     tdict = TrainConfig(
         data="mix", max_bytes_per_domain=args.max_bytes, seq_len=args.seq_len,
         batch_size=args.batch_size, steps=args.steps, lr=args.lr, warmup_steps=args.warmup,
@@ -409,7 +415,7 @@ def main() -> None:
             ]
             paired = [r["bpb"] - c["bpb"] for r, c in zip(runs, scratch, strict=True)]
             print(
-                f"| {kind} {'expert' if axis == 'inner' else axis} 2× {opt} | {method} | {fmt([r['spike'] for r in runs], '+.1f')} | "
+                f"| {kind} {LABELS[axis]} 2× {opt} | {method} | {fmt([r['spike'] for r in runs], '+.1f')} | "
                 f"{fmt([r['probe_spike'] for r in runs], '+.2f')} | "
                 f"{fmt(first, '+.2f') if method != 'scratch' else '—'} | "
                 f"{fmt([r['cos'] for r in runs], '.3f')} | {fmt([r['bpb'] for r in runs], '.4f')} | "
