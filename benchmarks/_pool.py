@@ -9,6 +9,7 @@ OpenMP state), each set to ``threads`` torch threads before its first job.
 from __future__ import annotations
 
 import multiprocessing as mp
+import signal
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, TypeVar
@@ -29,7 +30,8 @@ def run_jobs(
 
     Each ``fn`` and its arguments must be picklable (module-level functions of the script).
     Jobs start in the order given, so put the longest first. A job's exception is raised here
-    with its traceback once the jobs before it have finished.
+    with its traceback once the jobs before it have finished; Ctrl-C, SIGTERM or such an
+    exception stops the workers still running.
     """
     if workers < 1 or threads < 1:
         raise SystemExit(f"--workers and --threads must be >= 1, got {workers} and {threads}")
@@ -37,6 +39,21 @@ def run_jobs(
         _init(threads)
         return [fn(*args) for fn, args in jobs]
     ctx = mp.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init, initargs=(threads,)) as ex:
+    ex = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init, initargs=(threads,))
+    # a SIGTERM to this process alone would otherwise leave the workers training on
+    previous = signal.signal(signal.SIGTERM, _raise_exit)
+    try:
         futures = [ex.submit(fn, *args) for fn, args in jobs]
         return [f.result() for f in futures]
+    except BaseException:  # Ctrl-C, SIGTERM or a failed job: stop the other runs too
+        ex.shutdown(wait=False, cancel_futures=True)
+        for child in mp.active_children():
+            child.terminate()
+        raise
+    finally:
+        ex.shutdown()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_exit(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
