@@ -169,7 +169,7 @@ def print_table(rows: list[dict], best: dict) -> None:
             f"({len(moe)} seeds): MoE ahead by {g:+.4f} ± {g_sd:.4f} bits/byte"
         )
     budgets = sorted({r["budget_s"] for r in rows})
-    for budget in budgets if len(budgets) > 1 else ():
+    for budget in budgets:  # one budget: no curve to interpolate, so nothing is printed
         ratios = []
         for r in best[(budget, "moe")]:  # per seed: each seed holds out its own documents
             curve = {b: x["val_bpb"] for b in budgets for x in best[(b, "dense twin")]

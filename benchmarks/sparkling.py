@@ -242,6 +242,7 @@ def run_setting(
     """The small run up to the expansion (shared), its expansions resumed to the end
     (``moelab expand`` + ``moelab train --resume``), and the from-scratch run."""
     factors = dict(zip(("hidden", "inner"), FACTORS[axis], strict=True))
+    role = "hidden" if axis == "both" else axis  # the pair cosine of both: residual channels
     base = root / f"{key}-small"
     cfg = TrainConfig.from_dict(tdict)
     _, _, streams = prepare_data(cfg, None)
@@ -264,7 +265,6 @@ def run_setting(
             grown_probe = probe_loss(load_model(latest_checkpoint_dir(run)), streams, tdict)
             train(None, None, run, resume=True, progress=False, stop_after=t_e + 200, on_step=hook)
         # symmetry 200 steps after the expansion, from that step's checkpoint (exact resume)
-        role = "hidden" if axis == "both" else axis  # both: the residual channels
         cos = counterpart_cosine(load_model(latest_checkpoint_dir(run)), small, role)
         if t_e + 200 < tdict["steps"]:
             train(None, None, run, resume=True, progress=False, on_step=hook)

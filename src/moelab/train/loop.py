@@ -225,7 +225,9 @@ def validation_streams(cfg: TrainConfig, tokenizer: Tokenizer) -> dict[str, Toke
     return _validation(val_docs, names, tokenizer)
 
 
-def _split(cfg: TrainConfig, docs: list[Document] | None):
+def _split(
+    cfg: TrainConfig, docs: list[Document] | None
+) -> tuple[list[Document], list[Document], list[str]]:
     """(training documents, validation documents, sorted domain names) of the run's corpus."""
     if docs is None:
         docs = load_corpus(cfg.data, max_bytes_per_domain=cfg.max_bytes_per_domain)
