@@ -198,7 +198,7 @@ def bench_run(run: Path, args) -> None:
                 eng = offload_engine(m)
                 out, s, (a, b) = timed_generation(m, prompt, args.tokens, eng.snapshot)
                 requests = max(b.requests - a.requests, 1)
-                plan = eng.plan
+                plans = eng.plans or []
                 stats[cfg] = dict(
                     hit_full=(b.hits_full - a.hits_full) / requests,
                     hit_sm=(b.hits_sm - a.hits_sm) / requests,
@@ -207,9 +207,7 @@ def bench_run(run: Path, args) -> None:
                     / max(b.prefetch_issued - a.prefetch_issued, 1)
                     if b.prefetch_issued > a.prefetch_issued
                     else None,
-                    plan=f"{plan.n_full}F+{plan.n_sm}SM"
-                    if plan is not None and plan.kind == "two_tier"
-                    else "",
+                    plan=tiers_label(plans),
                 )
                 eng.close()
                 del m
@@ -218,6 +216,22 @@ def bench_run(run: Path, args) -> None:
             print(f"  {cfg}: {1e3 * s:.0f} ms/token", file=sys.stderr, flush=True)
         print(f"round {rnd + 1}/{args.repeats} done", file=sys.stderr, flush=True)
         print_speed(args, configs, results, stats, prompt, expert_total, identical, rnd + 1)
+
+
+def tiers_label(plans: list) -> str:
+    """``2F+0SM``, or ``2F+0SM (1 layer 1F+1SM)`` when the staging buffer re-planned some."""
+
+    def split(p) -> str:
+        return f"{p.n_full}F+{p.n_sm}SM" if p.kind == "two_tier" else f"{p.n_full}F LFU"
+
+    if not plans:
+        return ""
+    common = split(plans[-1])
+    other = [split(p) for p in plans if split(p) != common]
+    if not other:
+        return common
+    kinds = ", ".join(sorted(set(other)))
+    return f"{common} ({len(other)} layer{'s' if len(other) > 1 else ''}: {kinds})"
 
 
 def print_speed(args, configs, results, stats, prompt, expert_total, identical, rounds) -> None:

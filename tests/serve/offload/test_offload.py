@@ -223,6 +223,28 @@ def test_prefetch_staging_is_paid_from_the_rounding_first(setup):
         assert sum(slots) == 2 * L - lost and min(slots) >= 1
 
 
+def test_zipmoe_staging_is_paid_by_as_few_layers_as_possible(setup):
+    """A budget of exactly 2 experts per layer: the staging buffer of one prefetched expert
+    takes one expert's bytes from layer 0 alone; every other layer keeps the unprefetched
+    plan, and the plans plus the staging fit the budget."""
+    model, root, expert_mib, _ = setup
+    L = model.cfg.num_moe_layers
+    mib = 2 * L * expert_mib
+    base = offload_engine(load_offloaded(root / "zstd", cache_mb=mib, threads=2))
+    eng = offload_engine(load_offloaded(root / "zstd", cache_mb=mib, threads=2, prefetch=1))
+    split = (base.plan.n_full, base.plan.n_sm)
+    assert [(p.n_full, p.n_sm) for p in base.plans] == [split] * L
+    assert [(p.n_full, p.n_sm) for p in eng.plans[1:]] == [split] * (L - 1)
+    assert (eng.plan.n_full, eng.plan.n_sm) == split
+    used = sum(p.n_full * eng.full_bytes + p.n_sm * eng.sm_bytes for p in eng.plans)
+    assert used + eng.full_bytes <= mib * 2**20
+    assert eng.plans[0].n_full * eng.full_bytes + eng.plans[0].n_sm * eng.sm_bytes <= (
+        2 * L * expert_mib * 2**20 / L - eng.full_bytes
+    )
+    for e in (base, eng):
+        e.close()
+
+
 def test_demand_reads_go_before_queued_prefetches_and_cancelled_ones_are_never_read(setup):
     """With the read thread busy, prefetch loads of experts 1-2 are queued, then a demand
     load of expert 3 and a promotion of expert 2: the storage then serves 3, 2, 1 in that

@@ -18,7 +18,9 @@ Loads: ``threads = 0`` loads serially on the calling thread (naive offloading); 
 the next layer (``predictor``: its router on the current hidden state, or routing history) and,
 once this layer's loads are queued, queues theirs at prefetch priority: promoted when the next
 layer asks for them, cancelled when it does not. The staging buffer for them is paid from the
-cache budget (:meth:`OffloadEngine._single_tier_slots`). Budgets are in MiB (2^20 bytes).
+cache budget, from the bytes the per-layer split leaves unused first, then from as few layers
+as possible (:meth:`OffloadEngine._single_tier_slots`, :meth:`OffloadEngine._zipmoe_plans`).
+Budgets are in MiB (2^20 bytes).
 
 Statistics (:class:`OffloadStats`): requests, hits per tier, misses, prefetch hits, bytes read,
 read/decode/merge seconds, seconds the forward pass waited for loads.
@@ -147,6 +149,11 @@ class LayerState:
 class OffloadEngine:
     """Expert caches and loaders over an open store.
 
+    Attributes:
+        plans: with ``zipmoe``, each layer's :class:`TierPlan`; ``plan`` is the last layer's
+            (the split every layer gets unless it pays for the prefetch staging buffer).
+        slots_per_layer: the single-tier policies' full-expert slots per layer.
+
     Raises:
         ValueError: bad settings; a budget below one layer's top-k experts; ``zipmoe`` on an
             uncompressed (raw) store; ``belady`` without a per-layer future.
@@ -170,8 +177,7 @@ class OffloadEngine:
                 f"experts ({need / MIB:.2f} MiB); accepted: >= {need / MIB:.2f}"
             )
         self.slots_per_layer = self._single_tier_slots(budget)
-        budget -= config.prefetch * self.full_bytes  # the prefetch staging buffer
-        self.layer_bytes = max(0.0, budget / self.L)
+        self.layer_bytes = budget / self.L
         if config.policy == "zipmoe" and self.raw:
             raise InvalidValueError(
                 "policy zipmoe: needs a compressed store (this one is codec raw)"
@@ -182,7 +188,8 @@ class OffloadEngine:
             )
         self.delay_model = self._measure_delays()
         self.trace = trace if trace is not None else store.trace
-        self.plan: TierPlan | None = None
+        self.plans = self._zipmoe_plans() if config.policy == "zipmoe" else None
+        self.plan: TierPlan | None = self.plans[-1] if self.plans else None
         self.layers = [self._new_layer(li) for li in range(self.L)]
         self.scheduler = (
             Scheduler(self.pack, config.threads, self.delay_model.d_dec, self.delay_model.d_sm)
@@ -249,26 +256,42 @@ class OffloadEngine:
             i += 1
         return slots
 
+    def _plan(self, layer_bytes: float) -> TierPlan:
+        """The planner's split of ``layer_bytes``; one LFU tier without a routing trace."""
+        if self.trace is None:
+            n = min(self.E, int(layer_bytes // self.full_bytes))
+            return TierPlan("lfu", n, 0, 1.0, math.nan)
+        return plan_tiers(
+            self.trace, self.k, self.E, layer_bytes, self.full_bytes, self.sm_bytes,
+            self.delay_model,
+        )  # fmt: skip
+
+    def _zipmoe_plans(self) -> list[TierPlan]:
+        """Per-layer plans. Every layer gets ``budget / L``; the prefetch staging buffer is
+        paid first from what those plans leave unused, then one full expert's bytes at a time
+        from whole layers, from layer 0 on (never a prefetch target), and those layers are
+        re-planned [our choice: a cut spread over all layers would cost every layer a slot
+        whenever the budget is an exact multiple of the slot sizes]."""
+        share = self._plan(self.layer_bytes)
+        used = share.n_full * self.full_bytes + share.n_sm * self.sm_bytes
+        need = self.config.prefetch * self.full_bytes - self.L * (self.layer_bytes - used)
+        cuts = [0] * self.L
+        i = 0
+        while need > 0 and i < self.L * self.E:
+            if used - (cuts[i % self.L] + 1) * self.full_bytes >= 0:
+                cuts[i % self.L] += 1
+                need -= self.full_bytes
+            i += 1
+        reduced = {c: self._plan(used - c * self.full_bytes) for c in set(cuts) if c}
+        return [reduced[c] if c else share for c in cuts]
+
     def _new_layer(self, li: int) -> LayerState:
         c = self.config
         if c.policy == "zipmoe":
-            if self.plan is None:
-                if self.trace is None:
-                    self.plan = TierPlan(
-                        "lfu",
-                        min(self.E, int(self.layer_bytes // self.full_bytes)),
-                        0,
-                        1.0,
-                        math.nan,
-                    )
-                else:
-                    self.plan = plan_tiers(
-                        self.trace, self.k, self.E, self.layer_bytes, self.full_bytes,
-                        self.sm_bytes, self.delay_model,
-                    )  # fmt: skip
-            if self.plan.kind == "two_tier":
-                return LayerState(None, TwoTierCache(self.plan.n_full, self.plan.n_sm, self.E))
-            return LayerState(SlotCache(self.plan.n_full, build_policy("zipmoe")), None)
+            plan = self.plans[li]
+            if plan.kind == "two_tier":
+                return LayerState(None, TwoTierCache(plan.n_full, plan.n_sm, self.E))
+            return LayerState(SlotCache(plan.n_full, build_policy("zipmoe")), None)
         cap = self.slots_per_layer[li]
         future = c.future[li] if c.policy == "belady" else None
         return LayerState(SlotCache(cap, build_policy(c.policy, future)), None)
