@@ -13,6 +13,7 @@ per problem (timings on a shared box are noisy). Seeds re-draw the held-out prob
 
     python benchmarks/team.py train --out /tmp/team_run --steps 400
     python benchmarks/team.py eval --run /tmp/team_run --per-task 25 --seeds 0 1 2
+    python benchmarks/team.py eval --run /tmp/team_s0 /tmp/team_s1 /tmp/team_s2   # 3 trainings
 """
 
 from __future__ import annotations
@@ -94,7 +95,9 @@ def _ms(xs: list[float]) -> str:
     return f"{m:.2f}±{statistics.stdev(xs):.2f}" if len(xs) > 1 else f"{m:.2f}"
 
 
-def stage_eval(args) -> None:
+def eval_run(run: Path, args, ar) -> dict[str, dict[str, list[float]]]:
+    """Every decoder on one trained model: per decoder and column, one value per problem
+    seed (exact match per task in %, AR NLL, APF, TPF, APT, NFE per problem, tok/s)."""
     import torch
 
     from moelab.data import load_tokenizer
@@ -104,46 +107,43 @@ def stage_eval(args) -> None:
     from moelab.train.evaluate import evaluate
     from moelab.train.loop import run_train_config, validation_streams
 
-    torch.set_num_threads(1)
-    dm, tok = load_model(Path(args.run)).eval(), load_tokenizer(Path(args.run))
-    ar = load_model(Path(args.ar_run)).eval()
-    cfg = run_train_config(Path(args.run))
+    dm, tok = load_model(run).eval(), load_tokenizer(run)
+    cfg = run_train_config(run)
     val = validation_streams(cfg, tok)
     n = cfg.seq_len
     elbo = evaluate(dm, val, seq_len=n, batch_size=8, max_tokens=8192, nats_fn=batch_elbo_nats)
     arb = evaluate(ar, val, seq_len=n, batch_size=8, max_tokens=8192)
-    print(f"held-out text: diffusion ELBO {elbo.overall.bits_per_byte:.3f} bits/byte "
-          f"(upper bound); AR model {arb.overall.bits_per_byte:.3f} bits/byte")  # fmt: skip
+    print(f"{run}: held-out text: diffusion ELBO {elbo.overall.bits_per_byte:.3f} bits/byte "
+          f"(upper bound); AR model {arb.overall.bits_per_byte:.3f} bits/byte", flush=True)  # fmt: skip
     nl = tok.encode("\n")[0]
     text = [w.tolist() for st in val.values() for w in st.ids[:4096].split(24)[:-1]]
     text = [w for w in text if nl not in w[16:]][: args.text_prompts]
     decoders = {d: DecodeOptions.preset(d, args.tau) for d in DECODERS}
     for k in args.refresh:  # the paper's Refresh-k ablation of DCD
         decoders[f"cache+refresh{k}"] = dataclasses.replace(decoders["cache"], refresh=k)
-    names = list(decoders)
-    rows: dict[str, dict[str, list[float]]] = {d: {} for d in names}
+    rows: dict[str, dict[str, list[float]]] = {d: {} for d in decoders}
     for seed in args.seeds:
         probs = held_out(seed, args.per_task)
-        stats = {d: DecodeStats() for d in names}
-        hits = {d: {t: 0 for t in TASKS} for d in names}
+        stats = {d: DecodeStats() for d in decoders}
+        hits = {d: {t: 0 for t in TASKS} for d in decoders}
         for task, prompt, answer in probs:
             ids = tok.encode("\n" + prompt)
-            for d in names:  # interleaved: the box is shared and noisy
+            for d in decoders:  # interleaved: the box is shared and noisy
                 r = diffusion_generate(
                     dm, ids, max_new_tokens=8, stop_id=nl,
                     options=decoders[d],
                 )  # fmt: skip
                 stats[d].merge(r.stats)
                 hits[d][task] += tok.decode(r.ids).split("\n")[0] == answer
-        nll = {d: [] for d in names}
+        nll = {d: [] for d in decoders}
         for w in text:  # held-out continuation likelihood under the AR model
-            for d in names:
+            for d in decoders:
                 r = diffusion_generate(dm, w[:16], max_new_tokens=8, options=decoders[d])
                 ids = torch.tensor([w[:16] + r.ids])
                 with torch.no_grad():
                     lp = ar(ids[:, :-1]).logits.float().log_softmax(-1)[0, 15:]
                 nll[d].append(-lp.gather(-1, ids[0, 16:, None]).mean().item())
-        for d in names:
+        for d in decoders:
             row = rows[d]
             row.setdefault("AR NLL", []).append(statistics.fmean(nll[d]))
             for t in TASKS:
@@ -153,8 +153,32 @@ def stage_eval(args) -> None:
             for key, v in (("APF", st.apf), ("TPF", st.tpf), ("APT", st.apt),
                            ("NFE/prob", st.nfe / len(probs)), ("tok/s", st.tokens_per_s)):  # fmt: skip
                 row.setdefault(key, []).append(v)
+    return rows
+
+
+def stage_eval(args) -> None:
+    """One model: mean ± sd over the problem seeds. Several (``--run A B C``, e.g. training
+    seeds): each model's mean over the problem seeds, then mean ± sd over the models; the
+    differences from vanilla are paired by model."""
+    import torch
+
+    from moelab.models import load_model
+
+    torch.set_num_threads(1)
+    ar = load_model(Path(args.ar_run)).eval()
+    per_run = [eval_run(Path(run), args, ar) for run in args.run]
+    if len(per_run) == 1:
+        rows = per_run[0]
+    else:
+        rows = {
+            d: {c: [statistics.fmean(r[d][c]) for r in per_run] for c in per_run[0][d]}
+            for d in per_run[0]
+        }
+    names = list(rows)
     cols = [*TASKS, "all", "AR NLL", "APF", "TPF", "APT", "NFE/prob", "tok/s"]
-    print(f"tau={args.tau} block=8 seeds={args.seeds} problems/task/seed={args.per_task}")
+    over = "problem seeds" if len(per_run) == 1 else f"{len(per_run)} trained models"
+    print(f"tau={args.tau} block=8 problem seeds={args.seeds} problems/task/seed={args.per_task}; "
+          f"mean ± sd over {over}")  # fmt: skip
     print(
         "| decoder | " + " | ".join(f"EM {c}" if c in (*TASKS, "all") else c for c in cols) + " |"
     )
@@ -165,7 +189,7 @@ def stage_eval(args) -> None:
     for d in names[1:]:
         apt = [1 - a / b for a, b in zip(rows[d]["APT"], base["APT"], strict=True)]
         sp = [a / b for a, b in zip(rows[d]["tok/s"], base["tok/s"], strict=True)]
-        em = [a - b for a, b in zip(rows[d]["all"], base["all"], strict=True)]  # paired by seed
+        em = [a - b for a, b in zip(rows[d]["all"], base["all"], strict=True)]  # paired
         print(f"{d}: APT -{_ms([100 * x for x in apt])} % vs vanilla; "
               f"tok/s x{_ms(sp)}; EM all {_ms(rows[d]['all'])} vs {_ms(base['all'])} "
               f"(difference {_ms(em)} points)")  # fmt: skip
@@ -192,7 +216,7 @@ def main() -> None:
         help="training seed: the data split, the batch order and the sampled mask ratios",
     )
     e = sub.add_parser("eval")
-    e.add_argument("--run", required=True)
+    e.add_argument("--run", nargs="+", required=True, help="trained model(s), e.g. one per seed")
     e.add_argument("--ar-run", default=AR_RUN)
     e.add_argument("--per-task", type=int, default=25)
     e.add_argument("--seeds", type=int, nargs="+", default=[0])
