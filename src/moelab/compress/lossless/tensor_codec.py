@@ -159,16 +159,22 @@ def read_segment(read: ReadFn, ref: dict[str, Any], what: str) -> bytes:
     return check_segment(read(ref["offset"], ref["size"]), ref, what)
 
 
+def check_length(data: bytes, ref: dict[str, Any], what: str) -> None:
+    """Raises :class:`TensorDecodeError` (``what`` names the segment) unless ``data`` has the
+    size that ``ref`` records (a short read: the pack is truncated)."""
+    if len(data) != ref["size"]:
+        raise TensorDecodeError(
+            f"{what}: truncated (read {len(data)} of {ref['size']} bytes at offset {ref['offset']})"
+        )
+
+
 def check_segment(data: bytes, ref: dict[str, Any], what: str) -> bytes:
     """``data`` if it has the size and CRC-32 that ``ref`` records.
 
     Raises:
         TensorDecodeError: short read or checksum mismatch (``what`` names the segment).
     """
-    if len(data) != ref["size"]:
-        raise TensorDecodeError(
-            f"{what}: truncated (read {len(data)} of {ref['size']} bytes at offset {ref['offset']})"
-        )
+    check_length(data, ref, what)
     if zlib.crc32(data) != ref["crc32"]:
         raise TensorDecodeError(f"{what}: checksum mismatch (corrupt data)")
     return data

@@ -25,10 +25,8 @@ order) goes to the one I/O thread, so the storage device, which serves one reque
 serves them in priority order; the authors read exponent chunks on the compute threads, where
 they mostly come from the page cache. A tensor's exponent chunks are one request. The I/O
 thread only reads: CRC-32 checks, chunk decodes and the recombination (one piece per chunk)
-run on the ``P`` compute threads in priority order, so that the next read is issued at once.
-A Type-I task's SM bytes are read in slices aligned with its exponent chunks, and each piece
-is recombined as soon as its chunk is decoded and its slice is in, so the forward pass, after
-a tensor's last read, waits for one piece's recombination (and the SM bytes' CRC-32).
+run on the ``P`` compute threads in priority order, so that the next read is issued at once
+and the forward pass, after a tensor's last read, waits for part of one recombination.
 """
 
 from __future__ import annotations
@@ -44,11 +42,11 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from moelab.compress.lossless.bitfield import SM_BYTES
 from moelab.compress.lossless.store import ExpertPack, StoreError
 from moelab.compress.lossless.tensor_codec import (
     TensorDecodeError,
     assemble,
+    check_length,
     check_segment,
     check_streams,
     decode_exponent_chunk,
@@ -141,22 +139,21 @@ class _Job:
         self.future.job = self  # type: ignore[attr-defined]
         self.priority = priority
         self.entries: list[tuple[PriorityPool, Entry]] = []
+        self.sm_blob: bytes | None = None  # SM bytes read for this load, CRC not yet checked
         self.bits: np.ndarray | None = None
-        self.inputs: list[int] = []  # per recombination piece: inputs (chunk, SM slice) missing
         self._left = parts
         self.lock = threading.Lock()
+
+    def arm(self, parts: int) -> None:
+        """Start counting the next phase's ``parts``."""
+        with self.lock:
+            self._left = parts
 
     def part_done(self) -> bool:
         """Count one finished part; True for the last."""
         with self.lock:
             self._left -= 1
             return self._left == 0
-
-    def input_done(self, piece: int) -> bool:
-        """Count one input of recombination piece ``piece``; True when it has them all."""
-        with self.lock:
-            self.inputs[piece] -= 1
-            return self.inputs[piece] == 0
 
     def settle(self, result: Tensor | None = None, error: BaseException | None = None) -> None:
         with self.lock:
@@ -258,37 +255,40 @@ class Scheduler:
     def _decode_chunk(self, job: _Job, i: int, start: int, blob: bytes) -> None:
         blob = check_segment(blob, job.task.spec["chunks"][i], f"exponent chunk {i}")
         self._decode_into(job, i, start, blob)
-        if job.input_done(i):
-            self._queue(self.compute, job, self._merge_piece, i)
+        if job.part_done():
+            self._merge_pieces(job)
 
     def _read_sm(self, job: _Job) -> None:
-        """The SM bytes into ``job.sm``, one read per recombination piece (in order, so that
-        the first pieces recombine while the rest are read); then their CRC-32 is checked on
-        a decode thread."""
+        job.sm_blob = self._read(job.task.spec["sm"])
+        check_length(job.sm_blob, job.task.spec["sm"], "sign-mantissa bytes")
+        job.sm = np.frombuffer(job.sm_blob, dtype=np.uint8)
+        if job.part_done():
+            self._merge_pieces(job)
+
+    def _merge_pieces(self, job: _Job) -> None:
+        """Queue the recombination as one piece per exponent chunk, plus the CRC-32 check of
+        freshly read SM bytes, on the decode threads; the last of them finishes the tensor.
+        (Pieces rather than one merge: both threads share the work, and the forward pass
+        waits for only part of it after the tensor's last read.)"""
         spec = job.task.spec
-        ref, w = spec["sm"], SM_BYTES[spec["dtype"]]
-        for i, (a, b) in enumerate(itertools.pairwise(_edges(spec))):
-            if job.future.done():  # failed or cancelled meanwhile
-                return
-            part = self._read({"offset": ref["offset"] + a * w, "size": (b - a) * w})
-            if len(part) != (b - a) * w:
-                raise TensorDecodeError(
-                    f"sign-mantissa bytes: truncated (read {a * w + len(part)} of "
-                    f"{ref['size']} bytes at offset {ref['offset']})"
-                )
-            job.sm[a * w : b * w] = np.frombuffer(part, dtype=np.uint8)
-            if job.input_done(i):
-                self._queue(self.compute, job, self._merge_piece, i)
-        self._queue(self.compute, job, self._check_sm)
+        check_streams(spec, job.exp, job.sm)
+        job.bits = empty_bits(spec)
+        pieces = list(itertools.pairwise(_edges(spec)))
+        job.arm(len(pieces) + (job.sm_blob is not None))
+        if job.sm_blob is not None:
+            self._queue(self.compute, job, self._check_sm)
+        for a, b in pieces:
+            self._queue(self.compute, job, self._merge_piece, a, b)
+        if not pieces and job.sm_blob is None:
+            self._finish(job)
 
     def _check_sm(self, job: _Job) -> None:
-        check_segment(job.sm, job.task.spec["sm"], "sign-mantissa bytes")
+        check_segment(job.sm_blob, job.task.spec["sm"], "sign-mantissa bytes")
         if job.part_done():
             self._finish(job)
 
-    def _merge_piece(self, job: _Job, i: int) -> None:
+    def _merge_piece(self, job: _Job, a: int, b: int) -> None:
         t0 = time.perf_counter()
-        a, b = _edges(job.task.spec)[i : i + 2]
         merge_range(job.task.spec, job.bits, job.exp, job.sm, a, b)
         self.stats.add(merge=time.perf_counter() - t0)
         if job.part_done():
@@ -321,27 +321,14 @@ class Scheduler:
                 self._queue(self.io, job, self._read_raw)
                 out.append((task, job.future))
                 continue
-            if task.n_chunks == 0:  # empty tensor
-                job = _Job(task, 0, priority)
-                job.sm = task.sm if task.sm is not None else np.empty(0, dtype=np.uint8)
-                job.settle(self._assembled(job))
-                out.append((task, job.future))
-                continue
-            # parts: the pieces' recombinations, and the CRC-32 of SM bytes read now
             job = _Job(task, task.n_chunks + task.type_one, priority)
-            job.bits = empty_bits(task.spec)
-            job.inputs = [1 + task.type_one] * task.n_chunks
-            if task.type_one:
-                job.sm = np.empty(task.spec["sm"]["size"], dtype=np.uint8)
-            out.append((task, job.future))
-            try:
-                check_streams(task.spec, job.exp, job.sm)
-            except TensorDecodeError as e:
-                job.settle(error=self._fail(task, e))
-                continue
-            self._queue(self.io, job, self._read_chunks)
+            if task.n_chunks:
+                self._queue(self.io, job, self._read_chunks)
             if task.type_one:
                 self._queue(self.io, job, self._read_sm)
+            if task.n_chunks + task.type_one == 0:  # empty tensor
+                job.settle(self._assembled(job))
+            out.append((task, job.future))
         return out
 
     def promote(self, futures: list[Future]) -> None:
