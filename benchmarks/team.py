@@ -14,12 +14,15 @@ per problem (timings on a shared box are noisy). Seeds re-draw the held-out prob
     python benchmarks/team.py train --out /tmp/team_run --steps 400
     python benchmarks/team.py eval --run /tmp/team_run --per-task 25 --seeds 0 1 2
     python benchmarks/team.py eval --run /tmp/team_s0 /tmp/team_s1 /tmp/team_s2   # 3 trainings
+    python benchmarks/team.py eval --run /tmp/team_s1 --json s1.json   # one per process, then
+    python benchmarks/team.py eval --combine s0.json s1.json s2.json
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import random
 import statistics
 import string
@@ -164,9 +167,13 @@ def stage_eval(args) -> None:
 
     from moelab.models import load_model
 
-    torch.set_num_threads(1)
-    ar = load_model(Path(args.ar_run)).eval()
-    per_run = [eval_run(Path(run), args, ar) for run in args.run]
+    per_run = [json.loads(Path(f).read_text()) for f in args.combine]
+    if args.run:
+        torch.set_num_threads(1)
+        ar = load_model(Path(args.ar_run)).eval()
+        per_run += [eval_run(Path(run), args, ar) for run in args.run]
+    if args.json:
+        Path(args.json).write_text(json.dumps(per_run[0]))
     if len(per_run) == 1:
         rows = per_run[0]
     else:
@@ -178,7 +185,7 @@ def stage_eval(args) -> None:
     cols = [*TASKS, "all", "AR NLL", "APF", "TPF", "APT", "NFE/prob", "tok/s"]
     over = "problem seeds" if len(per_run) == 1 else f"{len(per_run)} trained models"
     print(f"tau={args.tau} block=8 problem seeds={args.seeds} problems/task/seed={args.per_task}; "
-          f"mean ± sd over {over}")  # fmt: skip
+          f"mean ± sd over {over}" + (" (the --combine files' settings)" if args.combine else ""))  # fmt: skip
     print(
         "| decoder | " + " | ".join(f"EM {c}" if c in (*TASKS, "all") else c for c in cols) + " |"
     )
@@ -216,7 +223,12 @@ def main() -> None:
         help="training seed: the data split, the batch order and the sampled mask ratios",
     )
     e = sub.add_parser("eval")
-    e.add_argument("--run", nargs="+", required=True, help="trained model(s), e.g. one per seed")
+    e.add_argument("--run", nargs="+", default=[], help="trained model(s), e.g. one per seed")
+    e.add_argument("--json", help="also write the per-problem-seed rows here (one model)")
+    e.add_argument(
+        "--combine", nargs="+", default=[],
+        help="--json files of models evaluated separately (e.g. in parallel), combined as --run",
+    )  # fmt: skip
     e.add_argument("--ar-run", default=AR_RUN)
     e.add_argument("--per-task", type=int, default=25)
     e.add_argument("--seeds", type=int, nargs="+", default=[0])
@@ -225,6 +237,10 @@ def main() -> None:
     e.add_argument("--refresh", type=int, nargs="*", default=[],
                    help="also DCD with Refresh-k for these k")  # fmt: skip
     args = ap.parse_args()
+    if args.stage == "eval" and not (args.run or args.combine):
+        ap.error("eval: give --run and/or --combine")
+    if args.stage == "eval" and args.json and (len(args.run) != 1 or args.combine):
+        ap.error("eval --json: one --run and no --combine")
     if args.stage == "train":
         stage_train(args)
     else:
