@@ -219,15 +219,16 @@ def bench_run(run: Path, args) -> None:
 
 
 def tiers_label(plans: list) -> str:
-    """``2F+0SM``, or ``2F+0SM (1 layer 1F+1SM)`` when the staging buffer re-planned some."""
+    """``2F+0SM``, or ``2F+0SM (1 layer: 1F+1SM)`` when the staging buffer re-planned some."""
 
     def split(p) -> str:
         return f"{p.n_full}F+{p.n_sm}SM" if p.kind == "two_tier" else f"{p.n_full}F LFU"
 
     if not plans:
         return ""
-    common = split(plans[-1])
-    other = [split(p) for p in plans if split(p) != common]
+    labels = [split(p) for p in plans]
+    common = labels[-1]
+    other = [x for x in labels if x != common]
     if not other:
         return common
     kinds = ", ".join(sorted(set(other)))

@@ -150,8 +150,7 @@ class OffloadEngine:
     """Expert caches and loaders over an open store.
 
     Attributes:
-        plans: with ``zipmoe``, each layer's :class:`TierPlan`; ``plan`` is the last layer's
-            (the split every layer gets unless it pays for the prefetch staging buffer).
+        plans: with ``zipmoe``, each layer's :class:`TierPlan` (``plan``: the common one).
         slots_per_layer: the single-tier policies' full-expert slots per layer.
 
     Raises:
@@ -189,7 +188,6 @@ class OffloadEngine:
         self.delay_model = self._measure_delays()
         self.trace = trace if trace is not None else store.trace
         self.plans = self._zipmoe_plans() if config.policy == "zipmoe" else None
-        self.plan: TierPlan | None = self.plans[-1] if self.plans else None
         self.layers = [self._new_layer(li) for li in range(self.L)]
         self.scheduler = (
             Scheduler(self.pack, config.threads, self.delay_model.d_dec, self.delay_model.d_sm)
@@ -240,21 +238,21 @@ class OffloadEngine:
             T, max(1, self.config.threads), chunks, d_dec, sm_bytes / bw, coded / max(raw_exp, 1)
         )
 
+    def _staging_cuts(self, spare: float, capacity: int) -> list[int]:
+        """Full experts each layer gives up for the prefetch staging buffer (``prefetch``
+        experts): the bytes the per-layer split leaves unused (``spare``, over all layers) pay
+        first, the rest one expert at a time round-robin from layer 0 (never a prefetch
+        target), at most ``capacity`` per layer, so the buffer costs at most its own size."""
+        need = self.config.prefetch * self.full_bytes - spare
+        n = max(0, math.ceil(need / self.full_bytes))
+        return [min(capacity, n // self.L + (i < n % self.L)) for i in range(self.L)]
+
     def _single_tier_slots(self, budget: float) -> list[int]:
         """Full-expert slots per layer for the single-tier policies: ``⌊budget/L / expert⌋``
-        each; the prefetch staging buffer (``prefetch`` experts) is paid from the bytes the
-        per-layer rounding leaves over, and only then by removing slots (one layer at a
-        time), so it costs at most its own size."""
-        slots = [min(self.E, int(budget / self.L // self.full_bytes))] * self.L
-        spare = budget - sum(slots) * self.full_bytes
-        need = self.config.prefetch * self.full_bytes - spare
-        i = 0
-        while need > 0 and any(slots):
-            if slots[i % self.L]:
-                slots[i % self.L] -= 1
-                need -= self.full_bytes
-            i += 1
-        return slots
+        each, less the staging buffer's cuts (:meth:`_staging_cuts`)."""
+        slots = min(self.E, int(budget / self.L // self.full_bytes))
+        cuts = self._staging_cuts(budget - self.L * slots * self.full_bytes, slots)
+        return [slots - c for c in cuts]
 
     def _plan(self, layer_bytes: float) -> TierPlan:
         """The planner's split of ``layer_bytes``; one LFU tier without a routing trace."""
@@ -267,21 +265,13 @@ class OffloadEngine:
         )  # fmt: skip
 
     def _zipmoe_plans(self) -> list[TierPlan]:
-        """Per-layer plans. Every layer gets ``budget / L``; the prefetch staging buffer is
-        paid first from what those plans leave unused, then one full expert's bytes at a time
-        from whole layers, from layer 0 on (never a prefetch target), and those layers are
-        re-planned [our choice: a cut spread over all layers would cost every layer a slot
-        whenever the budget is an exact multiple of the slot sizes]."""
+        """Per-layer plans. Every layer gets ``budget / L``; the layers that pay for the
+        prefetch staging buffer (:meth:`_staging_cuts`) are re-planned with the bytes left
+        [our choice: a cut spread over all layers would cost every layer a slot whenever the
+        budget is an exact multiple of the slot sizes]."""
         share = self._plan(self.layer_bytes)
         used = share.n_full * self.full_bytes + share.n_sm * self.sm_bytes
-        need = self.config.prefetch * self.full_bytes - self.L * (self.layer_bytes - used)
-        cuts = [0] * self.L
-        i = 0
-        while need > 0 and i < self.L * self.E:
-            if used - (cuts[i % self.L] + 1) * self.full_bytes >= 0:
-                cuts[i % self.L] += 1
-                need -= self.full_bytes
-            i += 1
+        cuts = self._staging_cuts(self.L * (self.layer_bytes - used), int(used // self.full_bytes))
         reduced = {c: self._plan(used - c * self.full_bytes) for c in set(cuts) if c}
         return [reduced[c] if c else share for c in cuts]
 
@@ -295,6 +285,12 @@ class OffloadEngine:
         cap = self.slots_per_layer[li]
         future = c.future[li] if c.policy == "belady" else None
         return LayerState(SlotCache(cap, build_policy(c.policy, future)), None)
+
+    @property
+    def plan(self) -> TierPlan | None:
+        """The last layer's plan: the split every layer gets unless it pays for the staging
+        buffer (None for the single-tier policies)."""
+        return self.plans[-1] if self.plans else None
 
     def close(self) -> None:
         self.scheduler.close()
