@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from moelab.compress.lossless.bitfield import entropy_bits, merge, split, tensor_bits
+from moelab.compress.lossless.bitfield import MERGE_BLOCK, entropy_bits, merge, split, tensor_bits
 from moelab.compress.lossless.tensor_codec import (
     chunk_bounds,
     decode_exponent_chunk,
@@ -85,9 +85,12 @@ def test_split_layout_matches_the_bit_fields():
     # fp32 0xBF812345 = s 1, e 0x7F, m 0x012345 -> sm 0x812345 little-endian
     exp, sm = split(np.array([0xBF812345], dtype=np.uint32))
     assert exp.tolist() == [0x7F] and sm.tolist() == [0x45, 0x23, 0x81]
-    # every 16-bit pattern survives split + merge
+    # every 16-bit pattern survives split + merge, also across merge blocks and a ragged last one
     allbits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     assert np.array_equal(merge(*split(allbits), "bfloat16"), allbits)
+    tiled = np.tile(allbits, 5)[:-7]
+    assert tiled.size > 2 * MERGE_BLOCK and tiled.size % MERGE_BLOCK
+    assert np.array_equal(merge(*split(tiled), "bfloat16"), tiled)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])

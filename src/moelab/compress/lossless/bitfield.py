@@ -27,6 +27,10 @@ SUPPORTED = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 SM_BYTES = {"bfloat16": 1, "float32": 3}
 """Sign-mantissa bytes per element for each supported dtype (the exponent is always 1 byte)."""
 ELEMENT_BYTES = {"bfloat16": 2, "float32": 4}
+MERGE_BLOCK = 1 << 17
+"""Elements the bf16 :func:`merge` recombines per pass: its working set (≈ 6 bytes per element)
+stays in one core's L2 cache. Measured on a 1.77 M-element tensor: 0.7 ms against 1.5 ms for
+whole-array passes (this VM's Xeon, 2 MiB L2 per core)."""
 
 
 def dtype_name(t: Tensor) -> str:
@@ -91,12 +95,17 @@ def merge(exp: np.ndarray, sm: np.ndarray, dtype: str, out: np.ndarray | None = 
     if dtype == "bfloat16":
         if out is None:
             out = np.empty(n, dtype=np.uint16)
-        np.left_shift(exp, 7, out=out, dtype=np.uint16)
-        s = sm.astype(np.uint16)
-        out |= s & 0x7F
-        s &= 0x80
-        s <<= 8
-        out |= s
+        tmp = np.empty(min(n, MERGE_BLOCK), dtype=np.uint16)
+        for a in range(0, n, MERGE_BLOCK):
+            e, s, o = exp[a : a + MERGE_BLOCK], sm[a : a + MERGE_BLOCK], out[a : a + MERGE_BLOCK]
+            t = tmp[: e.shape[0]]
+            # (e << 7) + sm leaves the sign at bit 7; adding 255·(sm & 0x80) moves it to bit 15.
+            # The sum is exact modulo 2**16 and the true value fits 16 bits.
+            np.left_shift(e, 7, out=o, dtype=np.uint16)
+            np.add(o, s, out=o, dtype=np.uint16)
+            np.bitwise_and(s, 0x80, out=t, dtype=np.uint16)
+            t *= 255
+            o += t
         return out
     wide = np.zeros((n, 4), dtype=np.uint8)
     wide[:, :3] = sm.reshape(n, 3)
