@@ -52,10 +52,72 @@ def make_problem(task: str, rng: random.Random) -> tuple[str, str]:
     raise ValueError(f"task: must be one of {TASKS}, got {task!r}")
 
 
-def held_out(seed: int, per_task: int) -> list[tuple[str, str, str]]:
-    """``(task, prompt, answer)`` test problems (drawn from a seed range never used in train)."""
-    rng = random.Random(10_000 + seed)
-    return [(t, *make_problem(t, rng)) for t in TASKS for _ in range(per_task)]
+HELD_OUT_PER_TASK = 200
+"""Problems per task and seed (seeds 0-4) that ``train`` keeps out of the training lines."""
+
+
+def held_out(
+    seed: int, per_task: int, seen: frozenset[str] = frozenset()
+) -> list[tuple[str, str, str]]:
+    """``(task, prompt, answer)`` test problems: per task, the first ``per_task`` problems of
+    that task's own stream (so a smaller ``per_task`` gives a prefix of a larger one) whose
+    prompt is not in ``seen`` (the prompts a model was trained on)."""
+    out = []
+    for t in TASKS:
+        rng, n, draws = random.Random(f"team held-out {seed} {t}"), 0, 0
+        while n < per_task:
+            p, a = make_problem(t, rng)
+            draws += 1
+            if draws > 100 * per_task:
+                raise SystemExit(f"{t}: fewer than {per_task} problems not in the training text")
+            if p not in seen:
+                out.append((t, p, a))
+                n += 1
+    return out
+
+
+def trained_prompts(run: Path) -> frozenset[str]:
+    """The task prompts in a ``train`` run's data folder (its ``tasks_*.txt`` lines up to
+    ``=``): no test problem may be one of them."""
+    from moelab.train.loop import run_train_config
+
+    data = Path(run_train_config(run).data)
+    files = sorted(data.glob("tasks_*.txt"))
+    if not files:
+        raise SystemExit(f"{run}: its data folder {data} has no tasks_*.txt (moved or deleted?)")
+    return frozenset(
+        line[: line.index("=") + 1]
+        for f in files
+        for line in f.read_text().splitlines()
+        if "=" in line
+    )
+
+
+def held_out_text(run: Path, ar_run: Path, tokenizer) -> dict:
+    """Validation streams of text neither model trained on: the AR run's validation documents
+    that are not in the diffusion run's training split (``train`` writes each mix document as
+    its own file, ``{domain}_{name}.txt``)."""
+    from moelab.data import TokenStream, load_corpus
+    from moelab.data.split import split_documents
+    from moelab.train.loop import run_train_config
+
+    def split(cfg):
+        docs = load_corpus(cfg.data, max_bytes_per_domain=cfg.max_bytes_per_domain)
+        return split_documents(docs, val_fraction=cfg.val_fraction, seed=cfg.seed)
+
+    trained = {d.name for d in split(run_train_config(run))[0]}
+    val = [d for d in split(run_train_config(ar_run))[1] if _file_name(d) not in trained]
+    names = sorted({d.domain for d in val})
+    return {
+        n: TokenStream.from_documents(
+            [d for d in val if d.domain == n], tokenizer, domain_names=names
+        )
+        for n in names
+    }
+
+
+def _file_name(doc) -> str:
+    return doc.domain + "_" + "".join(c if c.isalnum() else "_" for c in doc.name) + ".txt"
 
 
 def train_lines(n: int, exclude: set[str]) -> list[str]:
@@ -77,9 +139,8 @@ def stage_train(args) -> None:
     data = Path(args.out + "_data")
     data.mkdir(parents=True, exist_ok=True)
     for d in load_corpus("mix", max_bytes_per_domain=args.mix_bytes):
-        name = d.domain + "_" + "".join(c if c.isalnum() else "_" for c in d.name)
-        (data / f"{name}.txt").write_text(d.text, encoding="utf-8")
-    exclude = {p for s in range(5) for _, p, _ in held_out(s, 200)}
+        (data / _file_name(d)).write_text(d.text, encoding="utf-8")
+    exclude = {p for s in range(5) for _, p, _ in held_out(s, HELD_OUT_PER_TASK)}
     lines = train_lines(args.task_lines, exclude)
     for i in range(0, len(lines), 200):
         (data / f"tasks_{i // 200:04d}.txt").write_text("\n".join(lines[i : i + 200]) + "\n")
@@ -98,9 +159,12 @@ def _ms(xs: list[float]) -> str:
     return f"{m:.2f}±{statistics.stdev(xs):.2f}" if len(xs) > 1 else f"{m:.2f}"
 
 
-def eval_run(run: Path, args, ar) -> dict[str, dict[str, list[float]]]:
-    """Every decoder on one trained model: per decoder and column, one value per problem
-    seed (exact match per task in %, AR NLL, APF, TPF, APT, NFE per problem, tok/s)."""
+def eval_run(run: Path, args, ar) -> dict:
+    """Every decoder on one trained model: ``{"info": ..., "rows": ...}``; the rows hold, per
+    decoder and column, one value per problem seed (exact match per task in %, AR NLL, APF,
+    TPF, APT, NFE per problem, tok/s); the info the held-out text's ELBO and AR bits/byte,
+    the block size and, per problem seed, how many test problems were replaced because the
+    model was trained on them."""
     import torch
 
     from moelab.data import load_tokenizer
@@ -108,16 +172,18 @@ def eval_run(run: Path, args, ar) -> dict[str, dict[str, list[float]]]:
     from moelab.serve.diffusion import DECODERS, DecodeOptions, DecodeStats, diffusion_generate
     from moelab.train.diffusion import batch_elbo_nats
     from moelab.train.evaluate import evaluate
-    from moelab.train.loop import run_train_config, validation_streams
+    from moelab.train.loop import run_train_config
 
     dm, tok = load_model(run).eval(), load_tokenizer(run)
-    cfg = run_train_config(run)
-    val = validation_streams(cfg, tok)
-    n = cfg.seq_len
+    val = held_out_text(run, Path(args.ar_run), tok)
+    n = run_train_config(run).seq_len
     elbo = evaluate(dm, val, seq_len=n, batch_size=8, max_tokens=8192, nats_fn=batch_elbo_nats)
     arb = evaluate(ar, val, seq_len=n, batch_size=8, max_tokens=8192)
-    print(f"{run}: held-out text: diffusion ELBO {elbo.overall.bits_per_byte:.3f} bits/byte "
-          f"(upper bound); AR model {arb.overall.bits_per_byte:.3f} bits/byte", flush=True)  # fmt: skip
+    seen = trained_prompts(run)
+    info = {
+        "run": str(run), "elbo_bpb": elbo.overall.bits_per_byte, "ar_bpb": arb.overall.bits_per_byte,
+        "text_bytes": elbo.overall.bytes, "block": dm.cfg.block_size, "skipped": [],
+    }  # fmt: skip
     nl = tok.encode("\n")[0]
     text = [w.tolist() for st in val.values() for w in st.ids[:4096].split(24)[:-1]]
     text = [w for w in text if nl not in w[16:]][: args.text_prompts]
@@ -126,7 +192,8 @@ def eval_run(run: Path, args, ar) -> dict[str, dict[str, list[float]]]:
         decoders[f"cache+refresh{k}"] = dataclasses.replace(decoders["cache"], refresh=k)
     rows: dict[str, dict[str, list[float]]] = {d: {} for d in decoders}
     for seed in args.seeds:
-        probs = held_out(seed, args.per_task)
+        probs = held_out(seed, args.per_task, seen)
+        info["skipped"].append(sum(p in seen for _, p, _ in held_out(seed, args.per_task)))
         stats = {d: DecodeStats() for d in decoders}
         hits = {d: {t: 0 for t in TASKS} for d in decoders}
         for task, prompt, answer in probs:
@@ -156,24 +223,52 @@ def eval_run(run: Path, args, ar) -> dict[str, dict[str, list[float]]]:
             for key, v in (("APF", st.apf), ("TPF", st.tpf), ("APT", st.apt),
                            ("NFE/prob", st.nfe / len(probs)), ("tok/s", st.tokens_per_s)):  # fmt: skip
                 row.setdefault(key, []).append(v)
-    return rows
+    return {"info": info, "rows": rows}
 
 
 def stage_eval(args) -> None:
     """One model: mean ± sd over the problem seeds. Several (``--run A B C``, e.g. training
     seeds): each model's mean over the problem seeds, then mean ± sd over the models; the
-    differences from vanilla are paired by model."""
+    differences from vanilla are paired by model. ``--json`` files carry their settings;
+    ``--combine`` refuses files (or ``--run`` flags) whose settings differ."""
     import torch
 
     from moelab.models import load_model
 
-    per_run = [json.loads(Path(f).read_text()) for f in args.combine]
+    settings = {"tau": args.tau, "seeds": args.seeds, "per_task": args.per_task}
+    models = []
+    for f in args.combine:
+        saved = json.loads(Path(f).read_text())
+        if "settings" not in saved:
+            raise SystemExit(
+                f"{f}: no settings recorded (written by an older team.py); re-run eval"
+            )
+        if models and saved["settings"] != settings:
+            raise SystemExit(f"{f}: settings {saved['settings']} differ from {settings}")
+        settings = saved["settings"]
+        models.append(saved["model"])
     if args.run:
+        if args.combine and settings != {
+            "tau": args.tau,
+            "seeds": args.seeds,
+            "per_task": args.per_task,
+        }:
+            raise SystemExit(f"--run flags differ from the --combine files' settings {settings}")
         torch.set_num_threads(1)
         ar = load_model(Path(args.ar_run)).eval()
-        per_run += [eval_run(Path(run), args, ar) for run in args.run]
+        models += [eval_run(Path(run), args, ar) for run in args.run]
     if args.json:
-        Path(args.json).write_text(json.dumps(per_run[0]))
+        Path(args.json).write_text(json.dumps({"settings": settings, "model": models[0]}))
+    blocks = {m["info"]["block"] for m in models}
+    if len(blocks) > 1:
+        raise SystemExit(f"the models have different block sizes {sorted(blocks)}")
+    for m in models:
+        i = m["info"]
+        print(f"{i['run']}: held-out text ({i['text_bytes']:,} bytes of the AR run's validation "
+              f"documents, in neither training split): diffusion ELBO {i['elbo_bpb']:.3f} "
+              f"bits/byte (upper bound), AR model {i['ar_bpb']:.3f}; test problems replaced "
+              f"because they were in the training text: {i['skipped']} per problem seed")  # fmt: skip
+    per_run = [m["rows"] for m in models]
     if len(per_run) == 1:
         rows = per_run[0]
     else:
@@ -184,8 +279,8 @@ def stage_eval(args) -> None:
     names = list(rows)
     cols = [*TASKS, "all", "AR NLL", "APF", "TPF", "APT", "NFE/prob", "tok/s"]
     over = "problem seeds" if len(per_run) == 1 else f"{len(per_run)} trained models"
-    print(f"tau={args.tau} block=8 problem seeds={args.seeds} problems/task/seed={args.per_task}; "
-          f"mean ± sd over {over}" + (" (the --combine files' settings)" if args.combine else ""))  # fmt: skip
+    print(f"tau={settings['tau']} block={blocks.pop()} problem seeds={settings['seeds']} "
+          f"problems/task/seed={settings['per_task']}; mean ± sd over {over}")  # fmt: skip
     print(
         "| decoder | " + " | ".join(f"EM {c}" if c in (*TASKS, "all") else c for c in cols) + " |"
     )

@@ -260,6 +260,15 @@ def test_decoder_must_fit_the_model(run_dir, tmp_path):
         assert "threshold" in _err(
             runner.invoke(app, [cmd, str(bd), "--decoder", "team", "--threshold", "0"])
         )
+    team = ["generate", str(bd), "--decoder", "team"]
+    for flags, word in (
+        (["--top-p", "0"], "top_p"),
+        (["--top-p", "1.5"], "top_p"),
+        (["--top-k", "-2"], "top_k"),
+        (["--temperature", "nan"], "temperature"),
+        (["--temperature", "-1"], "temperature"),
+    ):
+        assert word in _err(runner.invoke(app, [*team, *flags])), flags
     ok = runner.invoke(app, ["generate", str(bd), "--decoder", "team", "--max-new-tokens", "8"])
     assert ok.exit_code == 0, ok.output
     assert "NFE" in ok.output and "APT" in ok.output

@@ -10,7 +10,7 @@ from moelab.models.block_diffusion import (
 )
 from moelab.serve.diffusion import DecodeOptions, diffusion_generate
 from moelab.serve.diffusion.branches import branch_forward, build_branches, choose_branch
-from moelab.serve.diffusion.decode import BlockDecoder, transfer_set
+from moelab.serve.diffusion.decode import BlockDecoder, cold_positions, transfer_set
 from moelab.serve.diffusion.experts import TeamMoEStep
 from moelab.serve.generate import generate_ids
 
@@ -103,6 +103,28 @@ def test_limited_activation_keeps_cold_inside_active_set_and_hot_unchanged():
     assert torch.allclose(y1[~cold], y0[~cold])
     assert int(lim.experts[1].sum()) == len(active) <= int(plain.experts[1].sum())
     assert not torch.equal(lim.choice[1][cold], plain.choice[1][cold])  # it did restrict
+
+
+def test_cold_rule_by_hand():
+    """The authors' rule: masked, farther than the distance from every unmasked position of
+    the both-filled branch, not among the 2 most confident masked positions of B0, and
+    previous confidence below 0.7."""
+    M = 99
+    base = torch.tensor([5, M, M, M, M, M, M, M])  # B0: position 0 decoded
+    conf = torch.tensor([0.0, 0.9, 0.1, 0.6, 0.3, 0.8, 0.65, 0.05])
+    ref = base.clone()
+    ref[[1, 5]] = 7  # B3 fills B0's two most confident masked positions
+    opts = DecodeOptions(threshold=0.95, limit=True, hot_distance=1)
+    # distances to {0, 1, 5}: 0 0 1 2 1 0 1 2 -> farther than 1: positions 3 and 7
+    for branch in (base, ref):
+        cold = cold_positions(branch, ref, base, conf, M, opts, 8)
+        assert cold.nonzero().flatten().tolist() == [3, 7]
+    # position 3 is the 2nd most confident masked position of B3, but not of B0: still cold;
+    # a confidence at the threshold makes it hot, and a wider distance leaves nothing cold
+    conf[3] = 0.7
+    assert cold_positions(base, ref, base, conf, M, opts, 8).nonzero().flatten().tolist() == [7]
+    wide = DecodeOptions(threshold=0.95, limit=True, hot_distance=2)
+    assert not cold_positions(base, ref, base, conf, M, wide, 8).any()
 
 
 def test_speculative_branches_equal_separate_forwards():

@@ -28,17 +28,26 @@ def sample_next(
     Raises:
         ValueError: temperature < 0, top_k < 1, or top_p outside (0, 1].
     """
+    check_sampling(temperature, top_k, top_p)
+    logits = logits.float()
+    if temperature < 1e-6:
+        return logits.argmax(dim=-1)
+    probs = filtered_logits(logits, temperature, top_k, top_p).softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Validate sampling settings.
+
+    Raises:
+        ValueError: temperature not a finite number >= 0, top_k < 1, or top_p outside (0, 1].
+    """
     if not (math.isfinite(temperature) and temperature >= 0):
         raise InvalidValueError(f"temperature: must be a finite number >= 0, got {temperature}")
     if top_k is not None and top_k < 1:
         raise InvalidValueError(f"top_k: must be >= 1, got {top_k}")
     if top_p is not None and not 0 < top_p <= 1:
         raise InvalidValueError(f"top_p: must be in (0, 1], got {top_p}")
-    logits = logits.float()
-    if temperature < 1e-6:
-        return logits.argmax(dim=-1)
-    probs = filtered_logits(logits, temperature, top_k, top_p).softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
 def filtered_logits(

@@ -12,13 +12,14 @@ TEAM adds, each switchable (:class:`DecodeOptions`):
 
 - ``cache`` (DCD, :mod:`.experts`): a decoded token (unmasked and not transferred at the
   previous step) reuses its per-layer MoE output from the previous forward. With speculation,
-  every branch reuses the outputs of the branch that was accepted (our choice: the authors'
-  code keeps all four branches' outputs and lets branch j reuse branch j's, so a branch
-  other than the accepted one copies values computed next to fills that were rejected).
+  every branch reuses the outputs of the branch that was accepted (the authors'
+  ``SDARMoeDecoderLayer.forward`` slices the ``choice_id`` branch's stored states and tiles
+  them over the four branches).
 - ``limit`` (LAC, :mod:`.experts`): cold masked tokens may only use experts activated by the
   non-cold tokens. Cold (authors' code) = still masked, distance to every unmasked position of
   the both-filled branch ``> hot_distance``, not one of the ``hot_top`` = 2 most confident
-  masked positions of the previous step, previous confidence ``< hot_threshold`` (0.7).
+  masked positions of the current block (B0) at the previous step, previous confidence
+  ``< hot_threshold`` (0.7).
 - ``speculate`` (SEH, :mod:`.branches`): 4 branches in one forward.
 
 Our choices (labelled): the authors' code uses block 32 and distance ``> 3``; we scale the
@@ -53,7 +54,7 @@ from moelab.models.block_diffusion import (
 from moelab.serve.diffusion.branches import branch_forward, build_branches, choose_branch
 from moelab.serve.diffusion.experts import TeamMoEStep, check_team_router
 from moelab.serve.diffusion.stats import DecodeStats
-from moelab.serve.sampling import filtered_logits
+from moelab.serve.sampling import check_sampling, filtered_logits
 
 DECODERS = ("vanilla", "cache", "cache+limit", "team")
 
@@ -126,10 +127,19 @@ def transfer_set(conf: Tensor, masked: Tensor, threshold: float) -> Tensor:
 
 
 def cold_positions(
-    branch: Tensor, ref: Tensor, prev_conf: Tensor, mask_id: int, opts: DecodeOptions, b: int
+    branch: Tensor,
+    ref: Tensor,
+    base: Tensor,
+    prev_conf: Tensor,
+    mask_id: int,
+    opts: DecodeOptions,
+    b: int,
 ) -> Tensor:
     """Bool ``[b]``: LAC's cold rule for ``branch [b]`` with distances measured in ``ref [b]``
-    (the both-filled branch) and the previous step's confidences ``prev_conf [b]``."""
+    (the both-filled branch), the ``hot_top`` most confident masked positions taken in
+    ``base [b]`` (the current block, B0: the authors' ``mask_index``; with speculation these
+    are the two positions the branches fill) and the previous step's confidences
+    ``prev_conf [b]``."""
     dist_max = opts.hot_distance if opts.hot_distance is not None else max(1, round(3 * b / 32))
     masked = branch == mask_id
     pos = torch.arange(b, device=branch.device)
@@ -138,8 +148,7 @@ def cold_positions(
         dist = (pos[:, None] - unm[None, :]).abs().min(dim=1).values
     else:
         dist = torch.full((b,), b + 1, device=branch.device)
-    ref_masked = ref == mask_id
-    top = prev_conf.masked_fill(~ref_masked, -1.0).topk(min(opts.hot_top, b)).indices
+    top = prev_conf.masked_fill(base != mask_id, -1.0).topk(min(opts.hot_top, b)).indices
     in_top = torch.zeros(b, dtype=torch.bool, device=branch.device)
     in_top[top] = True
     return masked & (dist > dist_max) & ~in_top & (prev_conf < opts.hot_threshold)
@@ -163,7 +172,12 @@ def sampling_picker(
 ) -> Picker:
     """A :data:`Picker` that samples each position from its temperature/top-k/top-p filtered
     distribution, with the sampled token's probability as its confidence (SDAR's
-    ``sample_with_temperature_topk_topp``). A temperature below 1e-6 is greedy."""
+    ``sample_with_temperature_topk_topp``). A temperature below 1e-6 is greedy.
+
+    Raises:
+        ValueError: temperature not a finite number >= 0, top_k < 1, or top_p outside (0, 1].
+    """
+    check_sampling(temperature, top_k, top_p)
     if temperature < 1e-6:
         return greedy_pick
 
@@ -426,5 +440,7 @@ def _hook(branches, cur, just, stored, prev_conf, mask_id, opts, b) -> TeamMoESt
     cold = None
     if opts.limit and prev_conf is not None:
         ref = branches[-1]
-        cold = torch.cat([cold_positions(br, ref, prev_conf, mask_id, opts, b) for br in branches])
+        cold = torch.cat(
+            [cold_positions(br, ref, branches[0], prev_conf, mask_id, opts, b) for br in branches]
+        )
     return TeamMoEStep(reuse=reuse, stored=stored, cold=cold)
