@@ -181,7 +181,7 @@ def bench_run(run: Path, args) -> None:
                 out, s, _ = timed_generation(model, prompt, args.tokens)
             else:
                 cache_mb = pct / 100 * expert_total / MIB
-                kw = dict(cache_mb=cache_mb, storage_mbps=cap, verify="off")
+                kw = dict(cache_mb=cache_mb, storage_mbps=cap, verify="off", check_pack=False)
                 if system == "naive offload":
                     m = load_offloaded(work / f"{name}-raw", policy="lru", threads=0, **kw)
                 elif system == "LFU + prefetch":

@@ -87,6 +87,7 @@ def test_bad_inputs(run_and_store, tmp_path):
     )
     assert "cache_mb" in err_line(runner.invoke(app, ["generate", store, "--offload"]))
     assert "need --offload" in err_line(runner.invoke(app, ["generate", store, "--cache-mb", "3"]))
+    assert "with --offload --cache-mb" in err_line(runner.invoke(app, ["generate", store]))
     assert "store.json" in err_line(
         runner.invoke(app, ["generate", str(root / "run"), "--offload", "--cache-mb", "3"])
     )
@@ -110,3 +111,24 @@ def test_bad_inputs(run_and_store, tmp_path):
         )
     )
     assert not out.exists()
+
+
+def test_tampered_pack_fails_before_any_output(run_and_store, tmp_path):
+    import shutil
+
+    root, _ = run_and_store
+    store = tmp_path / "store"
+    shutil.copytree(root / "store", store)
+    index = json.loads((store / "store.json").read_text())
+    ref = index["experts"][-1]["tensors"]["w_down"]["sm"]
+    with open(store / "experts.pack", "r+b") as f:
+        f.seek(ref["offset"])
+        b = f.read(1)
+        f.seek(ref["offset"])
+        f.write(bytes([b[0] ^ 1]))
+    for cmd in (["generate", "--prompt", "hello"], ["eval"]):
+        r = runner.invoke(app, [cmd[0], str(store), *cmd[1:], "--offload", "--cache-mb", "3"])
+        assert "checksum mismatch" in err_line(r) and "hello" not in r.output
+    assert "finite" in err_line(
+        runner.invoke(app, ["generate", str(root / "store"), "--offload", "--cache-mb", "inf"])
+    )

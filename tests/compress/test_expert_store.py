@@ -85,7 +85,11 @@ def test_tampered_pack_names_expert_and_file(store, tmp_path):
         StoreError, match=rf"experts.pack: layer {layer} expert {expert} tensor 'w_down'.*checksum"
     ):
         s.pack.load_tensor(layer, expert, "w_down")
-    with pytest.raises(StoreError, match="checksum"):
+    with pytest.raises(
+        StoreError,
+        match=rf"layer {layer} expert {expert} tensor 'w_down': sign-mantissa bytes: checksum "
+        r"mismatch \(corrupt; 1 of \d+ segments bad\)",
+    ):
         s.pack.verify()
 
 
@@ -93,8 +97,27 @@ def test_truncated_and_foreign_stores(store, tmp_path):
     folder = copy_store(store, tmp_path)
     with open(folder / PACK_FILE, "r+b") as f:
         f.truncate(100)
-    with pytest.raises(StoreError, match=r"experts.pack: truncated or altered"):
+    with pytest.raises(
+        StoreError,
+        match=r"experts.pack: truncated or altered .*; first segment cut: .*layer 0 expert 0",
+    ):
         open_store(folder)
+    # a same-size pack from another store: no segment matches the index
+    shutil.copy(store[0] / PACK_FILE, folder / PACK_FILE)
+    with open(folder / PACK_FILE, "r+b") as f:
+        data = bytearray(f.read())
+        f.seek(0)
+        f.write(bytes(255 - b for b in data))
+    with pytest.raises(StoreError, match=r"no segment matches store\.json"):
+        open_store(folder).pack.verify()
+    # an index without its pack size
+    shutil.copy(store[0] / PACK_FILE, folder / PACK_FILE)
+    index = json.loads((folder / INDEX_FILE).read_text())
+    del index["pack_bytes"]
+    (folder / INDEX_FILE).write_text(json.dumps(index))
+    with pytest.raises(StoreError, match="no 'pack_bytes' entry"):
+        open_store(folder)
+    shutil.copy(store[0] / INDEX_FILE, folder / INDEX_FILE)
     # a store whose pack and index come from another model
     other = tmp_path / "other"
     compress_model(tiny(seed=1, n_layers=3), other, codec="zstd")

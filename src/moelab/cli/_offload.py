@@ -29,12 +29,16 @@ def load_for_inference(
     :func:`moelab.serve.offload.load_offloaded`.
 
     Raises:
-        ValueError: offload options without ``--offload``, ``--offload`` without
+        ValueError: offload options without ``--offload``, a store without it, ``--offload`` without
             ``--cache-mb``, or ``belady`` (it needs a recorded future; see the benchmark).
     """
     if not offload:
         if cache_mb is not None or storage_mbps is not None or policy != "zipmoe":
             raise InvalidValueError("--cache-mb, --policy and --storage-mbps need --offload")
+        if (Path(run) / "store.json").is_file():
+            raise InvalidValueError(
+                f"{run}: a lossless expert store; serve it with --offload --cache-mb N"
+            )
         return load_run(run)
     from moelab.data import load_tokenizer
     from moelab.serve.offload import load_offloaded

@@ -18,9 +18,11 @@ Choices (this project's, not the paper's):
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 
-from moelab.errors import InvalidValueError
+from moelab.errors import InvalidValueError, MissingDependencyError
 
 CODECS = ("zstd", "ans")
 """Exponent codecs tried by ``best``."""
@@ -28,15 +30,25 @@ ZSTD_LEVEL = 1
 
 
 def _zstd():
-    import zstandard
-
-    return zstandard
+    return _optional("zstandard")
 
 
 def _constriction():
-    import constriction
+    return _optional("constriction")
 
-    return constriction
+
+def _optional(name: str):
+    """The lossless extra's module ``name``.
+
+    Raises:
+        MissingDependencyError: it is not installed (says how to install it).
+    """
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise MissingDependencyError(
+            f"{name} is not installed: pip install 'moelab[lossless]'"
+        ) from None
 
 
 def symbol_table(exp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -31,6 +31,7 @@ import hashlib
 import os
 import threading
 import time
+import zlib
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -131,14 +132,20 @@ class ExpertPack:
         self.path = self.folder / index.get("pack", PACK_FILE)
         if not self.path.is_file():
             raise StoreError(f"{self.path}: missing (listed in {INDEX_FILE})")
+        for key in ("pack_bytes", "experts", "num_layers", "num_experts"):
+            if key not in index:
+                raise StoreError(
+                    f"{ipath}: no {key!r} entry (not a moelab store index, or damaged)"
+                )
+        self._entries = {(x["layer"], x["expert"]): x["tensors"] for x in index["experts"]}
         size = self.path.stat().st_size
         if size != index["pack_bytes"]:
+            cut = next((w for w, ref in self._segments() if ref["offset"] + ref["size"] > size), "")
             raise StoreError(
                 f"{self.path}: truncated or altered ({size} bytes, {INDEX_FILE} says "
-                f"{index['pack_bytes']})"
+                f"{index['pack_bytes']})" + (f"; first segment cut: {cut}" if cut else "")
             )
         self.limiter = BandwidthLimiter(storage_mbps) if storage_mbps is not None else None
-        self._entries = {(x["layer"], x["expert"]): x["tensors"] for x in index["experts"]}
         self._fd = os.open(self.path, os.O_RDONLY)
         self.bytes_read = 0
         self.read_s = 0.0
@@ -246,11 +253,38 @@ class ExpertPack:
         except TensorDecodeError as e:
             raise StoreError(f"{self.where(layer, expert, name)}: {e}") from None
 
+    def _segments(self):
+        """``(where, ref)`` of every segment in the index, in pack order (``where`` names the
+        layer, expert, tensor and segment)."""
+        out = []
+        for (layer, expert), tensors in self._entries.items():
+            for name, spec in tensors.items():
+                refs = [("raw bytes", spec["raw"])] if spec["layout"] == "raw" else [
+                    *((f"exponent chunk {i}", r) for i, r in enumerate(spec["chunks"])),
+                    ("sign-mantissa bytes", spec["sm"]),
+                ]  # fmt: skip
+                out += [(f"{self.where(layer, expert, name)}: {w}", r) for w, r in refs]
+        return sorted(out, key=lambda x: x[1]["offset"])
+
     def verify(self) -> None:
-        """Check the whole pack's sha256 against the index (reads the file once)."""
-        h = hashlib.sha256()
-        with open(self.path, "rb") as f:
-            while block := f.read(1 << 22):
-                h.update(block)
-        if h.hexdigest() != self.index["pack_sha256"]:
-            raise StoreError(f"{self.path}: sha256 checksum mismatch (file is corrupt)")
+        """CRC-check every segment of the pack (one unthrottled pass over the file), so that a
+        damaged or foreign pack fails before anything is generated.
+
+        Raises:
+            StoreError: names the first bad segment and how many are bad; when none matches,
+                says the pack does not belong to this index.
+        """
+        segs = self._segments()
+        bad = [
+            w
+            for w, ref in segs
+            if zlib.crc32(os.pread(self._fd, ref["size"], ref["offset"])) != ref["crc32"]
+        ]
+        if bad and len(bad) == len(segs):
+            raise StoreError(
+                f"{self.path}: no segment matches {INDEX_FILE} (a pack from another store?)"
+            )
+        if bad:
+            raise StoreError(
+                f"{bad[0]}: checksum mismatch (corrupt; {len(bad)} of {len(segs)} segments bad)"
+            )

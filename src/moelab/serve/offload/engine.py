@@ -82,8 +82,8 @@ class OffloadConfig:
     future: list[list[int]] | None = None
 
     def check(self) -> None:
-        if not (isinstance(self.cache_mb, int | float) and self.cache_mb > 0):
-            raise InvalidValueError(f"cache_mb: must be > 0, got {self.cache_mb}")
+        if not (isinstance(self.cache_mb, int | float) and 0 < self.cache_mb < math.inf):
+            raise InvalidValueError(f"cache_mb: must be a finite number > 0, got {self.cache_mb}")
         if self.policy not in POLICIES:
             raise InvalidValueError(
                 f"policy: must be one of {', '.join(POLICIES)}; got {self.policy!r}"

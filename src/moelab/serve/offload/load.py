@@ -31,6 +31,7 @@ def load_offloaded(
     prefetch: int = 0,
     predictor: str = "gate",
     verify: str = "first",
+    check_pack: bool = True,
     trace: np.ndarray | None = None,
     future: list[list[int]] | None = None,
 ) -> MoETransformer:
@@ -49,6 +50,8 @@ def load_offloaded(
         predictor: ``gate`` (the next layer's router on the current hidden state) or
             ``history`` (routing frequencies, the ZipMoE authors' predictor).
         verify: sha256 check of decoded tensors: ``first``, ``always`` or ``off``.
+        check_pack: CRC-check every segment of the pack before serving (one pass over the
+            file), so that a damaged or foreign pack fails before any output.
         trace: routing counts ``[P, L, E]`` for the planner (default: the store's profile).
         future: per layer, recorded expert requests (``belady``).
     Returns:
@@ -58,6 +61,8 @@ def load_offloaded(
         ValueError: bad settings or a budget below one layer's top-k experts.
     """
     store = open_store(folder, storage_mbps)
+    if check_pack:
+        store.pack.verify()
     engine = OffloadEngine(
         store,
         OffloadConfig(

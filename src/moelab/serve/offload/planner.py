@@ -266,7 +266,12 @@ def plan_tiers(
         delays.append(layer_delay(hit_distribution(p, nf, ns, k), model, k))
     if not any(nf + ns for nf, ns in splits):
         return lfu
-    i = int(np.argmin(delays))  # the first of equal minima: the smallest fraction
+    # Splits whose delays differ only by rounding (a flat stretch of the curve) are ties:
+    # take the one that holds the most (full, then sign-mantissa) slots [our choice], so the
+    # plan does not depend on the last bits of the sums.
+    best = min(delays)
+    tied = [j for j, d in enumerate(delays) if d <= best + 1e-9 * abs(best)]
+    i = max(tied, key=lambda j: (splits[j], -j))
     nf, ns = splits[i]
     return TierPlan(
         "two_tier",
