@@ -205,7 +205,7 @@ class TrainConfig:
         for name, f in factors.items():
             if f is not None and not (math.isfinite(f) and f > 1):
                 raise ConfigError(
-                    f"{name}: a width factor must be > 1 (expansion cannot shrink), got {f}"
+                    f"{name}: a width factor must be a finite number > 1 (expansion cannot shrink), got {f:g}"
                 )
         if self.expand_init not in ("sparkling", "random", "naive", "copy"):
             raise ConfigError(

@@ -88,6 +88,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from moelab.core.config import GATED_ACTIVATIONS
 from moelab.core.experts.bank import SharedExpert
 from moelab.core.layer import MoELayer
 from moelab.core.routers.base import Router
@@ -171,7 +172,7 @@ class ExpandSpec:
             f = getattr(self, name)
             if f is not None and not (isinstance(f, (int, float)) and math.isfinite(f) and f > 1):
                 raise InvalidValueError(
-                    f"{name}: a width factor must be > 1 (no shrinking), got {f!r}"
+                    f"{name}: a width factor must be a finite number > 1 (no shrinking), got {f!r}"
                 )
         if self.hidden is None and self.inner is None:
             raise InvalidValueError("expand: give a hidden and/or an expert (inner) factor")
@@ -213,7 +214,9 @@ def parse_factor(text: str, name: str = "factor") -> float:
             f"{name}: expected a factor like 2x or 1.5x, got {text!r}"
         ) from None
     if not (math.isfinite(f) and f > 1):
-        raise InvalidValueError(f"{name}: a width factor must be > 1 (no shrinking), got {text!r}")
+        raise InvalidValueError(
+            f"{name}: a width factor must be a finite number > 1 (no shrinking), got {text!r}"
+        )
     return f
 
 
@@ -323,7 +326,7 @@ def param_plans(old: ModelConfig, new: ModelConfig) -> dict[str, ParamPlan]:
         Fe = Axis(ex_o.ffn_hidden_size, ex_n.ffn_hidden_size, role="inner")
         m = f"{b}.ffn"
         add(f"{m}.router.weight", (None, D), (1,))
-        if ex_o.activation == "swiglu":
+        if ex_o.activation in GATED_ACTIVATIONS:
             Fe2 = Axis(2 * Fe.old, 2 * Fe.new, blocks=2, role="inner")
             add(f"{m}.experts.w_gate_up", (None, D, Fe2), (1,), per_expert=True)
         else:
@@ -429,7 +432,7 @@ def matrix_output_rms(
             bank = mod.experts
             x = args[0].reshape(-1, args[0].shape[-1])
             h = torch.einsum("td,edf->etf", x, bank.w_in)
-            in_name = "w_gate_up" if bank.config.activation == "swiglu" else "w_up"
+            in_name = "w_gate_up" if bank.config.activation in GATED_ACTIVATIONS else "w_up"
             c = fit(f"{name}.experts.{in_name}", h, [bank.w_in], per_expert=True)
             a = bank.activation(h * c.reshape(-1, 1, 1).to(h.dtype))
             y = torch.einsum("etf,efd->etd", a, bank.w_down)
