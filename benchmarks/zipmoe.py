@@ -49,7 +49,7 @@ import torch
 
 from moelab.compress.lossless import compress_model, open_store
 from moelab.compress.lossless.bitfield import entropy_bits, split, tensor_bits
-from moelab.compress.lossless.coders import encode_chunk, symbol_table
+from moelab.compress.lossless.coders import decode_chunk, encode_chunk, symbol_table
 from moelab.compress.lossless.model_store import expert_tensor_names, moe_layers
 from moelab.compress.lossless.tensor_codec import chunk_bounds
 from moelab.data import TokenStream, load_corpus, load_tokenizer
@@ -64,9 +64,12 @@ SYSTEMS = ("naive offload", "LFU + prefetch", "ZipMoE", "ZipMoE + gate prefetch"
 
 
 def sizes(model) -> list[dict]:
-    """Per tensor kind: elements, entropy bound, zstd / ANS exponent bytes, sm bytes."""
+    """Per tensor kind: elements, entropy bound, zstd / ANS exponent bytes and the seconds
+    one thread takes to decode them (``{codec}_s``)."""
     names = expert_tensor_names(model.cfg)
-    rows = {n: dict(kind=n, elements=0, bound=0.0, zstd=0, ans=0) for n in names}
+    rows = {
+        n: dict(kind=n, elements=0, bound=0.0, zstd=0, ans=0, zstd_s=0.0, ans_s=0.0) for n in names
+    }
     for _, layer in moe_layers(model):
         bank = layer.experts
         for n, w in ((names[0], bank.w_in), (names[1], bank.w_down)):
@@ -77,11 +80,43 @@ def sizes(model) -> list[dict]:
                 r["elements"] += exp.size
                 r["bound"] += exp.size * entropy_bits(exp) / 8
                 for codec in ("zstd", "ans"):
-                    r[codec] += sum(
-                        len(encode_chunk(codec, exp[a:b], table))
-                        for a, b in chunk_bounds(exp.size, 5)
-                    )
+                    for a, b in chunk_bounds(exp.size, 5):
+                        blob = encode_chunk(codec, exp[a:b], table)
+                        r[codec] += len(blob)
+                        t0 = time.perf_counter()
+                        decode_chunk(codec, blob, b - a, table)
+                        r[f"{codec}_s"] += time.perf_counter() - t0
     return list(rows.values())
+
+
+def parallel_decode(model, threads: int) -> dict[str, float]:
+    """Per codec, the speed-up of decoding one expert tensor's 5 exponent chunks on
+    ``threads`` threads against one (best of 5): whether the codec releases the GIL, which
+    the scheduler's decode threads rely on."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    exp, _ = split(tensor_bits(moe_layers(model)[0][1].experts.w_in[0].detach()))
+    table = symbol_table(exp)
+    out = {}
+    for codec in ("zstd", "ans"):
+        jobs = [(encode_chunk(codec, exp[a:b], table), b - a) for a, b in chunk_bounds(exp.size, 5)]
+        work = [jobs[i % len(jobs)] for i in range(4 * threads)]
+
+        def one(job, codec=codec):
+            return decode_chunk(codec, job[0], job[1], table)
+
+        serial, par = [], []
+        with ThreadPoolExecutor(threads) as pool:
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for j in work:
+                    one(j)
+                serial.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                list(pool.map(one, work))
+                par.append(time.perf_counter() - t0)
+        out[codec] = min(serial) / min(par)
+    return out
 
 
 def text_ids(tokenizer, corpus: str, n: int, skip: int = 0) -> torch.Tensor:
@@ -127,16 +162,23 @@ def bench_run(run: Path, args) -> None:
     rows = [] if args.no_sizes else sizes(model)
     print(f"\n(1) lossless expert sizes ({time.perf_counter() - t0:.0f} s)")
     print(
-        "| tensor | elements | entropy H (bits/elt) | zstd exp bits/elt (÷H) | ANS exp bits/elt (÷H) | total zstd % of bf16 | total ANS % of bf16 |"
+        "| tensor | elements | entropy H (bits/elt) | zstd exp bits/elt (÷H) | ANS exp bits/elt (÷H) | total zstd % of bf16 | total ANS % of bf16 | zstd decode ns/elt | ANS decode ns/elt |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         n = r["elements"]
         h = 8 * r["bound"] / n
         z, a = 8 * r["zstd"] / n, 8 * r["ans"] / n
         print(
             f"| {r['kind']} | {n:,} | {h:.3f} | {z:.3f} ({z / h:.3f}) | {a:.3f} ({a / h:.3f}) | "
-            f"{100 * (n + r['zstd']) / (2 * n):.1f} | {100 * (n + r['ans']) / (2 * n):.1f} |"
+            f"{100 * (n + r['zstd']) / (2 * n):.1f} | {100 * (n + r['ans']) / (2 * n):.1f} | "
+            f"{1e9 * r['zstd_s'] / n:.2f} | {1e9 * r['ans_s'] / n:.2f} |"
+        )
+    if rows:
+        sp = parallel_decode(model, args.threads)
+        print(
+            f"decoding one tensor's chunks on {args.threads} threads vs 1: "
+            + ", ".join(f"{c} ×{v:.2f}" for c, v in sp.items())
         )
 
     # stores and traces
