@@ -77,6 +77,10 @@ def test_offloaded_eval(run_and_store):
     )  # fmt: skip
     assert r.exit_code == 0, r.output
     assert "bits_per_byte" in r.output
+    out = json.loads(r.stdout[r.stdout.index("{") :])
+    st = out["offload"]  # every expert request of the scored tokens is a hit or a miss
+    assert st["requests"] > 0 and st["hits_full"] + st["hits_sm"] + st["misses"] == st["requests"]
+    assert st["bytes_read"] > 0 and st["seconds"] > 0
 
 
 def test_bad_inputs(run_and_store, tmp_path):

@@ -58,15 +58,14 @@ def eval_cmd(
       moelab eval runs/bd --reference runs/main      # diffusion ELBO next to the AR model
     """
     offload_args = (offload, cache_mb, policy, storage_mbps)
-    start = time.perf_counter()
-    result, noncausal, model = guarded(
+    result, noncausal, model, seconds = guarded(
         _evaluate_run, run, data, tokens, batch_size, allow_noncausal_routing, offload_args
     )
-    report_offload(model, result.overall.tokens, time.perf_counter() - start)
+    report_offload(model, result.overall.tokens, seconds)
     ref_run = guarded(_reference_run, run, model, reference)
     ref = None
     if ref_run is not None:
-        ref, _, _ = guarded(_evaluate_run, ref_run, data, tokens, batch_size, False, scored_as=run)
+        ref, *_ = guarded(_evaluate_run, ref_run, data, tokens, batch_size, False, scored_as=run)
     notes = []
     if noncausal:
         notes.append(
@@ -79,6 +78,11 @@ def eval_cmd(
     extra = {"note": note} if note else {}
     if ref is not None:
         extra["reference"] = {"run": str(ref_run), **ref.to_dict()}
+    from moelab.serve.offload import offload_engine
+
+    engine = offload_engine(model)
+    if engine is not None:
+        extra["offload"] = {**engine.snapshot().to_dict(), "seconds": seconds}
     if as_json:
         console.print_json(json.dumps({**result.to_dict(), **extra}))
     else:
@@ -95,7 +99,8 @@ def _evaluate_run(
     offload_args: tuple = (False, None, "zipmoe", None),
     scored_as: Path | None = None,
 ):
-    """(EvalResult, indices of MoE layers whose routing looks at future tokens, model).
+    """(EvalResult, indices of MoE layers whose routing looks at future tokens, model,
+    seconds the scoring took, loading excluded).
 
     ``scored_as``: take the text (validation split, sequence length) from this run instead,
     so a reference model is scored on the same documents (with its own tokenizer)."""
@@ -120,11 +125,12 @@ def _evaluate_run(
     from moelab.train.diffusion import batch_elbo_nats  # block diffusion: the ELBO bound
 
     nats_fn = batch_elbo_nats if model.cfg.objective == "block_diffusion" else None
+    start = time.perf_counter()
     result = evaluate(
         model, streams, seq_len=seq_len, batch_size=batch_size, max_tokens=tokens,
         doc_masks=cfg.doc_masks, nats_fn=nats_fn,
     )  # fmt: skip
-    return result, noncausal, model
+    return result, noncausal, model, time.perf_counter() - start
 
 
 def _reference_run(run: Path, model, reference: Path | None) -> Path | None:
