@@ -117,6 +117,9 @@ def test_missing_run_and_bad_sampling(tmp_path, run_dir):
         runner.invoke(app, ["generate", str(run_dir), "--temperature", "-1"])
     )
     assert "prompt" in _err(runner.invoke(app, ["generate", str(run_dir), "--prompt", ""]))
+    # a non-UTF-8 byte reaches Python as a surrogate escape
+    bad = b"caf\xff".decode("utf-8", "surrogateescape")
+    assert "UTF-8" in _err(runner.invoke(app, ["generate", str(run_dir), "--prompt", bad]))
 
 
 def test_generate_streams_a_deterministic_sample(run_dir):

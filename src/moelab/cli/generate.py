@@ -20,6 +20,7 @@ from moelab.cli._offload import (
     load_for_inference,
     report_offload,
 )
+from moelab.errors import InvalidValueError
 
 
 @app.command()
@@ -56,6 +57,7 @@ def generate(
     from moelab.serve.generate import generate_ids, stream_text
 
     guarded(check_compile, compile, offload, decoder)
+    guarded(_check_text, prompt)
     model, tokenizer = guarded(load_for_inference, run, offload, cache_mb, policy, storage_mbps)
     options = guarded(decode_options, model, decoder, threshold)
     if options is not None:
@@ -113,3 +115,12 @@ class _Counted:
         for x in self.it:
             self.n += 1
             yield x
+
+
+def _check_text(prompt: str) -> None:
+    """Raises ValueError when ``prompt`` holds bytes that are not UTF-8 (the shell passes
+    them on as surrogate escapes, which the tokenizers refuse with a TypeError)."""
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidValueError("prompt: not valid UTF-8 text") from None
