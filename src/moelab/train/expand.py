@@ -36,8 +36,8 @@ Initialisations (``init``):
   the corresponding coefficient after the final output projection", App. D.1 [P]).
 - ``random`` (moelab's earlier reading, kept as the paper's *random-random* ablation, Fig. 1
   and 6, though with a fitted instead of analytic scale [I]): old entries keep their values;
-  new matrix/embedding entries are drawn from ``N(0, rms(W_old)²)`` (per expert for expert
-  banks); new RMSNorm gains are the mean of the old gains; new biases are 0. Every matrix
+  new matrix/embedding/bias entries are drawn from ``N(0, rms(W_old)²)`` (per expert for
+  expert banks; biases [I]); new RMSNorm gains are the mean of the old gains. Every matrix
   whose input grew is then multiplied by one scalar ``c`` (per expert for banks; its bias
   too) fitted on a calibration batch so that the RMS of its output equals the old model's
   (``c ≈ 1/√f``, the paper's Eq. 14 ``√(d_in/d'_in)``). ``c`` is fitted in forward order in
@@ -326,12 +326,15 @@ def param_plans(old: ModelConfig, new: ModelConfig) -> dict[str, ParamPlan]:
         Fe = Axis(ex_o.ffn_hidden_size, ex_n.ffn_hidden_size, role="inner")
         m = f"{b}.ffn"
         add(f"{m}.router.weight", (None, D), (1,))
-        if ex_o.activation in GATED_ACTIVATIONS:
-            Fe2 = Axis(2 * Fe.old, 2 * Fe.new, blocks=2, role="inner")
-            add(f"{m}.experts.w_gate_up", (None, D, Fe2), (1,), per_expert=True)
-        else:
-            add(f"{m}.experts.w_up", (None, D, Fe), (1,), per_expert=True)
+        gated = ex_o.activation in GATED_ACTIVATIONS
+        Fin = Axis(2 * Fe.old, 2 * Fe.new, blocks=2, role="inner") if gated else Fe
+        w_in = "w_gate_up" if gated else "w_up"
+        add(f"{m}.experts.{w_in}", (None, D, Fin), (1,), per_expert=True)
         add(f"{m}.experts.w_down", (None, Fe, D), (1,), per_expert=True)
+        if ex_o.bias:  # like q/k/v's biases: copied unscaled, or 0 when new (random) [I]
+            for b, axis, w in (("b" + w_in[1:], Fin, w_in), ("b_down", D, "w_down")):
+                add(f"{m}.experts.{b}", (None, axis), kind="bias", per_expert=True,
+                    scale_with=f"{m}.experts.{w}")  # fmt: skip
         if ex_o.shared_expert_size:
             Fs = Axis(ex_o.shared_expert_size, ex_n.shared_expert_size, role="inner")
             Fs2 = Axis(2 * Fs.old, 2 * Fs.new, blocks=2, role="inner")
@@ -431,12 +434,15 @@ def matrix_output_rms(
         def hook(mod, args):
             bank = mod.experts
             x = args[0].reshape(-1, args[0].shape[-1])
+            b_in, b_down = bank.b_in, getattr(bank, "b_down", None)
             h = torch.einsum("td,edf->etf", x, bank.w_in)
+            h = h if b_in is None else h + b_in[:, None, :]
             in_name = "w_gate_up" if bank.config.activation in GATED_ACTIVATIONS else "w_up"
-            c = fit(f"{name}.experts.{in_name}", h, [bank.w_in], per_expert=True)
+            c = fit(f"{name}.experts.{in_name}", h, [bank.w_in, b_in], per_expert=True)
             a = bank.activation(h * c.reshape(-1, 1, 1).to(h.dtype))
             y = torch.einsum("etf,efd->etd", a, bank.w_down)
-            fit(f"{name}.experts.w_down", y, [bank.w_down], per_expert=True)
+            y = y if b_down is None else y + b_down[:, None, :]
+            fit(f"{name}.experts.w_down", y, [bank.w_down, b_down], per_expert=True)
 
         return hook
 
@@ -510,9 +516,7 @@ def _new_tensor(
         shape = plan.new_shape(old.shape)
         if plan.kind == "norm":
             new = torch.full(shape, float(old.mean()), dtype=old.dtype)
-        elif plan.kind == "bias":
-            new = torch.zeros(shape, dtype=old.dtype)
-        else:
+        else:  # matrices, embeddings and biases: N(0, rms(old)^2), per expert for banks
             rms = old.double().pow(2)
             rms = rms.flatten(1).mean(1).sqrt() if plan.per_expert else rms.mean().sqrt()
             std = rms.reshape(-1, *([1] * (old.dim() - 1))) if plan.per_expert else rms
@@ -637,7 +641,8 @@ def expand_model(
             old_scales[target] = old_scales[target] * s
             for bias, pl in plans.items():
                 if pl.scale_with == key:
-                    old_scales[bias] = old_scales[bias] * c
+                    cb = c.reshape(-1, *([1] * (old_scales[bias].dim() - 1))) if c.dim() else c
+                    old_scales[bias] = old_scales[bias] * cb
     new_model.train(model.training)
     return ExpandedModel(new_model, plans, old_scales, scales, copy_scales)
 
