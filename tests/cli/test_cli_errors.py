@@ -284,3 +284,12 @@ def test_fit_to_budget_needs_a_time_budget(tmp_path):
     args = ["train", "--data", str(text), "--out", str(out), *TINY, "--fit-to-budget"]
     assert "--time-budget" in _err(runner.invoke(app, args))
     assert not out.exists()
+
+
+def test_block_size_needs_the_diffusion_objective(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("hello world " * 200)
+    out = tmp_path / "r"
+    args = ["train", "--data", str(text), "--out", str(out), *TINY, "--block-size", "5"]
+    assert "--objective block-diffusion" in _err(runner.invoke(app, args))
+    assert not out.exists()

@@ -233,6 +233,12 @@ def train(
     if expand is not None:
         grow = guarded(parse_expand, expand)
         train_flags.update(expand_hidden=grow.get("hidden"), expand_expert=grow.get("expert"))
+    if (
+        train_flags.get("block_size") is not None
+        and not config
+        and train_flags.get("objective") in (None, "causal")
+    ):
+        fail(InvalidValueError("--block-size: only applies with --objective block-diffusion"))
     if allow_data_change and not resume:
         fail(InvalidValueError("--allow-data-change: only applies with --resume"))
     given = [k for k, v in {**model_flags, **train_flags}.items() if v is not None]
