@@ -120,6 +120,9 @@ def test_missing_run_and_bad_sampling(tmp_path, run_dir):
     # a non-UTF-8 byte reaches Python as a surrogate escape
     bad = b"caf\xff".decode("utf-8", "surrogateescape")
     assert "UTF-8" in _err(runner.invoke(app, ["generate", str(run_dir), "--prompt", bad]))
+    # checked before the prompt is echoed: nothing but the error on the output
+    for flags in (["--top-p", "0"], ["--top-k", "-2"], ["--max-new-tokens", "-3"]):
+        _err(runner.invoke(app, ["generate", str(run_dir), "--prompt", "ROMEO:", *flags]))
 
 
 def test_generate_streams_a_deterministic_sample(run_dir):

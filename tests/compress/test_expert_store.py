@@ -43,7 +43,7 @@ def test_store_round_trips_the_model_bit_exactly(store):
     assert 0 < k.exponent < k.elements  # coded exponent below one byte per element
     s = open_store(folder)
     assert s.trace.shape == (2, model.cfg.num_moe_layers, 4)
-    assert json.loads((folder / INDEX_FILE).read_text())["format_version"] == 1
+    assert json.loads((folder / INDEX_FILE).read_text())["format_version"] == 2
 
 
 def test_fp32_store_and_unsupported_dtype(tmp_path):
@@ -110,14 +110,26 @@ def test_truncated_and_foreign_stores(store, tmp_path):
         f.write(bytes(255 - b for b in data))
     with pytest.raises(StoreError, match=r"no segment matches store\.json"):
         open_store(folder).pack.verify()
-    # an index without its pack size
+    # an edited index (a key deleted, experts swapped) fails its own checksum at open
     shutil.copy(store[0] / PACK_FILE, folder / PACK_FILE)
     index = json.loads((folder / INDEX_FILE).read_text())
-    del index["pack_bytes"]
-    (folder / INDEX_FILE).write_text(json.dumps(index))
-    with pytest.raises(StoreError, match="no 'pack_bytes' entry"):
-        open_store(folder)
+    for edit in ("pack_bytes", "swap"):
+        bad = json.loads(json.dumps(index))
+        if edit == "swap":
+            e = bad["experts"]
+            e[0]["expert"], e[1]["expert"] = e[1]["expert"], e[0]["expert"]
+        else:
+            del bad[edit]
+        (folder / INDEX_FILE).write_text(json.dumps(bad))
+        with pytest.raises(StoreError, match=r"store\.json: checksum mismatch"):
+            open_store(folder)
     shutil.copy(store[0] / INDEX_FILE, folder / INDEX_FILE)
+    # the routing profile the index lists is checked too
+    (folder / "profile.json").write_text('{"counts": []}')
+    with pytest.raises(StoreError, match=r"profile\.json: missing or altered"):
+        open_store(folder)
+    shutil.copy(store[0] / "profile.json", folder / "profile.json")
+    open_store(folder)
     # a store whose pack and index come from another model
     other = tmp_path / "other"
     compress_model(tiny(seed=1, n_layers=3), other, codec="zstd")

@@ -57,7 +57,7 @@ def generate(
     from moelab.serve.generate import generate_ids, stream_text
 
     guarded(check_compile, compile, offload, decoder)
-    guarded(_check_text, prompt)
+    guarded(_check_request, prompt, max_new_tokens, temperature, top_k or None, top_p)
     model, tokenizer = guarded(load_for_inference, run, offload, cache_mb, policy, storage_mbps)
     options = guarded(decode_options, model, decoder, threshold)
     if options is not None:
@@ -117,10 +117,23 @@ class _Counted:
             yield x
 
 
-def _check_text(prompt: str) -> None:
-    """Raises ValueError when ``prompt`` holds bytes that are not UTF-8 (the shell passes
-    them on as surrogate escapes, which the tokenizers refuse with a TypeError)."""
+def _check_request(
+    prompt: str, max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None
+) -> None:
+    """Checks made before anything is printed (generation itself starts lazily, after the
+    prompt is echoed).
+
+    Raises:
+        ValueError: ``prompt`` holds bytes that are not UTF-8 (the shell passes them on as
+            surrogate escapes, which the tokenizers refuse with a TypeError), a negative
+            ``max_new_tokens``, or bad sampling settings.
+    """
+    from moelab.serve.sampling import check_sampling
+
     try:
         prompt.encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidValueError("prompt: not valid UTF-8 text") from None
+    if max_new_tokens < 0:
+        raise InvalidValueError(f"max_new_tokens: must be >= 0, got {max_new_tokens}")
+    check_sampling(temperature, top_k, top_p)

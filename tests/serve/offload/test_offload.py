@@ -344,3 +344,18 @@ def test_gate_prefetch_guesses_the_next_layer_from_its_router(setup):
     offload_engine(om).close()
     with pytest.raises(ValueError, match="predictor"):
         load_offloaded(root / "zstd", cache_mb=10, prefetch=1, predictor="oracle")
+
+
+def test_trace_of_a_block_diffusion_model():
+    """A block-diffusion model has no causal path: its profile routes the clean sequence under
+    the block-causal mask, top-k experts per token and layer."""
+    from moelab.models import ModelConfig, MoETransformer
+    from moelab.models.block_diffusion import to_block_diffusion
+    from moelab.serve.offload.trace import record_trace
+
+    torch.manual_seed(0)
+    dm = to_block_diffusion(MoETransformer(ModelConfig.tiny(vocab_size=20, num_experts=4)), 4)
+    counts = record_trace(dm, [torch.randint(0, 20, (12,))])
+    k = dm.cfg.moe.router.top_k
+    assert counts.shape == (1, dm.cfg.num_moe_layers, 4)
+    assert (counts.sum(-1) == 12 * k).all()

@@ -262,6 +262,10 @@ def compress_model(
                     if on_expert is not None:
                         on_expert()
         dense_sha = sha256_file(tmp / DENSE_FILE)
+        profile = {}
+        if trace is not None:
+            atomic_write_json(tmp / PROFILE_FILE, {"counts": trace.astype(int).tolist()})
+            profile["profile_sha256"] = sha256_file(tmp / PROFILE_FILE)
         write_index(
             tmp,
             {
@@ -280,10 +284,9 @@ def compress_model(
                 "top_k": cfg.moe.router.top_k,
                 "block_of_layer": [i for i, _ in layers],
                 "experts": entries,
+                **profile,
             },
         )
-        if trace is not None:
-            atomic_write_json(tmp / PROFILE_FILE, {"counts": trace.astype(int).tolist()})
         if save_extras is not None:
             save_extras(tmp)
         return StoreReport(
@@ -363,10 +366,35 @@ def open_store(folder: str | os.PathLike[str], storage_mbps: float | None = None
         dense = load_file(str(dpath))
     except (SafetensorError, OSError, ValueError) as e:
         raise StoreError(f"{dpath}: cannot read safetensors ({e})") from e
-    trace = None
-    if (folder / PROFILE_FILE).is_file():
-        trace = np.asarray(read_json(folder / PROFILE_FILE, StoreError)["counts"], dtype=np.int64)
-    return OpenStore(folder, cfg, pack, dense, trace)
+    return OpenStore(folder, cfg, pack, dense, _read_profile(folder, idx))
+
+
+def _read_profile(folder: Path, idx: dict) -> np.ndarray | None:
+    """The routing profile ``[P, L, E]`` the index lists (its sha256 checked), or None.
+
+    Raises:
+        StoreError: the listed profile is missing, altered or not ``[P, L, E]`` counts.
+    """
+    path = folder / PROFILE_FILE
+    want = idx.get("profile_sha256")
+    if want is None:  # format 1 stores list none; their profile is read unchecked
+        if not path.is_file() or idx.get("format_version", 1) >= 2:
+            return None
+    elif not path.is_file() or sha256_file(path) != want:
+        raise StoreError(f"{path}: missing or altered (store.json records its sha256)")
+    try:
+        trace = np.asarray(read_json(path, StoreError)["counts"], dtype=np.int64)
+    except (KeyError, TypeError, ValueError) as e:
+        raise StoreError(f"{path}: not a routing profile ({e})") from None
+    if (
+        trace.ndim != 3
+        or trace.shape[1:] != (idx["num_layers"], idx["num_experts"])
+        or (trace < 0).any()
+    ):
+        raise StoreError(
+            f"{path}: expected non-negative counts [P, {idx['num_layers']}, {idx['num_experts']}]"
+        )
+    return trace
 
 
 @contextlib.contextmanager

@@ -1,14 +1,18 @@
 """The expert store: one pack file of encoded expert tensors plus a JSON index.
 
-Files (``FORMAT_VERSION = 1``)::
+Files (``FORMAT_VERSION = 2``)::
 
     experts.pack   segments of every expert tensor, back to back (exponent chunks, then
                    sign-mantissa bytes; or raw bit patterns)
-    store.json     {"format_version": 1, "pack": "experts.pack", "pack_bytes": N,
+    store.json     {"format_version": 2, "pack": "experts.pack", "pack_bytes": N,
                     "pack_sha256": ..., "model_fingerprint": ..., "num_layers": L,
                     "num_experts": E, "dtype": ..., "codec": ...,
                     "experts": [{"layer": l, "expert": e,
-                                 "tensors": {"w_gate_up": spec, "w_down": spec}}]}
+                                 "tensors": {"w_gate_up": spec, "w_down": spec}}],
+                    "index_sha256": ...}
+
+``index_sha256`` (version 2) is the SHA-256 of the rest of the index as canonical JSON, so an
+edited or damaged index fails when the store is opened, not halfway through a generation.
 
 ``spec`` is :meth:`EncodedTensor.place`'s output: offsets, sizes and CRC-32 of every segment and
 the SHA-256 of the tensor. Reads are positioned (``os.pread``) and touch only the segments
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import threading
 import time
@@ -46,7 +51,7 @@ from moelab.models.io import CheckpointError
 from moelab.utils.atomic import atomic_write_json
 from moelab.utils.jsonfile import read_json
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 PACK_FILE = "experts.pack"
 INDEX_FILE = "store.json"
 
@@ -106,8 +111,15 @@ class PackWriter:
 
 
 def write_index(folder: Path, index: dict[str, Any]) -> None:
-    """Write ``store.json`` (adds the format version)."""
-    atomic_write_json(folder / INDEX_FILE, {"format_version": FORMAT_VERSION, **index})
+    """Write ``store.json`` (adds the format version and the index's own checksum)."""
+    body = {"format_version": FORMAT_VERSION, **index}
+    atomic_write_json(folder / INDEX_FILE, {**body, "index_sha256": _index_digest(body)})
+
+
+def _index_digest(body: dict[str, Any]) -> str:
+    return hashlib.sha256(
+        json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()
 
 
 class ExpertPack:
@@ -128,6 +140,10 @@ class ExpertPack:
         v = index.get("format_version") if isinstance(index, dict) else None
         if not isinstance(v, int) or not 1 <= v <= FORMAT_VERSION:
             raise StoreError(f"{ipath}: unsupported or missing format_version {v!r}")
+        if v >= 2 and index.pop("index_sha256", None) != _index_digest(index):
+            raise StoreError(
+                f"{ipath}: checksum mismatch (edited or corrupt; write the store again)"
+            )
         self.index = index
         self.path = self.folder / index.get("pack", PACK_FILE)
         if not self.path.is_file():

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from moelab.core.layer import MoELayer
 from moelab.errors import InvalidValueError
+from moelab.models.block_diffusion import block_causal_mask, diffusion_forward
 from moelab.models.transformer import MoETransformer
 
 
@@ -29,7 +30,8 @@ def _moe_layers(model: MoETransformer) -> list[MoELayer]:
 
 @torch.no_grad()
 def record_trace(model: MoETransformer, sequences: Iterable[Tensor]) -> np.ndarray:
-    """Route each ``[S]`` or ``[1, S]`` int64 token sequence through ``model`` (eval mode).
+    """Route each ``[S]`` or ``[1, S]`` int64 token sequence through ``model`` (eval mode; a
+    block-diffusion model sees the clean sequence under its block-causal mask).
 
     Returns:
         ``[P, L, E]`` int64: tokens routed to each expert, per sequence and MoE layer.
@@ -40,9 +42,15 @@ def record_trace(model: MoETransformer, sequences: Iterable[Tensor]) -> np.ndarr
     model.eval()
     device = next(model.parameters()).device
     rows = []
+    diffusion = model.cfg.objective == "block_diffusion"
     for seq in sequences:
         ids = seq.view(1, -1).to(device)
-        out = model(ids)
+        if diffusion:  # clean text under the block-causal mask (no causal path to run)
+            pos = torch.arange(ids.shape[1], device=device)
+            mask = block_causal_mask(pos, pos, model.cfg.block_size)
+            out = diffusion_forward(model, ids, pos, mask)
+        else:
+            out = model(ids)
         rows.append(np.stack([r.counts.cpu().numpy() for r in out.records if r is not None]))
     if not rows:
         raise InvalidValueError("sequences: need at least one sequence")
