@@ -27,6 +27,12 @@ from moelab.models.memory import ModelTooLargeError, check_model_fits, estimate_
             ),
         ),
         ModelConfig(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=100, moe=None),
+        ModelConfig.tiny(
+            moe=MoEConfig(
+                router=RouterConfig(num_experts=3, top_k=1),
+                experts=ExpertsConfig(hidden_size=32, ffn_hidden_size=16, activation="geglu"),
+            ),
+        ),
     ],
 )
 def test_estimate_is_exact(cfg):

@@ -546,3 +546,11 @@ def test_tied_logit_scale_survives_save_load_and_folds_into_hf_export(tmp_path):
     imported, _ = model_from_hf_state(hf, tensors)
     assert imported.cfg.logit_scale == 1.0
     torch.testing.assert_close(imported(ids).logits, want, rtol=0, atol=1e-6)
+
+
+def test_an_expansion_too_large_for_memory_fails_before_training(corpus, tmp_path):
+    run = tmp_path / "run"
+    kw = dict(steps=6, expand_at=3, expand_expert=10_000_000.0)
+    with pytest.raises(ValueError, match="needs about"):
+        train(tiny_model(), tiny_train(corpus, **kw), run, progress=False)
+    assert not run.exists()

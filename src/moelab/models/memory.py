@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from moelab.core.config import GATED_ACTIVATIONS
 from moelab.errors import InvalidValueError
 from moelab.models.config import ModelConfig
 
@@ -63,7 +64,7 @@ def parameter_parts(cfg: ModelConfig) -> dict[str, int]:
     if cfg.moe is not None:
         E = cfg.moe.router.num_experts
         ex = cfg.moe.experts
-        mats = 3 if ex.activation == "swiglu" else 2
+        mats = 3 if ex.activation in GATED_ACTIVATIONS else 2
         parts["routers"] = n_moe * E * D
         parts["experts"] = n_moe * E * mats * D * ex.ffn_hidden_size
         if ex.shared_expert_size:

@@ -95,6 +95,7 @@ from moelab.core.routers.base import Router
 from moelab.data import TokenStream, sample_batch
 from moelab.errors import InvalidTypeError, InvalidValueError
 from moelab.models import ModelConfig, MoETransformer
+from moelab.models.memory import check_model_fits
 from moelab.train.config import TrainConfig
 from moelab.train.expand_axes import Axis, ParamPlan, Region, full_region
 from moelab.train.optim import ShardedOptimizer, region_slices
@@ -558,6 +559,7 @@ def check_expansion(
     Raises:
         InvalidValueError: a factor leaving fractional widths; copy with a non-integer hidden
             factor; a parameter this module cannot grow (e.g. LoRA adapters).
+        ModelTooLargeError: the grown model's parameters would not fit in memory.
     """
     new_cfg = expanded_config(cfg, spec.hidden, spec.inner)
     if spec.init == "copy" and spec.hidden is not None and spec.hidden != int(spec.hidden):
@@ -566,6 +568,7 @@ def check_expansion(
         )
     if model is not None:
         model_plans(model, new_cfg)
+    check_model_fits(new_cfg)
     return new_cfg
 
 
