@@ -105,6 +105,13 @@ def test_bad_inputs(run_and_store, tmp_path):
         )
     )
     assert not out.exists()
+    for n in ("0", "65"):
+        assert "chunks" in err_line(
+            runner.invoke(
+                app, ["compress", str(root / "run"), "--lossless", "--out", str(out), "--chunks", n]
+            )
+        )
+    assert not out.exists()
     torch.manual_seed(0)
     half = tmp_path / "half"
     save_model(MoETransformer(ModelConfig.tiny(vocab_size=256)).to(torch.float16), half)

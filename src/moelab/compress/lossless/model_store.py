@@ -60,6 +60,9 @@ from moelab.utils.jsonfile import read_json
 
 DENSE_FILE = "dense.safetensors"
 PROFILE_FILE = "profile.json"
+MAX_CHUNKS = 64
+"""Most exponent chunks per tensor: each is one decode task and one index entry, so more
+only adds scheduling and index size (the authors use 5 for many cores)."""
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
           "float32": torch.float32}  # fmt: skip
 
@@ -198,7 +201,7 @@ def compress_model(
             scheduler's decode threads run in parallel), ``"ans"`` (``constriction``: at the
             entropy bound, but about 25× slower to decode and holding the GIL, measured on
             1 M exponents), ``"best"`` (the smaller per tensor) or ``"raw"`` (uncompressed).
-        chunks: exponent chunks per tensor.
+        chunks: exponent chunks per tensor, 1 to :data:`MAX_CHUNKS`.
         trace: optional routing counts ``[P, L, E]`` saved as ``profile.json``.
         save_extras: called with the temp folder to add files (tokenizer, run.json).
         overwrite: replace an existing non-empty ``out``.
@@ -210,8 +213,8 @@ def compress_model(
     target = _check_model(model, dtype)
     if codec not in CODEC_CHOICES:
         raise InvalidValueError(f"codec: must be one of {', '.join(CODEC_CHOICES)}; got {codec!r}")
-    if chunks < 1:
-        raise InvalidValueError(f"chunks: must be >= 1, got {chunks}")
+    if not 1 <= chunks <= MAX_CHUNKS:
+        raise InvalidValueError(f"chunks: must be in [1, {MAX_CHUNKS}], got {chunks}")
     if model.embed.weight.dtype != target:
         model = model.to(target)  # nn.Module.to casts in place; callers pass a loaded copy
     layers = moe_layers(model)
