@@ -4,15 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from moelab.models import MoETransformer, count_params
 
 
 def model_card(model: MoETransformer, name: str) -> dict[str, Any]:
-    """Name, parameter counts, shape and routing of ``model`` (JSON-serialisable)."""
+    """Name, parameter counts, shape and routing of ``model`` (JSON-serialisable; an
+    offloaded model's counts include the experts in its store)."""
     cfg = model.cfg
     moe = [b for b in model.blocks if b.is_moe]
     router = moe[0].ffn.config.router if moe else None
     params = count_params(model)
+    if getattr(model, "offload_engine", None) is not None:
+        # the experts live in the store, not in the model: count the same model on meta
+        with torch.device("meta"):
+            params = count_params(MoETransformer(cfg))
     p = model.embed.weight
     return {
         "name": name,

@@ -359,3 +359,13 @@ def test_trace_of_a_block_diffusion_model():
     k = dm.cfg.moe.router.top_k
     assert counts.shape == (1, dm.cfg.num_moe_layers, 4)
     assert (counts.sum(-1) == 12 * k).all()
+
+
+def test_offloaded_model_card_counts_the_stored_experts(setup):
+    from moelab.models import count_params
+    from moelab.serve.card import model_card
+
+    model, root, _, _ = setup
+    om = load_offloaded(root / "zstd", cache_mb=total_mib(setup, 0.3))
+    assert model_card(om, "x")["params"] == count_params(model)
+    offload_engine(om).close()
