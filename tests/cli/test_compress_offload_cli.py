@@ -105,6 +105,11 @@ def test_bad_inputs(run_and_store, tmp_path):
         )
     )
     assert not out.exists()
+    inside = root / "run" / "zip"
+    assert "inside the input" in err_line(
+        runner.invoke(app, ["compress", str(root / "run"), "--lossless", "--out", str(inside)])
+    )
+    assert not inside.exists()
     for n in ("0", "65"):
         assert "chunks" in err_line(
             runner.invoke(

@@ -81,6 +81,7 @@ def _compress(run, out, lossless, dtype, codec, chunks, profile_data, profile_to
               profile_seq_len, overwrite):  # fmt: skip
     from moelab.compress.lossless import compress_model, copy_run_files
     from moelab.serve.offload.trace import record_trace
+    from moelab.utils.outdir import check_output_folder
 
     if not lossless:
         raise InvalidValueError(
@@ -91,8 +92,7 @@ def _compress(run, out, lossless, dtype, codec, chunks, profile_data, profile_to
             f"profile_tokens: must be >= 0 and profile_seq_len >= 1, got {profile_tokens}, "
             f"{profile_seq_len}"
         )
-    if Path(out).exists() and any(Path(out).iterdir()) and not overwrite:
-        raise FileExistsError(f"{out}: exists and is not empty (pass --overwrite)")
+    check_output_folder(out, inputs=[run], overwrite=overwrite)
     model, tokenizer = load_run(run)
     if dtype is not None:
         from moelab.compress.lossless.model_store import DTYPES
