@@ -263,6 +263,9 @@ def test_decoder_must_fit_the_model(run_dir, tmp_path):
         assert "use --decoder vanilla" in _err(runner.invoke(app, [cmd, str(bd)]))
         assert "causal" in _err(runner.invoke(app, [cmd, str(run_dir), "--decoder", "team"]))
         assert "decoder" in _err(runner.invoke(app, [cmd, str(bd), "--decoder", "fast"]))
+        assert "must be causal, vanilla" in _err(
+            runner.invoke(app, [cmd, str(run_dir), "--decoder", "fast"])
+        )
         assert "threshold" in _err(
             runner.invoke(app, [cmd, str(bd), "--decoder", "team", "--threshold", "0"])
         )

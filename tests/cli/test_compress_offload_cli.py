@@ -105,6 +105,9 @@ def test_bad_inputs(run_and_store, tmp_path):
         )
     )
     assert not out.exists()
+    assert "already a lossless expert store" in err_line(
+        runner.invoke(app, ["compress", store, "--lossless", "--out", str(out)])
+    )
     inside = root / "run" / "zip"
     assert "inside the input" in err_line(
         runner.invoke(app, ["compress", str(root / "run"), "--lossless", "--out", str(inside)])

@@ -21,8 +21,10 @@ def decode_options(model, decoder: str, threshold: float):
     """The :class:`~moelab.serve.diffusion.DecodeOptions` for a block-diffusion ``model``, or
     None for a causal one. Raises ``InvalidValueError`` when the decoder does not fit the model
     or is unknown, or τ is outside (0, 1]."""
-    from moelab.serve.diffusion import DecodeOptions
+    from moelab.serve.diffusion import DECODERS, DecodeOptions
 
+    if decoder != "causal" and decoder not in DECODERS:
+        raise InvalidValueError(f"decoder: must be causal, {', '.join(DECODERS)}; got {decoder!r}")
     objective = model.cfg.objective
     if objective == "causal":
         if decoder != "causal":

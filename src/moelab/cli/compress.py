@@ -92,6 +92,10 @@ def _compress(run, out, lossless, dtype, codec, chunks, profile_data, profile_to
             f"profile_tokens: must be >= 0 and profile_seq_len >= 1, got {profile_tokens}, "
             f"{profile_seq_len}"
         )
+    if (Path(run) / "store.json").is_file():
+        raise InvalidValueError(
+            f"{run}: already a lossless expert store (compress the run it came from)"
+        )
     check_output_folder(out, inputs=[run], overwrite=overwrite)
     model, tokenizer = load_run(run)
     if dtype is not None:
