@@ -93,16 +93,19 @@ def _diffusion(model, tokenizer, prompt, max_new_tokens, options, pick) -> None:
     """Block-diffusion decoding; counters go to stderr."""
     from moelab.serve.diffusion import diffusion_generate
 
+    start = time.perf_counter()
     res = diffusion_generate(
         model, tokenizer.encode(prompt), max_new_tokens=max_new_tokens, options=options,
         stop_id=tokenizer.eot_id, pick=pick,
     )  # fmt: skip
+    seconds = time.perf_counter() - start
     sys.stdout.write(prompt + tokenizer.decode(res.ids) + "\n")
     s = res.stats
     err_console.print(
         f"NFE {s.nfe}  TPF {s.tpf:.2f}  APF {s.apf:.2f}  APT {s.apt:.2f}  "
         f"{s.tokens_per_s:.1f} tok/s"
     )
+    report_offload(model, len(res.ids), seconds)
 
 
 class _Counted:
