@@ -35,7 +35,9 @@ def load_for_inference(
     if not offload:
         if cache_mb is not None or storage_mbps is not None or policy != "zipmoe":
             raise InvalidValueError("--cache-mb, --policy and --storage-mbps need --offload")
-        if (Path(run) / "store.json").is_file():
+        from moelab.compress.lossless.store import is_store
+
+        if is_store(run):
             raise InvalidValueError(
                 f"{run}: a lossless expert store; serve it with --offload --cache-mb N"
             )

@@ -80,6 +80,7 @@ def compress(
 def _compress(run, out, lossless, dtype, codec, chunks, profile_data, profile_tokens,
               profile_seq_len, overwrite):  # fmt: skip
     from moelab.compress.lossless import compress_model, copy_run_files
+    from moelab.compress.lossless.store import is_store
     from moelab.serve.offload.trace import record_trace
     from moelab.utils.outdir import check_output_folder
 
@@ -92,7 +93,7 @@ def _compress(run, out, lossless, dtype, codec, chunks, profile_data, profile_to
             f"profile_tokens: must be >= 0 and profile_seq_len >= 1, got {profile_tokens}, "
             f"{profile_seq_len}"
         )
-    if (Path(run) / "store.json").is_file():
+    if is_store(run):
         raise InvalidValueError(
             f"{run}: already a lossless expert store (compress the run it came from)"
         )

@@ -61,8 +61,8 @@ def generate(
     model, tokenizer = guarded(load_for_inference, run, offload, cache_mb, policy, storage_mbps)
     options = guarded(decode_options, model, decoder, threshold)
     if options is not None:
-        pick = guarded(
-            sampling_picker, temperature, top_k or None, top_p, torch.Generator().manual_seed(seed)
+        pick = sampling_picker(  # settings checked by _check_request
+            temperature, top_k or None, top_p, torch.Generator().manual_seed(seed)
         )
         guarded(_diffusion, model, tokenizer, prompt, max_new_tokens, options, pick)
         return

@@ -40,6 +40,7 @@ from moelab.compress.lossless.store import (
     ExpertPack,
     PackWriter,
     StoreError,
+    is_store,
     write_index,
 )
 from moelab.compress.lossless.tensor_codec import (
@@ -274,7 +275,6 @@ def compress_model(
             {
                 "pack": PACK_FILE,
                 "pack_bytes": writer.offset,
-                "pack_sha256": writer.sha256,
                 "model_fingerprint": model_fingerprint(
                     read_json(tmp / CONFIG_FILE, StoreError)["model"], dname
                 ),
@@ -347,7 +347,7 @@ def open_store(folder: str | os.PathLike[str], storage_mbps: float | None = None
     folder = Path(folder)
     if not folder.is_dir():
         raise StoreError(f"{folder}: not a store folder")
-    if not (folder / INDEX_FILE).is_file():
+    if not is_store(folder):
         raise StoreError(
             f"{folder / INDEX_FILE}: missing (write a store with: moelab compress RUN --lossless --out DIR)"
         )

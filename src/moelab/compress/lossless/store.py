@@ -5,7 +5,7 @@ Files (``FORMAT_VERSION = 2``)::
     experts.pack   segments of every expert tensor, back to back (exponent chunks, then
                    sign-mantissa bytes; or raw bit patterns)
     store.json     {"format_version": 2, "pack": "experts.pack", "pack_bytes": N,
-                    "pack_sha256": ..., "model_fingerprint": ..., "num_layers": L,
+                    "model_fingerprint": ..., "num_layers": L,
                     "num_experts": E, "dtype": ..., "codec": ...,
                     "experts": [{"layer": l, "expert": e,
                                  "tensors": {"w_gate_up": spec, "w_down": spec}}],
@@ -13,6 +13,8 @@ Files (``FORMAT_VERSION = 2``)::
 
 ``index_sha256`` (version 2) is the SHA-256 of the rest of the index as canonical JSON, so an
 edited or damaged index fails when the store is opened, not halfway through a generation.
+The pack itself is covered by its segments' CRC-32s (:meth:`ExpertPack.verify`; version-1
+stores also recorded an unused ``pack_sha256``).
 
 ``spec`` is :meth:`EncodedTensor.place`'s output: offsets, sizes and CRC-32 of every segment and
 the SHA-256 of the tensor. Reads are positioned (``os.pread``) and touch only the segments
@@ -94,20 +96,19 @@ class PackWriter:
     def __init__(self, f: BinaryIO) -> None:
         self._f = f
         self.offset = 0
-        self._sha = hashlib.sha256()
 
     def add(self, enc: EncodedTensor) -> dict[str, Any]:
         """Write ``enc``'s segments; return its placed spec."""
         spec = enc.place(self.offset)
         for seg in enc.segments:
             self._f.write(seg)
-            self._sha.update(seg)
             self.offset += len(seg)
         return spec
 
-    @property
-    def sha256(self) -> str:
-        return self._sha.hexdigest()
+
+def is_store(folder: str | os.PathLike[str]) -> bool:
+    """Whether ``folder`` holds a store index (``store.json``)."""
+    return (Path(folder) / INDEX_FILE).is_file()
 
 
 def write_index(folder: Path, index: dict[str, Any]) -> None:
