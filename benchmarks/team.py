@@ -97,23 +97,13 @@ def held_out_text(run: Path, ar_run: Path, tokenizer) -> dict:
     """Validation streams of text neither model trained on: the AR run's validation documents
     that are not in the diffusion run's training split (``train`` writes each mix document as
     its own file, ``{domain}_{name}.txt``)."""
-    from moelab.data import TokenStream, load_corpus
-    from moelab.data.split import split_documents
-    from moelab.train.loop import run_train_config
+    from moelab.train.loop import domain_streams, run_train_config, split_run_documents
 
-    def split(cfg):
-        docs = load_corpus(cfg.data, max_bytes_per_domain=cfg.max_bytes_per_domain)
-        return split_documents(docs, val_fraction=cfg.val_fraction, seed=cfg.seed)
-
-    trained = {d.name for d in split(run_train_config(run))[0]}
-    val = [d for d in split(run_train_config(ar_run))[1] if _file_name(d) not in trained]
-    names = sorted({d.domain for d in val})
-    return {
-        n: TokenStream.from_documents(
-            [d for d in val if d.domain == n], tokenizer, domain_names=names
-        )
-        for n in names
-    }
+    trained = {d.name for d in split_run_documents(run_train_config(run))[0]}
+    val = [
+        d for d in split_run_documents(run_train_config(ar_run))[1] if _file_name(d) not in trained
+    ]
+    return domain_streams(val, sorted({d.domain for d in val}), tokenizer)
 
 
 def _file_name(doc) -> str:

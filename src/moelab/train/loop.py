@@ -210,32 +210,34 @@ def prepare_data(
 ) -> tuple[Tokenizer, TokenStream, dict[str, TokenStream]]:
     """Load (unless ``docs`` are given) and split the corpus, train the tokenizer if none is
     given, and encode the training stream plus one validation stream per domain."""
-    train_docs, val_docs, names = _split(cfg, docs)
+    train_docs, val_docs, names = split_run_documents(cfg, docs)
     if tokenizer is None:
         texts = [d.text for d in train_docs]
         tokenizer = make_tokenizer(cfg.tokenizer, texts, vocab_size=cfg.bpe_vocab_size)
     train = TokenStream.from_documents(train_docs, tokenizer, domain_names=names, name="train")
-    return tokenizer, train, _validation(val_docs, names, tokenizer)
+    return tokenizer, train, domain_streams(val_docs, names, tokenizer)
 
 
 def validation_streams(cfg: TrainConfig, tokenizer: Tokenizer) -> dict[str, TokenStream]:
     """The run's validation streams per domain (:func:`prepare_data`'s third result) without
     encoding the training split: what ``moelab eval`` and ``analyze`` score."""
-    _, val_docs, names = _split(cfg, None)
-    return _validation(val_docs, names, tokenizer)
+    _, val_docs, names = split_run_documents(cfg)
+    return domain_streams(val_docs, names, tokenizer)
 
 
-def _split(
-    cfg: TrainConfig, docs: list[Document] | None
+def split_run_documents(
+    cfg: TrainConfig, docs: list[Document] | None = None
 ) -> tuple[list[Document], list[Document], list[str]]:
-    """(training documents, validation documents, sorted domain names) of the run's corpus."""
+    """(training documents, validation documents, sorted domain names) of the run's corpus
+    (``docs``, or the corpus ``cfg`` names)."""
     if docs is None:
         docs = load_corpus(cfg.data, max_bytes_per_domain=cfg.max_bytes_per_domain)
     train_docs, val_docs = split_documents(docs, val_fraction=cfg.val_fraction, seed=cfg.seed)
     return train_docs, val_docs, sorted({d.domain for d in docs})
 
 
-def _validation(val_docs, names, tokenizer) -> dict[str, TokenStream]:
+def domain_streams(val_docs, names, tokenizer) -> dict[str, TokenStream]:
+    """One validation stream per domain in ``names`` (``val/{domain}``) of ``val_docs``."""
     return {
         name: TokenStream.from_documents(
             [d for d in val_docs if d.domain == name],
