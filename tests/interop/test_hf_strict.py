@@ -137,7 +137,7 @@ def _base(arch):
         ("qwen2_moe", {"use_sliding_window": True}, "use_sliding_window"),
         ("qwen2_moe", {"layer_types": ["sliding_attention"] * 2}, "layer_types"),
         ("qwen3_moe", {"decoder_sparse_step": 0}, "decoder_sparse_step"),  # 2 is supported now
-        ("qwen2_moe", {"mlp_only_layers": [1]}, "mlp_only_layers"),
+        ("qwen2_moe", {"mlp_only_layers": [7]}, "mlp_only_layers"),  # [1] is supported now
         ("qwen3_moe", {"attention_bias": True}, "attention_bias"),
         ("olmoe", {"clip_qkv": 8.0}, "clip_qkv"),
         ("olmoe", {"head_dim": 16}, "head_dim"),

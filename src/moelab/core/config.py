@@ -74,6 +74,17 @@ class RouterConfig:
         jitter_experts: the jittered input also feeds the experts, not only the router
             (transformers' Mixtral ``router_jitter_noise`` multiplies the hidden states
             before both); False = router only (Switch Transformer, Megatron).
+        logit_noise_std: σ of additive Gaussian noise ``N(0, σ²)`` on the router logits in
+            training (noisy top-k gating, Shazeer et al. 2017, arXiv 1701.06538; MoLF's gate
+            uses σ = 0.01). The noisy logits drive the selection, the combine weights and the
+            load-balancing probabilities alike; evaluation routes on clean logits (our choice,
+            as Shazeer et al.). 0 disables it. Distinct from ``jitter_eps``, which multiplies
+            the router *input*.
+        input_size: width of the router's input when it routes on something other than the
+            tokens it dispatches (a context router: text features steering time-series
+            experts, a phase or task embedding); the layer is then called with
+            ``router_input [..., input_size]`` (:meth:`moelab.core.layer.MoELayer.forward`).
+            ``None`` = the experts' hidden size (route on the tokens themselves).
         force_uniform: benchmarking only: replace the learned selection by a round-robin
             assignment (token t takes experts ``(t·k + j) mod E``, j < k), so every expert gets
             the same number of pairs (±1). Combine weights still come from the router's
@@ -123,6 +134,8 @@ class RouterConfig:
     drop_policy: DropPolicy = "probs"
     jitter_eps: float = 0.0
     jitter_experts: bool = False
+    logit_noise_std: float = 0.0
+    input_size: int | None = None
     force_uniform: bool = False
     usmoe_rate: float = 0.5
     usmoe_expert_score: USMoEScore = "sigmoid_scaled"
@@ -190,6 +203,12 @@ class RouterConfig:
         _check(self.routed_scaling_factor > 0, "routed_scaling_factor", "must be > 0")
         _check(self.bias_update_rate >= 0, "bias_update_rate", "must be >= 0")
         _check(0 <= self.jitter_eps < 1, "jitter_eps", f"must be in [0, 1), got {self.jitter_eps}")
+        _check(self.logit_noise_std >= 0, "logit_noise_std", "must be >= 0")
+        _check(
+            self.input_size is None or self.input_size >= 1,
+            "input_size",
+            f"must be None or an int >= 1, got {self.input_size!r}",
+        )
         if self.capacity_factor is not None:
             _check(
                 self.capacity_factor > 0,

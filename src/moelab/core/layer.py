@@ -16,10 +16,11 @@ from moelab.core.losses import (
     global_token_normalised,
     router_z_loss,
 )
-from moelab.core.plan import RoutingPlan
-from moelab.core.routers import build_router
+from moelab.core.plan import RoutingPlan, check_expert_ids
+from moelab.core.routers import TopKRouter, build_router
 from moelab.core.routers.usmoe import PrefixState
 from moelab.core.telemetry import RoutingRecord
+from moelab.errors import InvalidTypeError, InvalidValueError
 
 
 @dataclass
@@ -141,6 +142,92 @@ class MoELayer(nn.Module):
             and self.experts.fuses(x_TD)
         )
 
+    def _router_tokens(
+        self, x_TD: Tensor, batch_shape: tuple[int, ...], router_input: Tensor | None
+    ) -> Tensor:
+        """What the router scores: ``x_TD`` or the flattened ``router_input`` ``[T, D_r]``."""
+        d_r = self.router.weight.shape[1]
+        if router_input is None:
+            if d_r != x_TD.shape[1]:
+                raise InvalidValueError(
+                    f"router_input: this layer's router scores inputs of width {d_r} "
+                    f"(RouterConfig.input_size), not the tokens (width {x_TD.shape[1]}); pass "
+                    "router_input"
+                )
+            return x_TD
+        if not isinstance(router_input, Tensor) or not router_input.is_floating_point():
+            got = router_input.dtype if isinstance(router_input, Tensor) else type(router_input)
+            raise InvalidTypeError(f"router_input: expected a floating-point tensor, got {got}")
+        if tuple(router_input.shape) != (*batch_shape, d_r):
+            raise InvalidValueError(
+                f"router_input: expected shape {(*batch_shape, d_r)} (x's leading shape, then "
+                f"the router's input width {d_r}), got {tuple(router_input.shape)}"
+            )
+        return router_input.reshape(-1, d_r)
+
+    def _route(
+        self,
+        r_TD: Tensor,
+        batch_shape: tuple[int, ...],
+        token_mask: Tensor,
+        mask: Tensor | None,
+        prefix_state: PrefixState | None,
+        expert_ids: Tensor | None,
+    ) -> RoutingPlan:
+        """Call the router the way its kind expects (see :class:`Router`)."""
+        if expert_ids is not None:
+            return self._forced_plan(r_TD, batch_shape, token_mask, mask, expert_ids)
+        if self.router.uses_batch_shape:
+            kw = {"prefix_state": prefix_state} if prefix_state is not None else {}
+            return self.router(r_TD, batch_shape=batch_shape, token_mask=token_mask, **kw)
+        if self.router.masks_padding and mask is not None:
+            return self.router(r_TD, token_mask=token_mask)
+        return self.router(r_TD)
+
+    def _forced_plan(
+        self,
+        r_TD: Tensor,
+        batch_shape: tuple[int, ...],
+        token_mask: Tensor,
+        mask: Tensor | None,
+        expert_ids: Tensor,
+    ) -> RoutingPlan:
+        rc = self.config.router
+        if not isinstance(self.router, TopKRouter):
+            raise InvalidValueError(
+                f"expert_ids: forced routing needs a token-choice router, this layer's is "
+                f"{rc.kind!r}; pass a whole plan instead"
+            )
+        shape = (*batch_shape, rc.top_k)
+        if not isinstance(expert_ids, Tensor) or tuple(expert_ids.shape) != shape:
+            got = tuple(expert_ids.shape) if isinstance(expert_ids, Tensor) else expert_ids
+            raise InvalidValueError(
+                f"expert_ids: expected shape {shape} (x's leading shape, then top_k), got {got}"
+            )
+        ids = check_expert_ids(expert_ids, rc.num_experts, "expert_ids")
+        forced = ids.reshape(-1, rc.top_k).to(r_TD.device)
+        return self.router.plan(
+            self.router.logits(r_TD), token_mask if mask is not None else None, forced=forced
+        )
+
+    def _check_plan(self, plan: RoutingPlan, num_tokens: int) -> None:
+        """A plan from outside routes this call's T tokens to this layer's E experts."""
+        E = self.config.router.num_experts
+        if not isinstance(plan, RoutingPlan):
+            raise InvalidTypeError(f"plan: expected a RoutingPlan, got {type(plan).__name__}")
+        if plan.num_experts != E or plan.num_tokens != num_tokens:
+            raise InvalidValueError(
+                f"plan: routes {plan.num_tokens} tokens to {plan.num_experts} experts, this call "
+                f"has {num_tokens} tokens and the layer {E} experts"
+            )
+        check_expert_ids(plan.expert_idx, E, "plan.expert_idx")
+        if plan.num_pairs and (
+            int(plan.token_idx.min()) < 0 or int(plan.token_idx.max()) >= num_tokens
+        ):
+            raise InvalidValueError(f"plan.token_idx: entries must lie in [0, {num_tokens})")
+        if not bool(torch.isfinite(plan.weight).all()):
+            raise InvalidValueError("plan.weight: combine weights must be finite")
+
     @property
     def needs_prefix_state(self) -> bool:
         """True when incremental decoding must carry router state (causal-prefix USMoE)."""
@@ -154,10 +241,36 @@ class MoELayer(nn.Module):
         prefix_state: PrefixState | None = None,
         loss_div_factor: float | Tensor | None = None,
         segment_ids: Tensor | None = None,
+        *,
+        router_input: Tensor | None = None,
+        expert_ids: Tensor | None = None,
+        plan: RoutingPlan | None = None,
     ) -> MoEOutput:
         """``x [..., D]`` → :class:`MoEOutput`. ``mask [...]`` bool marks real tokens;
         ``prefix_state`` carries causal-prefix USMoE routing across decoding calls;
-        ``loss_div_factor`` and ``segment_ids`` as in the class docstring."""
+        ``loss_div_factor`` and ``segment_ids`` as in the class docstring.
+
+        Routing seams (keyword-only; at most one of ``expert_ids`` and ``plan``):
+
+        - ``router_input [..., D_r]``: what the router scores instead of ``x`` (a context
+          router: ``RouterConfig.input_size = D_r``; text features steering time-series
+          experts, a phase or task state). Its leading shape must equal ``x``'s; broadcast a
+          per-sample context over positions with ``ctx[:, None].expand(B, S, D_r)``. The
+          experts still compute on ``x``. Required when ``input_size`` differs from D.
+        - ``expert_ids [..., k]`` integer: forced routing (token-choice routers only): token
+          t goes to exactly these k experts (k = ``top_k``); the combine weights come from the
+          router's scores at those experts with its weight rule, so the router keeps its
+          gradient (stage experts, one-expert-per-phase policies). Generalises router replay
+          (:mod:`moelab.core.replay`) to ids from anywhere; capacity, if set, still applies.
+        - ``plan``: a whole :class:`RoutingPlan` built outside (``T`` = the number of
+          tokens of ``x``, ``E`` = this layer's experts); the router is not called, and the
+          losses read the plan's logits and probs.
+
+        Raises:
+            ValueError: a routing seam with the wrong shape, an expert id outside
+                ``[0, E)``, ``expert_ids`` on a router that is not token choice, or both
+                ``expert_ids`` and ``plan``.
+        """
         self._check(x, mask)
         batch_shape = tuple(x.shape[:-1])
         x_TD = x.reshape(-1, x.shape[-1])
@@ -172,13 +285,13 @@ class MoELayer(nn.Module):
             # transformers' Mixtral: the jittered hidden states feed the router and the experts
             noise = torch.empty_like(x_TD).uniform_(1.0 - rc.jitter_eps, 1.0 + rc.jitter_eps)
             x_TD = x_TD * noise
-        if self.router.uses_batch_shape:
-            kw = {"prefix_state": prefix_state} if prefix_state is not None else {}
-            plan = self.router(x_TD, batch_shape=batch_shape, token_mask=token_mask, **kw)
-        elif self.router.masks_padding and mask is not None:
-            plan = self.router(x_TD, token_mask=token_mask)
+        if plan is not None:
+            if expert_ids is not None:
+                raise InvalidValueError("expert_ids, plan: give at most one of them")
+            self._check_plan(plan, T)
         else:
-            plan = self.router(x_TD)
+            r_TD = self._router_tokens(x_TD, batch_shape, router_input)
+            plan = self._route(r_TD, batch_shape, token_mask, mask, prefix_state, expert_ids)
         want_losses = torch.is_grad_enabled()
         want_acts = want_losses and self.specialization_loss is not None
         y, dispatched, acts = self._experts(x_TD, plan, want_acts)

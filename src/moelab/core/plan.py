@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from moelab.errors import InvalidTypeError, InvalidValueError
+
 
 @dataclass(frozen=True)
 class RoutingPlan:
@@ -77,6 +79,36 @@ class RoutingPlan:
         """Pairs per expert, ``[E]`` int64; with ``token_mask`` ``[T]`` bool only valid tokens."""
         keep = None if token_mask is None else token_mask[self.token_idx]
         return expert_counts(self.expert_idx, self.num_experts, keep)
+
+
+def check_expert_ids(ids: Tensor, num_experts: int, what: str) -> Tensor:
+    """``ids`` as int64 after checking that every entry is an expert of ``[0, E)``.
+
+    Used wherever expert indices come from outside a router (forced routing, router replay,
+    hand-built plans): an index of -1 or E would otherwise fail deep inside a gather, or
+    silently read another expert's row. Syncs with the device once (one ``min``/``max``).
+
+    Raises:
+        TypeError: ``ids`` is not an integer tensor (InvalidTypeError).
+        ValueError: an entry outside ``[0, num_experts)`` (InvalidValueError, naming ``what``
+            and the offending value).
+    """
+    if (
+        not isinstance(ids, Tensor)
+        or ids.is_floating_point()
+        or ids.is_complex()
+        or (ids.dtype == torch.bool)
+    ):
+        got = ids.dtype if isinstance(ids, Tensor) else type(ids).__name__
+        raise InvalidTypeError(f"{what}: expected an integer tensor of expert ids, got {got}")
+    if ids.numel():
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= num_experts:
+            bad = lo if lo < 0 else hi
+            raise InvalidValueError(
+                f"{what}: expert id {bad} is outside [0, {num_experts}) (E = {num_experts})"
+            )
+    return ids.to(torch.int64)
 
 
 def expert_counts(expert_idx: Tensor, num_experts: int, keep: Tensor | None = None) -> Tensor:

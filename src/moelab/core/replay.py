@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import torch
 from torch import Tensor, nn
 
+from moelab.core.plan import check_expert_ids
 from moelab.core.routers.token_choice import TopKRouter
 from moelab.errors import InvalidValueError
 
@@ -53,15 +53,16 @@ class RouterReplay:
 
         Raises:
             ValueError: the recording has another shape (a different batch) or an index
-                outside ``[0, E)`` (checked only on shape; values are trusted).
+                outside ``[0, E)``.
+            TypeError: the recording is not an integer tensor.
         """
         idx = self.indices
-        if idx.shape != (num_tokens, top_k) or idx.is_floating_point():
+        if idx.shape != (num_tokens, top_k):
             raise InvalidValueError(
                 f"replay: recorded indices are {idx.dtype} {tuple(idx.shape)}, this forward "
                 f"routes [{num_tokens}, {top_k}]; replay the same batch that was recorded"
             )
-        return idx.to(device=device, dtype=torch.int64)
+        return check_expert_ids(idx, num_experts, "replay").to(device=device)
 
 
 def _routers(model: nn.Module) -> dict[str, TopKRouter]:

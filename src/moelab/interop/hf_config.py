@@ -198,17 +198,23 @@ def _check_unsupported(hf: dict[str, Any], spec: ArchSpec) -> None:
         raise UnsupportedConfigError(f"clip_qkv: must be null, got {hf['clip_qkv']!r}")
 
 
-def _first_dense_layers(hf: dict[str, Any], n_layers: int) -> int:
+def _dense_placement(
+    hf: dict[str, Any], n_layers: int, step: int
+) -> tuple[int, tuple[int, ...] | None]:
+    """``(first_dense_layers, moe_layers)`` of a Qwen2/3-MoE config: its ``mlp_only_layers``
+    as a prefix when they are one (the rule every Qwen release uses), else an explicit
+    placement (layer i is MoE iff i is not MLP-only and ``(i + 1) % step == 0``)."""
     mlp_only = list(hf.get("mlp_only_layers") or [])
-    n = len(mlp_only)
-    if sorted(mlp_only) != list(range(n)):
+    if any(
+        not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < n_layers for i in mlp_only
+    ):
         raise UnsupportedConfigError(
-            f"mlp_only_layers: moelab's dense layers must be the first n layers "
-            f"(first_dense_layers), got {mlp_only!r}"
+            f"mlp_only_layers: entries must be layer indices in [0, {n_layers}), got {mlp_only!r}"
         )
-    if n > n_layers:
-        raise UnsupportedConfigError(f"mlp_only_layers: {mlp_only!r} exceeds num_hidden_layers")
-    return n
+    if sorted(mlp_only) == list(range(len(mlp_only))):
+        return len(mlp_only), None
+    dense = set(mlp_only)
+    return 0, tuple(i for i in range(n_layers) if i not in dense and (i + 1) % step == 0)
 
 
 def config_from_hf(hf: dict[str, Any]) -> tuple[ModelConfig, ArchSpec]:
@@ -242,10 +248,11 @@ def config_from_hf(hf: dict[str, Any]) -> tuple[ModelConfig, ArchSpec]:
         raise UnsupportedConfigError(
             f"shared_expert_intermediate_size: must be >= 1 for qwen2_moe, got {shared}"
         )
-    first_dense = 0
+    first_dense, moe_layers, step = 0, None, 1
     dense_ffn = None
     if spec.name in ("qwen2_moe", "qwen3_moe"):
-        first_dense = _first_dense_layers(hf, L)
+        step = int(hf.get("decoder_sparse_step", 1) or 1)
+        first_dense, moe_layers = _dense_placement(hf, L, step)
         dense_ffn = hf.get("intermediate_size")
     jitter = float(hf.get("router_jitter_noise", 0.0) or 0.0)
     moe = MoEConfig(
@@ -287,7 +294,8 @@ def config_from_hf(hf: dict[str, Any]) -> tuple[ModelConfig, ArchSpec]:
         attention_bias=bool(hf.get("qkv_bias", True)) if spec.name == "qwen2_moe" else False,
         qk_norm=spec.qk_norm,
         first_dense_layers=first_dense,
-        moe_layer_step=int(hf.get("decoder_sparse_step", 1) or 1),
+        moe_layer_step=step if moe_layers is None else 1,
+        moe_layers=moe_layers,
         dense_ffn_size=dense_ffn,
         init_std=float(hf.get("initializer_range", 0.02)),
         moe=moe,
@@ -345,6 +353,8 @@ def config_to_hf(cfg: ModelConfig, arch: str, base: dict[str, Any] | None = None
     _require(r.n_group is None, "moe.router.n_group", arch, "has no group-limited routing")
     _require(not r.expert_bias, "moe.router.expert_bias", arch, "has no expert bias")
     _require(r.capacity_factor is None, "moe.router.capacity_factor", arch, "is dropless")
+    _require(r.input_size is None, "moe.router.input_size", arch, "routes on the tokens")
+    _require(r.logit_noise_std == 0, "moe.router.logit_noise_std", arch, "has no logit noise")
     _require(ex.activation == "swiglu", "moe.experts.activation", arch, "needs swiglu")
     _require(not ex.bias, "moe.experts.bias", arch, "has no expert biases")
     _require(not ex.lora_rank, "moe.experts.lora_rank", arch, "has no adapters (merge them first)")
@@ -371,6 +381,7 @@ def config_to_hf(cfg: ModelConfig, arch: str, base: dict[str, Any] | None = None
     if arch in ("mixtral", "olmoe"):
         _require(cfg.first_dense_layers == 0, "first_dense_layers", arch, "has no dense layers")
         _require(cfg.moe_layer_step == 1, "moe_layer_step", arch, "has no dense layers")
+        _require(len(moe_layer_ids) == cfg.n_layers, "moe_layers", arch, "has no dense layers")
     if arch == "olmoe":
         _require(
             cfg.head_dim * cfg.n_heads == cfg.d_model,
@@ -409,7 +420,11 @@ def config_to_hf(cfg: ModelConfig, arch: str, base: dict[str, Any] | None = None
         hf.update(
             intermediate_size=cfg.dense_ffn_size,
             decoder_sparse_step=cfg.moe_layer_step,
-            mlp_only_layers=list(range(cfg.first_dense_layers)),
+            mlp_only_layers=(
+                list(range(cfg.first_dense_layers))
+                if cfg.moe_layers is None
+                else [i for i in range(cfg.n_layers) if i not in cfg.moe_layers]
+            ),
             use_sliding_window=False,
         )
         hf.pop("layer_types", None)

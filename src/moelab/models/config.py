@@ -39,7 +39,8 @@ def default_dense_ffn_size(d_model: int) -> int:
 class ModelConfig:
     """A decoder-only transformer LM whose feed-forward layers are MoE layers.
 
-    Layer ``i`` is an MoE layer when ``moe is not None``, ``i >= first_dense_layers`` and
+    Layer ``i`` is an MoE layer when ``moe is not None`` and either ``i`` is in
+    ``moe_layers`` (an explicit placement) or, without one, ``i >= first_dense_layers`` and
     ``(i + 1) % moe_layer_step == 0``; every other layer has one dense SwiGLU FFN of width ``dense_ffn_size``. ``moe=None`` is a fully
     dense model (what :func:`moelab.models.dense_twin.dense_twin_config` produces).
 
@@ -75,6 +76,11 @@ class ModelConfig:
             Megatron's integer ``moe_layer_freq`` N puts MoE at layers ``0, N, 2N, ...``
             instead; that is ``moe_layer_step=N`` shifted by one (ours follows the importable
             checkpoints).
+        moe_layers: an explicit set of MoE layer indices (sorted, distinct, in
+            ``[0, n_layers)``; may be empty), for placements the two rules above cannot
+            express (HF Qwen2/3-MoE ``mlp_only_layers`` anywhere, selective upcycling of
+            chosen layers). ``None`` = the ``first_dense_layers``/``moe_layer_step`` rule;
+            given, those two must keep their defaults (0 and 1). Needs ``moe``.
         dense_ffn_size: hidden width of every dense SwiGLU FFN; ``None`` means
             :func:`default_dense_ffn_size` (``8·D/3`` rounded up to a multiple of 8).
         init_std: std of the normal weight initialisation (residual output projections use
@@ -113,6 +119,7 @@ class ModelConfig:
     qk_norm: str = "none"
     first_dense_layers: int = 0
     moe_layer_step: int = 1
+    moe_layers: tuple[int, ...] | None = None
     dense_ffn_size: int | None = None
     init_std: float = 0.02
     moe: MoEConfig | None = field(default_factory=MoEConfig)
@@ -193,6 +200,7 @@ class ModelConfig:
             "moe_layer_step",
             f"must be an int in [1, n_layers={self.n_layers}], got {step!r}",
         )
+        self._check_moe_layers()
         if self.dense_ffn_size is None:
             self.dense_ffn_size = default_dense_ffn_size(self.d_model)
         _check(
@@ -237,6 +245,27 @@ class ModelConfig:
                 "must be a LatentMoEConfig, with moe=None (one kind of sparse FFN per model)",
             )
 
+    def _check_moe_layers(self) -> None:
+        layers = self.moe_layers
+        if layers is None:
+            return
+        L = self.n_layers
+        _check(
+            isinstance(layers, (tuple, list))
+            and all(_is_int(i) and 0 <= i < L for i in layers)
+            and list(layers) == sorted(set(layers)),
+            "moe_layers",
+            f"must be None or sorted distinct ints in [0, n_layers={L}), got {layers!r}",
+        )
+        _check(
+            self.first_dense_layers == 0 and self.moe_layer_step == 1,
+            "moe_layers",
+            "an explicit placement replaces first_dense_layers and moe_layer_step; leave them "
+            f"at 0 and 1 (got {self.first_dense_layers} and {self.moe_layer_step})",
+        )
+        _check(self.moe is not None, "moe_layers", "needs moe (a dense model has no MoE layer)")
+        self.moe_layers = tuple(layers)
+
     def _check_experts_per_layer(self) -> None:
         counts = self.experts_per_layer
         if counts is None:
@@ -259,6 +288,8 @@ class ModelConfig:
     # ------------------------------------------------------------------ helpers
     def is_moe_layer(self, i: int) -> bool:
         """True when layer ``i`` (0-based) is an MoE layer."""
+        if self.moe_layers is not None:
+            return self.moe is not None and i in self.moe_layers
         return (
             self.moe is not None
             and i >= self.first_dense_layers

@@ -65,14 +65,16 @@ def dense_twin_config(cfg: ModelConfig) -> ModelConfig:
     A config that is already dense is returned as an equal copy.
     """
     if cfg.moe is None or cfg.num_moe_layers == 0:
-        return dataclasses.replace(cfg, moe=None)
+        return dataclasses.replace(cfg, moe=None, moe_layers=None)
     D = cfg.d_model
     active_moe = moe_layer_params(cfg.moe)["active_per_token"]
     dense = 3 * D * cfg.dense_ffn_size
     n_moe = cfg.num_moe_layers
     mean_active = (n_moe * active_moe + (cfg.n_layers - n_moe) * dense) / cfg.n_layers
     f_twin = max(1, round(mean_active / (3 * D)))
-    return dataclasses.replace(cfg, moe=None, first_dense_layers=0, dense_ffn_size=f_twin)
+    return dataclasses.replace(
+        cfg, moe=None, first_dense_layers=0, moe_layers=None, dense_ffn_size=f_twin
+    )
 
 
 def count_params(model: nn.Module) -> dict[str, int]:

@@ -206,8 +206,10 @@ def upcycle_config(
     router: RouterConfig | None = None,
     losses: LossConfig | None = None,
     first_dense_layers: int = 0,
+    moe_layers: tuple[int, ...] | None = None,
 ) -> ModelConfig:
-    """The MoE :class:`ModelConfig` of an upcycled ``dense_cfg`` (same attention/embeddings)."""
+    """The MoE :class:`ModelConfig` of an upcycled ``dense_cfg`` (same attention/embeddings);
+    ``moe_layers`` is an explicit placement (:attr:`ModelConfig.moe_layers`)."""
     r = dataclasses.replace(
         router or RouterConfig(), num_experts=spec.num_experts, top_k=spec.top_k
     )
@@ -221,7 +223,12 @@ def upcycle_config(
         ),
         losses=_copy.deepcopy(losses) if losses is not None else LossConfig(),
     )
-    return dataclasses.replace(dense_cfg, moe=moe, first_dense_layers=first_dense_layers)
+    return dataclasses.replace(
+        dense_cfg,
+        moe=moe,
+        first_dense_layers=first_dense_layers,
+        moe_layers=None if moe_layers is None else tuple(moe_layers),
+    )
 
 
 @torch.no_grad()
@@ -236,6 +243,7 @@ def upcycle(
     router: RouterConfig | None = None,
     losses: LossConfig | None = None,
     first_dense_layers: int = 0,
+    moe_layers: tuple[int, ...] | list[int] | None = None,
     router_std: float | None = None,
 ) -> MoETransformer:
     """Sparse (granular) upcycling of a dense model into an output-preserving MoE model.
@@ -253,6 +261,8 @@ def upcycle(
         losses: router losses of the MoE layers (default ``LossConfig()``); they do not
             change the logits.
         first_dense_layers: keep the first n layers dense (their FFN copied as is).
+        moe_layers: upcycle exactly these layers (sorted distinct indices; every other FFN
+            is copied as is): selective upcycling. Excludes ``first_dense_layers``.
         router_std: std of the router rows; default ``dense_model.cfg.init_std``.
     Returns:
         A new :class:`MoETransformer` (same dtype and device, eval mode if the dense model
@@ -277,7 +287,7 @@ def upcycle(
     if not _is_int(seed):
         raise InvalidValueError(f"seed: must be an int, got {seed!r}")
     spec = upcycle_spec(cfg.dense_ffn_size, num_experts, top_k, granularity, router, router_init)
-    moe_cfg = upcycle_config(cfg, spec, router, losses, first_dense_layers)
+    moe_cfg = upcycle_config(cfg, spec, router, losses, first_dense_layers, moe_layers)
     std = cfg.init_std if router_std is None else router_std
     if not std > 0:
         raise InvalidValueError(f"router_std: must be > 0, got {router_std!r}")

@@ -17,8 +17,9 @@ _ROUTERS: dict[str, type[Router]] = {
 
 
 def build_router(config: RouterConfig, hidden_size: int, init_std: float = 0.02) -> Router:
-    """The router class named by ``config.kind``."""
-    return _ROUTERS[config.kind](config, hidden_size, init_std)
+    """The router class named by ``config.kind``, routing inputs of width
+    ``config.input_size`` (a context router) or, when that is None, ``hidden_size``."""
+    return _ROUTERS[config.kind](config, config.input_size or hidden_size, init_std)
 
 
 __all__ = [

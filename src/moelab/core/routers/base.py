@@ -28,7 +28,8 @@ class Router(nn.Module):
     bias updates of 1e-3 on a bias of 0.5 are not rounded away in bf16.
 
     Attributes:
-        weight: ``[E, D]`` router weight (HF ``gate.weight`` layout).
+        weight: ``[E, D_r]`` router weight (HF ``gate.weight`` layout); ``D_r`` is
+            ``config.input_size`` for a context router, else the experts' hidden size.
     """
 
     uses_batch_shape: bool = False
@@ -55,8 +56,9 @@ class Router(nn.Module):
         return out
 
     def logits(self, x_TD: Tensor) -> Tensor:
-        """Router logits ``[T, E]`` float32; input jitter U(1−eps, 1+eps) in training (done
-        by the layer instead when ``jitter_experts``, so experts see the same jitter).
+        """Router logits ``[T, E]`` float32 of ``x_TD [T, D_r]``; input jitter U(1−eps, 1+eps)
+        in training (done by the layer instead when ``jitter_experts``, so experts see the same
+        jitter) and, with ``logit_noise_std`` σ, additive ``N(0, σ²)`` logit noise in training.
 
         Raises:
             ValueError: non-finite logits, only when :mod:`moelab.core.checks` are enabled
@@ -68,6 +70,8 @@ class Router(nn.Module):
             x = x * torch.empty_like(x).uniform_(1.0 - eps, 1.0 + eps)
         with autocast_off(x.device):  # float32 logits under mixed precision too
             logits = F.linear(x, self.weight.to(x.dtype))
+        if self.training and self.config.logit_noise_std > 0:
+            logits = logits + torch.randn_like(logits) * self.config.logit_noise_std
         if checks.value_checks() and not torch.isfinite(logits).all():
             raise ValueError("router logits are not finite: the layer input contains NaN or Inf")
         return logits

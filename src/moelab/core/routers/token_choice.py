@@ -10,9 +10,9 @@ Padding (``token_mask`` False) takes no capacity: capacity is computed from the 
 real tokens, padded pairs rank below every real pair and are dropped, so real tokens are
 routed exactly as without the padding.
 
-Router replay (:mod:`moelab.core.replay`) fixes the selected experts to recorded ones; the
-combine weights are recomputed from the current router (so they keep their gradient), and
-capacity dropping is re-applied.
+Router replay (:mod:`moelab.core.replay`) and forced routing (``MoELayer.forward(...,
+expert_ids=...)``) fix the selected experts to given ones; the combine weights are recomputed
+from the current router (so they keep their gradient), and capacity dropping is re-applied.
 """
 
 from __future__ import annotations
@@ -59,16 +59,23 @@ class TopKRouter(Router):
         """The learned selection ``[T, k]`` int64 (subclasses override; see Sinkhorn)."""
         return topk_select(logits, scores, self.expert_bias, self.config)
 
-    def plan(self, logits: Tensor, token_mask: Tensor | None = None) -> RoutingPlan:
+    def plan(
+        self, logits: Tensor, token_mask: Tensor | None = None, forced: Tensor | None = None
+    ) -> RoutingPlan:
         """Route ``logits`` ``[T, E]`` float32 to a plan of up to T·k pairs (token-major).
 
         ``token_mask`` ``[T]`` bool (True = real token) only matters with a capacity factor.
+        ``forced`` ``[T, k]`` int64 replaces the selection (forced routing from outside,
+        already checked by :func:`moelab.core.plan.check_expert_ids`); it takes precedence
+        over router replay.
         """
         cfg = self.config
         T, E = logits.shape
         scores = router_scores(logits, cfg.score_func)
         replay = self.replay
-        if replay is not None and replay.mode == "replay":
+        if forced is not None:
+            idx_Tk = forced
+        elif replay is not None and replay.mode == "replay":
             idx_Tk = replay.replayed(T, cfg.top_k, E, logits.device)
         elif cfg.force_uniform:
             idx_Tk = round_robin_experts(T, cfg.top_k, E, logits.device)
