@@ -30,14 +30,14 @@ $(VENV)/.installed: $(VENV)/.run-installed
 install: $(VENV)/.installed
 
 # Trains once (an interrupted run resumes; a finished one is reused), then evaluates, analyses
-# the routing, compresses the experts losslessly (ZipMoE store) and generates a sample from the
-# compressed model with offloaded experts. `make run RUN=runs/other` starts a new run.
+# the routing, compresses the experts losslessly (ZipMoE store) and generates one short sample
+# per domain (Shakespeare, code, KJV) from the compressed model with offloaded experts. `make run RUN=runs/other` starts a new run.
 # Training gets 380 s: after the warmup the step count is fitted to that budget (at most 1500
 # steps; --fit-to-budget), so the cosine ends with the time on any machine and the whole job
 # stays within 10 minutes on 2 cores, also on a slow one (0.84 s per step has been seen). The
 # install (~100 s), the fused kernel's first build (~35 s) and the steps after training
 # (~40 s) take the rest.
-# Validation every 200 steps and a 120-token sample.
+# Validation every 200 steps.
 run: $(VENV)/.run-installed
 	@if [ -f $(RUN)/manifest.json ]; then echo "$(RUN) is already trained"; \
 	elif [ -f $(RUN)/run.json ]; then $(VENV)/bin/moelab train --out $(RUN) --resume; \
@@ -47,7 +47,12 @@ run: $(VENV)/.run-installed
 	$(VENV)/bin/moelab analyze $(RUN)
 	@if [ -f $(RUN)-zip/store.json ]; then echo "$(RUN)-zip is already compressed"; \
 	else $(VENV)/bin/moelab compress $(RUN) --lossless --out $(RUN)-zip; fi
-	$(VENV)/bin/moelab generate $(RUN)-zip --offload --cache-mb 16 --prompt "ROMEO:" --max-new-tokens 120
+	@echo; echo "== sample, shakespeare domain =="
+	@$(VENV)/bin/moelab generate $(RUN)-zip --offload --cache-mb 16 --prompt "ROMEO:" --max-new-tokens 80
+	@echo; echo "== sample, code domain =="
+	@$(VENV)/bin/moelab generate $(RUN)-zip --offload --cache-mb 16 --prompt "def " --max-new-tokens 80
+	@echo; echo "== sample, kjv domain =="
+	@$(VENV)/bin/moelab generate $(RUN)-zip --offload --cache-mb 16 --prompt "And God said" --max-new-tokens 80
 
 test: install
 	$(PY) -m pytest -q -n 2

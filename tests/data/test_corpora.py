@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from moelab.data import CorpusError, CorpusNotInstalledError, Document, corpora, load_corpus
+from moelab.data.corpora import GENERATED_MARKERS
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,23 @@ def test_stdlib_has_real_modules_sorted_and_no_tests(stdlib: list[Document]) -> 
         parts = name.split("/")[:-1]
         assert not {"test", "tests", "idlelib", "site-packages"} & set(parts), name
     assert all(d.text.strip() for d in stdlib)
-    assert sum(d.n_bytes for d in stdlib) > 5_000_000  # ~11 MB for CPython 3.11
+    assert sum(d.n_bytes for d in stdlib) > 5_000_000  # ~9.2 MB for CPython 3.11
+
+
+def test_stdlib_leaves_out_generated_tables(stdlib: list[Document]) -> None:
+    names = set(d.name for d in stdlib)
+    root = Path(sysconfig.get_paths()["stdlib"])
+    # every gencodec table of the interpreter's encodings package is out; real codecs stay
+    tables = [
+        p.relative_to(root).as_posix()
+        for p in sorted((root / "encodings").glob("*.py"))
+        if "Python Character Mapping Codec" in p.read_text(encoding="utf-8", errors="replace")
+    ]
+    assert len(tables) > 40 and "encodings/cp437.py" in tables
+    assert not names & set(tables)
+    assert {"encodings/utf_8.py", "encodings/idna.py", "encodings/__init__.py"} <= names
+    assert "pydoc_data/topics.py" not in names
+    assert not [d.name for d in stdlib if any(m in d.text[:1024] for m in GENERATED_MARKERS)]
 
 
 def test_shakespeare_has_every_work(shakespeare: list[Document]) -> None:

@@ -41,6 +41,8 @@ MODEL_OPTIONS = [
     ConfigOption("expert_bias", "moe.router.expert_bias", "Aux-loss-free bias balancing (DeepSeek-V3)."),
     ConfigOption("bias_rate", "moe.router.bias_update_rate", "Bias update rate γ."),
     ConfigOption("jitter", "moe.router.jitter_eps", "Router input jitter ε in training (0 = off)."),
+    ConfigOption("logit_noise", "moe.router.logit_noise_std",
+                 "Additive Gaussian router-logit noise σ in training (0 = off)."),
     ConfigOption("force_uniform", "moe.router.force_uniform",
                  "Benchmarking: round-robin expert assignment (exact balance)."),
     ConfigOption("usmoe_budget", "moe.router.budget_fraction",
