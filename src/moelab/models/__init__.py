@@ -4,6 +4,7 @@ from moelab.models.attention import Attention, KVCache, causal_mask
 from moelab.models.block import DecoderBlock
 from moelab.models.config import ModelConfig, default_dense_ffn_size
 from moelab.models.dense_twin import count_params, dense_twin_config, moe_layer_params
+from moelab.models.expert_growth import consolidate_model_experts
 from moelab.models.ffn import SwiGLUFFN
 from moelab.models.io import (
     FORMAT_VERSION,
@@ -33,6 +34,7 @@ __all__ = [
     "SwiGLUFFN",
     "apply_rope",
     "causal_mask",
+    "consolidate_model_experts",
     "count_params",
     "default_dense_ffn_size",
     "dense_twin_config",

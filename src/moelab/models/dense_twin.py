@@ -26,17 +26,26 @@ import torch
 from torch import nn
 
 from moelab.core.config import MoEConfig
+from moelab.core.experts.segmented import SegmentedExpertBank
 from moelab.core.layer import MoELayer
 from moelab.models.config import ModelConfig
 
 
 def _routed_expert_params(layer: nn.Module, num_experts: int) -> int:
-    """Parameters of the routed experts: tensors of ``layer.experts`` stacked over E."""
+    """Parameters of the routed experts: tensors of ``layer.experts`` stacked over E (over
+    each segment's experts for a grown or partly frozen bank)."""
     experts = getattr(layer, "experts", None)
     if experts is None:
         return 0
+    if isinstance(experts, SegmentedExpertBank):
+        banks = [(s, s.num_experts) for s in experts.segments]
+    else:
+        banks = [(experts, num_experts)]
     return sum(
-        p.numel() for p in experts.parameters() if p.dim() >= 1 and p.shape[0] == num_experts
+        p.numel()
+        for bank, n in banks
+        for p in bank.parameters()
+        if p.dim() >= 1 and p.shape[0] == n
     )
 
 

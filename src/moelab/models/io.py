@@ -30,7 +30,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from moelab.core.experts.quantized import QuantizedExpertBank
+from moelab.core.experts.segmented import SegmentedExpertBank
 from moelab.errors import UserError
+from moelab.models.adapters import ADAPTER_TYPES
 from moelab.models.config import ModelConfig
 from moelab.models.quantized import quantization_section, quantized_structure, read_quantization
 from moelab.models.transformer import MoETransformer
@@ -71,6 +74,42 @@ def _stored_state(model: MoETransformer) -> dict[str, torch.Tensor]:
         if ".lowrank." in k and v.is_floating_point():
             out[k] = v.to(torch.float16)
     return out
+
+
+def _check_described(model: MoETransformer, state: dict[str, torch.Tensor]) -> None:
+    """Refuse a model whose tensors are not the ones ``model.cfg`` builds (load_model would
+    reject the folder): grown or frozen expert segments, injected adapters, or any other
+    change made to the modules after construction."""
+    for name, m in model.named_modules():
+        if isinstance(m, SegmentedExpertBank):
+            raise CheckpointError(
+                f"model: {name} holds grown or frozen expert segments, which the config cannot "
+                "describe; call moelab.models.consolidate_model_experts(model) first"
+            )
+        if isinstance(m, ADAPTER_TYPES):
+            raise CheckpointError(
+                f"model: {name} is an injected {type(m).__name__}, which the config cannot "
+                "describe; fold LoRA in with moelab.models.adapters.merge_adapters(model) first"
+            )
+    with torch.device("meta"):
+        ref = MoETransformer(model.cfg)
+    # quantized banks are checked by their own spec when the folder loads
+    quantized = tuple(
+        f"{n}." for n, m in model.named_modules() if isinstance(m, QuantizedExpertBank)
+    )
+    want = {k: tuple(v.shape) for k, v in ref.state_dict().items() if not k.startswith(quantized)}
+    if model.cfg.tie_embeddings:
+        want.pop("lm_head.weight", None)
+    state = {k: t for k, t in state.items() if not k.startswith(quantized)}
+    for k, t in state.items():
+        if want.get(k) != tuple(t.shape):
+            got = "is not" if k not in want else f"has shape {tuple(t.shape)}, not {want[k]},"
+            raise CheckpointError(
+                f"model: tensor {k!r} {got} what model.cfg describes; the folder would not load"
+            )
+    missing = sorted(set(want) - set(state))
+    if missing:
+        raise CheckpointError(f"model: lacks tensor(s) {missing} that model.cfg describes")
 
 
 def _read_json(path: Path) -> Any:
@@ -120,13 +159,17 @@ def save_model(
         The folder path.
     Raises:
         DiskFullError: not enough free space for the weights (checked before writing).
-        CheckpointError: an ``extra_files`` entry is missing or outside ``folder``.
+        CheckpointError: an ``extra_files`` entry is missing or outside ``folder``; the
+            model's tensors are not the ones its config builds (grown or frozen expert
+            segments: :func:`moelab.models.consolidate_model_experts`; injected adapters:
+            :func:`moelab.models.adapters.merge_adapters`), so the folder would not load.
     """
     if not isinstance(model, MoETransformer):
         raise TypeError(f"model: expected MoETransformer, got {type(model).__name__}")
+    state = _stored_state(model)
+    _check_described(model, state)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    state = _stored_state(model)
     ensure_free_space(folder, sum(t.numel() * t.element_size() for t in state.values()))
     for name in extra_files:
         _inside(folder, name)

@@ -20,11 +20,19 @@ import torch
 from torch import nn
 
 from moelab.core.experts import ExpertBank
+from moelab.core.experts.segmented import SegmentedExpertBank
+from moelab.core.growth import frozen_parameter_names
 from moelab.errors import InvalidValueError
 from moelab.models.transformer import MoETransformer
 
 
 def _banks(model: MoETransformer) -> dict[str, ExpertBank]:
+    for n, m in model.named_modules():
+        if isinstance(m, SegmentedExpertBank):  # its banks are not the config's
+            raise InvalidValueError(
+                f"model: {n} holds grown or frozen expert segments; call "
+                "moelab.models.consolidate_model_experts(model) first"
+            )
     banks = {n: m for n, m in model.named_modules() if isinstance(m, ExpertBank)}
     if not banks:
         raise InvalidValueError("model: has no MoE layer whose experts could take adapters")
@@ -61,11 +69,14 @@ def add_expert_lora(model: MoETransformer, rank: int, alpha: float = 16.0) -> Mo
 
 
 def freeze_all_but_lora(model: nn.Module) -> int:
-    """Set ``requires_grad`` False on every parameter except the LoRA adapters; returns the
-    number of trainable parameters. Raises ValueError when the model has no adapters."""
+    """Set ``requires_grad`` False on every parameter except the LoRA adapters (those of
+    frozen expert segments stay frozen: :func:`moelab.core.growth.frozen_parameter_names`);
+    returns the number of trainable parameters. Raises ValueError when the model has no
+    adapters."""
     n = 0
+    pinned = frozen_parameter_names(model)
     for name, p in model.named_parameters():
-        p.requires_grad_("lora_" in name.rsplit(".", 1)[-1])
+        p.requires_grad_("lora_" in name.rsplit(".", 1)[-1] and name not in pinned)
         n += p.numel() if p.requires_grad else 0
     if n == 0:
         raise InvalidValueError("model: has no LoRA adapters to train (set lora_rank)")

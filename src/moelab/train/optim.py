@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from moelab.core.growth import frozen_parameter_names
 from moelab.train.config import ConfigError, TrainConfig
 from moelab.train.schedule import rewarm_lr_at
 
@@ -93,16 +94,40 @@ def muon_eligible(name: str, p: Tensor) -> bool:
     return p.dim() == 2 and name not in ("embed.weight", "lm_head.weight")
 
 
+def _frozen_error(name: str) -> ConfigError:
+    return ConfigError(
+        f"optimizer: parameter {name!r} is frozen (requires_grad=False, or a frozen expert "
+        "or old adapter expert); it must not be given to an optimizer, whose weight decay "
+        "would still move it"
+    )
+
+
+def trainable_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """``(name, parameter)`` of every parameter with ``requires_grad``, what an optimizer may
+    take.
+
+    Raises:
+        ConfigError: a permanently frozen parameter (frozen expert segment, old MoE-LoRA
+            expert: :func:`moelab.core.growth.frozen_parameter_names`) has ``requires_grad``
+            set again.
+    """
+    pinned = frozen_parameter_names(model)
+    out = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    for n, _ in out:
+        if n in pinned:
+            raise _frozen_error(n)
+    return out
+
+
 def default_layout(model: nn.Module, cfg: TrainConfig) -> list[dict[str, Any]]:
-    """One shard per parameter: AdamW decay (>= 2-D) / no-decay groups, plus a Muon group."""
+    """One shard per parameter of :func:`trainable_parameters`: AdamW decay (>= 2-D) /
+    no-decay groups, plus a Muon group."""
     groups = {
         "muon": {"optimizer": "muon", "weight_decay": cfg.weight_decay, "shards": []},
         "decay": {"optimizer": "adamw", "weight_decay": cfg.weight_decay, "shards": []},
         "no_decay": {"optimizer": "adamw", "weight_decay": 0.0, "shards": []},
     }
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
+    for name, p in trainable_parameters(model):
         if cfg.optimizer == "muon" and muon_eligible(name, p):
             key = "muon"
         else:
@@ -145,12 +170,14 @@ class ShardedOptimizer:
             "rewarm_steps", "shards": [[param name, region or None], ...]}``; a region is
             ``[[start, stop], ...]`` per dimension of the parameter.
     Raises:
-        ConfigError: a layout naming an unknown parameter, a region outside it, an unknown
-            optimizer, or Muon where ``torch.optim.Muon`` is missing or the shard is not 2-D.
+        ConfigError: a layout naming an unknown or a frozen parameter (see
+            :func:`trainable_parameters`), a region outside it, an unknown optimizer, or
+            Muon where ``torch.optim.Muon`` is missing or the shard is not 2-D.
     """
 
     def __init__(self, model: nn.Module, cfg: TrainConfig, layout: list[dict[str, Any]]) -> None:
         params = dict(model.named_parameters())
+        trainable = {n for n, _ in trainable_parameters(model)}
         self.layout = [dict(g, shards=[list(s) for s in g["shards"]]) for g in layout]
         self._views: list[tuple[nn.Parameter, Tensor, tuple[slice, ...]]] = []
         self.shards: list[list[Tensor]] = []
@@ -163,6 +190,8 @@ class ShardedOptimizer:
             for name, region in g["shards"]:
                 if name not in params:
                     raise ConfigError(f"optimizer layout: the model has no parameter {name!r}")
+                if name not in trainable:
+                    raise _frozen_error(name)
                 p = params[name]
                 tensors.append(self._shard(name, p, region))
             self.shards.append(tensors)
@@ -296,7 +325,7 @@ class PlainAdamW(torch.optim.AdamW):
     No re-warmup groups, no Muon and no fused kernel there."""
 
     def __init__(self, model: nn.Module, cfg: TrainConfig) -> None:
-        params = [p for p in model.parameters() if p.requires_grad]
+        params = [p for _, p in trainable_parameters(model)]
         super().__init__(
             [
                 {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
