@@ -101,6 +101,13 @@ def test_single_arm_is_named_after_the_recipe():
     assert result.summary()["linefit"]["slope"].sd is None  # one seed: no spread
 
 
+@dataclasses.dataclass(frozen=True)
+class NaNConfig:
+    intercept: bool = True
+    n_points: int = 4
+    tol: float = math.nan
+
+
 class NaNRecipe:
     name = "nan"
 
@@ -117,6 +124,7 @@ class NaNRecipe:
         (LineFit(), LineConfig(), [0], {"a": {"lr": 1.0}}, InvalidValueError, "arm 'a': LineConfig has no field 'lr'"),
         (LineFit(), LineConfig(), [0], {"a": {"n_points": 1}}, InvalidValueError, "n_points must be >= 2"),
         (LineFit(), {"intercept": True}, [0], None, InvalidTypeError, "must be a dataclass instance"),
+        (LineFit(), NaNConfig(), [0], None, InvalidValueError, "config holds Out of range float"),
     ],
 )  # fmt: skip
 def test_bad_inputs(recipe, config, seeds, arms, error, match):

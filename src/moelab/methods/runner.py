@@ -63,8 +63,12 @@ def _json_config(obj: Any, recipe: str) -> Any:
             "cannot be written to the result JSON"
         )
 
+    try:
+        text = json.dumps(obj, default=default, allow_nan=False)
+    except ValueError as e:  # NaN or infinity in the config
+        raise InvalidValueError(f"recipe {recipe!r}: config holds {e}") from None
     # the round trip turns tuples into lists, so the result equals its reloaded copy
-    return json.loads(json.dumps(obj, default=default, allow_nan=False))
+    return json.loads(text)
 
 
 def _arm_configs(
@@ -127,7 +131,7 @@ def run_seeds(
     Raises:
         InvalidTypeError: ``config`` is not a dataclass instance, or holds a value JSON cannot
             hold.
-        InvalidValueError: bad seeds or arms (an arm naming an unknown field), a run returning
+        InvalidValueError: a NaN or infinite config value; bad seeds or arms (an arm naming an unknown field), a run returning
             a non-finite or non-numeric metric (named ``metrics.<arm>.<seed>.<metric>``, raised
             right after that run), arms reporting different metrics across seeds.
     """

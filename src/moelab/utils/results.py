@@ -288,8 +288,9 @@ class BenchmarkResult:
         extra: free JSON object (curves, timings), not interpreted.
 
     Raises (construction):
-        InvalidValueError / InvalidTypeError: any field breaks the rules above; the message
-            names the field (e.g. ``metrics.care.1.acc``).
+        ResultFieldError: (an ``InvalidValueError``) a field breaks the rules above; the
+            message names it (e.g. ``metrics.care.1.acc``).
+        InvalidTypeError: ``provenance`` is not a :class:`Provenance`.
     """
 
     name: str
