@@ -7,13 +7,12 @@ import pytest
 
 from moelab.errors import InvalidValueError
 from moelab.utils import results
+from moelab.utils.result_tables import paired_table, summary_table
 from moelab.utils.results import (
     SCHEMA,
     ResultFileError,
     load_result,
     make_result,
-    paired_table,
-    summary_table,
     t_interval,
     write_result,
 )
