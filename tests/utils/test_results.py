@@ -1,0 +1,166 @@
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from moelab.errors import InvalidValueError
+from moelab.utils import results
+from moelab.utils.result_tables import paired_table, summary_table
+from moelab.utils.results import (
+    SCHEMA,
+    ResultFileError,
+    load_result,
+    make_result,
+    t_interval,
+    write_result,
+)
+
+# Student t quantile 0.975 with 2 degrees of freedom, closed form for df = 2:
+# t_p = (2p - 1) / sqrt(2 p (1 - p)) (tables: 4.303)
+T_975_2 = 0.95 / math.sqrt(2 * 0.975 * 0.025)
+
+
+def _result(**kw):
+    metrics = {
+        "method": {0: {"acc": 3.0, "loss": 1.0}, 1: {"acc": 5.0, "loss": 1.5}, 2: {"acc": 7.0, "loss": 2.5}},
+        "baseline": {0: {"acc": 2.0, "loss": 1.0}, 1: {"acc": 3.0, "loss": 1.0}, 2: {"acc": 4.0, "loss": 1.0}},
+    }  # fmt: skip
+    return make_result("toy", "method", {"lr": 0.1}, metrics, **kw)
+
+
+def test_t_interval_by_hand():
+    st = t_interval([1.0, 2.0, 3.0])
+    assert st.n == 3 and st.mean == 2.0 and st.sd == 1.0
+    half = T_975_2 * 1.0 / math.sqrt(3)
+    assert st.ci == pytest.approx((2.0 - half, 2.0 + half), rel=1e-12)
+    # 90% with df = 1 (Cauchy): t_{0.95, 1} = tan(0.45 pi); values [0, 2]: mean 1, sd sqrt(2)
+    st = t_interval([0.0, 2.0], confidence=0.9)
+    assert st.sd == pytest.approx(math.sqrt(2))
+    assert st.ci[1] == pytest.approx(1 + math.tan(0.45 * math.pi), rel=1e-12)
+    one = t_interval([4.0])
+    assert (one.mean, one.sd, one.ci) == (4.0, None, None)
+
+
+def test_summary_and_paired_by_hand():
+    r = _result()
+    s = r.summary()
+    assert s["method"]["acc"].mean == 5.0 and s["method"]["acc"].sd == 2.0
+    assert s["baseline"]["loss"].sd == 0.0 and s["baseline"]["loss"].ci == (1.0, 1.0)
+    (acc, loss) = r.paired()
+    assert (acc.arm, acc.baseline, acc.metric) == ("method", "baseline", "acc")
+    assert acc.diffs == (1.0, 2.0, 3.0)  # method - baseline per seed
+    half = T_975_2 / math.sqrt(3)
+    assert acc.stats.mean == 2.0 and acc.stats.sd == 1.0
+    assert acc.stats.ci == pytest.approx((2.0 - half, 2.0 + half), rel=1e-12)
+    assert loss.diffs == (0.0, 0.5, 1.5)
+    assert loss.stats.mean == pytest.approx(2 / 3)
+
+
+def test_round_trip(tmp_path):
+    r = _result(extra={"curve": [1, 2]})
+    path = write_result(r, tmp_path / "sub" / "r.json")
+    back = load_result(path)
+    assert back == r
+    obj = json.loads(path.read_text())
+    assert obj["schema"] == SCHEMA and obj["seeds"] == [0, 1, 2]
+    assert obj["metrics"]["method"]["1"] == {"acc": 5.0, "loss": 1.5}
+    assert obj["paired"][0]["diffs"] == [1.0, 2.0, 3.0] and obj["paired"][0]["sd"] == 1.0
+    assert obj["provenance"]["machine"]["python"].count(".") == 2
+    assert not list(tmp_path.glob("sub/.*.tmp"))  # atomic write left no temp file
+
+
+def test_git_commit_recorded_in_a_checkout(monkeypatch):
+    top = Path(results.__file__).resolve().parents[3]
+    if not (top / ".git").exists():
+        pytest.skip("moelab is not imported from a git checkout")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=top, capture_output=True, text=True)
+    prov = _result().provenance
+    assert prov.git_commit == head.stdout.strip() and isinstance(prov.git_dirty, bool)
+    # an installed moelab inside some other repository reports no commit
+    monkeypatch.setattr(results, "_git", lambda args, cwd: "/elsewhere\n")
+    assert results.git_state() == (None, None)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_metrics_are_refused(bad):
+    metrics = {"a": {0: {"acc": 1.0}, 1: {"acc": bad}}}
+    with pytest.raises(InvalidValueError, match=r"field 'metrics\.a\.1\.acc': must be finite"):
+        make_result("toy", "a", {}, metrics)
+
+
+@pytest.mark.parametrize(
+    ("metrics", "kw", "match"),
+    [
+        ({"a": {0: {"acc": 1.0}}, "b": {1: {"acc": 1.0}}}, {}, r"'metrics\.b': has seeds \[1\]"),
+        ({"a": {0: {"acc": 1.0}, 1: {"loss": 1.0}}}, {}, r"'metrics\.a\.1': has metrics"),
+        ({"a": {0: {"acc": True}}}, {}, r"'metrics\.a\.0\.acc': must be a number"),
+        ({"a": {0: {"acc": 1.0}}}, {"pairs": [("a", "z")]}, r"'pairs\.0'"),
+        ({"a": {0: {"acc": 1.0}}}, {"confidence": 1.0}, r"'confidence'"),
+    ],
+)
+def test_bad_fields_are_named(metrics, kw, match):
+    with pytest.raises(InvalidValueError, match=match):
+        make_result("toy", "a", {}, metrics, **kw)
+
+
+def test_config_must_be_plain_json():
+    with pytest.raises(InvalidValueError, match=r"'config': is not plain JSON"):
+        make_result("toy", "a", {"x": object()}, {"a": {0: {"acc": 1.0}}})
+
+
+def _corrupt(tmp_path, edit):
+    path = write_result(_result(), tmp_path / "r.json")
+    obj = json.loads(path.read_text())
+    edit(obj)
+    path.write_text(json.dumps(obj))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda o: o.update(schema="moelab.result/2"), "schema"),
+        (lambda o: o.pop("seeds"), "seeds"),
+        (lambda o: o["metrics"]["method"]["1"].update(acc="x"), "metrics.method.1.acc"),
+        (lambda o: o["metrics"]["method"].update({"01": o["metrics"]["method"].pop("1")}), "metrics.method"),
+        (lambda o: o["provenance"].update(git_dirty="no"), "provenance.git_dirty"),
+        (lambda o: o["metrics"]["method"]["0"].update(acc=4.0), "summary"),  # stale derived part
+        (lambda o: o["paired"][0].update(mean=9.0), "paired"),
+    ],
+)  # fmt: skip
+def test_corrupted_file_names_file_and_field(tmp_path, edit, field):
+    path = _corrupt(tmp_path, edit)
+    with pytest.raises(ResultFileError) as info:
+        load_result(path)
+    msg = str(info.value)
+    assert msg.startswith(f"{path}: field {field!r}:") and "\n" not in msg
+
+
+def test_truncated_or_missing_file(tmp_path):
+    path = write_result(_result(), tmp_path / "r.json")
+    path.write_text(path.read_text()[:100])
+    with pytest.raises(ResultFileError, match=rf"^{path}: not a valid JSON result file"):
+        load_result(path)
+    with pytest.raises(ResultFileError, match="result file not found"):
+        load_result(tmp_path / "nope.json")
+
+
+def test_tables(tmp_path):
+    path = write_result(_result(), tmp_path / "r.json")
+    single = make_result("one|seed", "a", {}, {"a": {7: {"acc": 0.5}}})
+    table = summary_table([path, single], metrics=["acc", "loss"], fmt=".1f")
+    assert table.splitlines() == [
+        "| benchmark | arm | seeds | acc | loss |",
+        "|---|---|---|---|---|",
+        "| toy | method | 3 | 5.0 ± 2.0 | 1.7 ± 0.8 |",
+        "| toy | baseline | 3 | 3.0 ± 1.0 | 1.0 ± 0.0 |",
+        "| one\\|seed | a | 1 | 0.5 |  |",
+    ]
+    rows = paired_table([path], metrics=["acc"], fmt=".2f").splitlines()
+    half = T_975_2 / math.sqrt(3)
+    assert rows[2] == (
+        f"| toy | method − baseline | acc | 3 | 2.00 | 1.00 | 95% [{2 - half:.2f}, {2 + half:.2f}] |"
+    )
+    assert len(rows) == 3
