@@ -190,6 +190,25 @@ def test_padded_batched_prefill_counts_only_real_tokens(model):
         assert s.output_ids == _greedy_reference(model, p, 3)
 
 
+def test_expert_counts_follow_each_layers_own_expert_count(model):
+    """A model pruned to different expert counts per layer (RaGEP): one count list per layer
+    of that layer's length, every routed pair counted, tokens as generated alone."""
+    from moelab.compress.prune import apply_pruning
+
+    E = model.cfg.moe.router.num_experts
+    keeps = [list(range(E - j)) for j in range(model.cfg.num_moe_layers)]
+    pruned = apply_pruning(model, keeps)
+    engine = Engine(pruned, max_batch=2)
+    seqs = [engine.submit(p, SamplingParams(max_tokens=3, temperature=0)) for p in ([1, 2], [3])]
+    while engine.has_work():
+        engine.step()
+    k = pruned.cfg.moe.router.top_k
+    assert [len(c) for c in engine.stats.expert_counts] == [len(kp) for kp in keeps]
+    assert [sum(c) for c in engine.stats.expert_counts] == [(3 + 2 * 2) * k] * len(keeps)
+    for s, p in zip(seqs, ([1, 2], [3]), strict=True):
+        assert s.output_ids == _greedy_reference(pruned, p, 3)
+
+
 def test_causal_prefix_usmoe_decodes_incrementally_in_a_ragged_batch():
     """Per-row router state in the slotted cache: prompts of different lengths, rows that
     join mid-flight and rows moved when others finish all give the tokens of full

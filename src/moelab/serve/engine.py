@@ -487,7 +487,7 @@ class Engine:
         of the forward pass), when it asked for them; also feeds ``stats.expert_counts``."""
         recs = [r for r in records if r is not None]
         if recs:
-            self._count_experts(torch.stack([r.counts for r in recs]).tolist())  # no padding
+            self._count_experts([r.counts.tolist() for r in recs])  # each layer its own E
         wanted = [s.params.routing for s in seqs]
         result: list[list[list[int]] | None] = [None] * len(seqs)
         if not recs or not any(wanted):
