@@ -9,7 +9,7 @@ import torch
 
 from moelab.core.config import ExpertsConfig
 from moelab.core.experts import ExpertBank, QuantizedExpertBank, QuantSpec
-from moelab.core.experts.select import check_selectable
+from moelab.core.experts.select import check_selectable, expert_layout, take_experts
 
 
 def _bank(**kw) -> ExpertBank:
@@ -77,3 +77,24 @@ def test_banks_that_cannot_lose_experts_are_refused_by_name():
     with pytest.raises(ValueError, match=r"pruning: layer 3 holds a QuantizedExpertBank"):
         check_selectable(q, "layer 3", "pruning")
     check_selectable(_bank(), "layer 0", "pruning")  # a full-precision bank can
+
+
+class _Toy(torch.nn.Module):
+    def __init__(self, E, odd_rows=None):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.arange(3.0 * E).view(E, 3))
+        self.shared = torch.nn.Parameter(torch.ones(3))
+        self.register_buffer("odd", torch.zeros(odd_rows(E) if odd_rows else E))
+
+
+def test_layout_is_learned_from_the_module_kind_and_odd_tensors_are_refused():
+    toy = _Toy(4)
+    assert expert_layout(toy, 4, _Toy) == {"weight": True, "shared": False, "odd": True}
+    sub = take_experts(toy, torch.tensor([3, 0]), 4, _Toy)
+    assert sub.weight.tolist() == [[9.0, 10.0, 11.0], [0.0, 1.0, 2.0]]
+    assert torch.equal(sub.shared, toy.shared) and sub.shared is not toy.shared
+    doubled = lambda E: _Toy(E, lambda e: 2 * e)  # noqa: E731  two rows per expert
+    with pytest.raises(ValueError, match=r"odd: grows from \(8,\) to \(10,\)"):
+        take_experts(doubled(4), torch.tensor([0]), 4, doubled)
+    with pytest.raises(ValueError, match=r"weight: shape \(4, 3\), but a fresh _Toy of 5"):
+        expert_layout(toy, 5, _Toy)

@@ -96,7 +96,11 @@ class ExpertBank(nn.Module):
         """A copy holding only the experts ``index`` (``[n]`` int64, in that order): every
         per-expert tensor (weights, biases, LoRA adapters) cut along dim 0, each parameter's
         ``requires_grad`` and attributes kept (:func:`moelab.core.experts.select.take_experts`)."""
-        return take_experts(self, index, lambda n: ExpertBank(self.config, n, self.backend))
+
+        def build(n: int) -> ExpertBank:
+            return ExpertBank(self.config, n, self.backend)
+
+        return take_experts(self, index, self.num_experts, build)
 
     @property
     def lora_scale(self) -> float:
