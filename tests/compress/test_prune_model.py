@@ -219,6 +219,19 @@ def test_bad_inputs_are_refused_before_any_work(make_model, make_batches):
         prune_experts(ec, b, crit, 0.5)
 
 
+class _Passes:
+    """A progress sink that records the calibration passes started."""
+
+    def __init__(self):
+        self.passes = []
+
+    def start_pass(self, label, total_tokens):
+        self.passes.append(label)
+
+    def __call__(self, n_tokens):
+        pass
+
+
 def _model_with(make_model, bias=False, lora=0):
     model = make_model(E=6)
     if bias:
@@ -265,15 +278,35 @@ def test_unprunable_banks_are_refused_before_calibration(make_model, make_batche
     model = make_model(E=6)
     spec = QuantSpec(method="rtn", bits=4, group_size=4)
     quantize_model(model, make_batches(1), QuantizeConfig(spec=spec, min_tokens=0))
-    passes = []
-
-    class Progress:
-        def start_pass(self, label, total_tokens):
-            passes.append(label)
-
-        def __call__(self, n_tokens):
-            pass
-
+    progress = _Passes()
     with pytest.raises(ValueError, match=r"pruning: layer 0 holds a QuantizedExpertBank"):
-        prune_experts(model, make_batches(1), build_criterion("frequency"), 6, progress=Progress())
-    assert passes == []  # refused before any calibration pass
+        prune_experts(model, make_batches(1), build_criterion("frequency"), 6, progress=progress)
+    assert progress.passes == []  # refused before any calibration pass
+
+
+def test_with_a_capacity_factor_the_pruned_layer_keeps_the_factor_over_its_own_experts(
+    make_model, make_batches
+):
+    """Not the masked original: the pruned layer's capacity is ceil(T·k/E'·c) over its E'
+    experts (hand-counted drops below), the original's ceil(T·k/E·c); NAEE, which models the
+    pruned layer by masking, refuses such layers before calibrating."""
+    layer = moe_layers(make_model(E=6, capacity_factor=1.0))[0]
+    keep = [0, 2, 5]
+    pruned = prune_layer(layer, keep)
+    x = torch.randn(40, 16, dtype=torch.float64)
+    with torch.no_grad():
+        logits = layer.router.logits(x)
+    top = logits[:, keep].topk(2, dim=-1).indices  # the pruned router's choice, before drops
+    counts = torch.bincount(top.reshape(-1), minlength=3)
+    cap_pruned, cap_masked = -(-40 * 2 // 3), -(-40 * 2 // 6)  # ceil(T·k/E'·c), ceil(T·k/E·c)
+    assert (cap_pruned, cap_masked) == (27, 14)
+    want = int((counts - cap_pruned).clamp_min(0).sum())
+    masked = int((counts - cap_masked).clamp_min(0).sum())
+    with torch.no_grad():
+        assert pruned(x).plan.dropped == want
+    assert masked > want  # the masked original would drop more
+    progress = _Passes()
+    model = make_model(E=6, capacity_factor=1.0)
+    with pytest.raises(ValueError, match=r"naee: needs a dropless router .*layer 0 has"):
+        prune_experts(model, make_batches(1), build_criterion("naee"), 8, progress=progress)
+    assert progress.passes == []

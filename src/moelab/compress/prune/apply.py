@@ -5,9 +5,14 @@ clamp top-k; keep shared experts and everything else bit for bit, each parameter
 ``requires_grad``.
 
 The routing maths is unchanged (RaGEP's ``FinalPrunedMoE`` and NAEE's ``prune`` keep softmax,
-top-k and renormalisation as they were), so a pruned layer computes exactly what the unpruned
-layer computes with the removed experts' router logits set to −∞ (for every token-choice rule:
-softmax before or after top-k, sigmoid, expert bias). The pruned model's config records the
+top-k and renormalisation as they were), so a **dropless** pruned layer computes exactly what
+the unpruned layer computes with the removed experts' router logits set to −∞ (softmax before
+or after top-k, sigmoid, expert bias). With a capacity factor ``c`` it does not: the pruned
+layer keeps ``c`` and divides the ``T·k`` pairs over its own ``E'`` experts, capacity
+``ceil(T·k'/E' · c)`` (Megatron-Core's ``get_capacity``, the configured factor unchanged),
+larger than the original's ``ceil(T·k/E · c)``, so it drops fewer pairs than the masked
+original would (criteria that model the pruned layer by masking, NAEE, refuse such layers
+before calibrating). The pruned model's config records the
 per-layer expert counts (``ModelConfig.experts_per_layer``), so it saves and reloads with exactly
 its own shapes.
 """
