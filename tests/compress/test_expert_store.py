@@ -7,9 +7,17 @@ import numpy as np
 import pytest
 import torch
 
-from moelab.compress.lossless import StoreError, compress_model, decompress_model, open_store
-from moelab.compress.lossless.store import INDEX_FILE, PACK_FILE
+from moelab.compress.lossless import (
+    StoreError,
+    compress_model,
+    decompress_model,
+    model_store,
+    open_store,
+)
+from moelab.compress.lossless.store import INDEX_FILE, PACK_FILE, write_index
+from moelab.compress.prune import apply_pruning
 from moelab.models import ModelConfig, MoETransformer
+from moelab.serve.offload.trace import record_trace
 
 
 def tiny(seed=0, dtype=torch.bfloat16, **kw):
@@ -43,7 +51,7 @@ def test_store_round_trips_the_model_bit_exactly(store):
     assert 0 < k.exponent < k.elements  # coded exponent below one byte per element
     s = open_store(folder)
     assert s.trace.shape == (2, model.cfg.num_moe_layers, 4)
-    assert json.loads((folder / INDEX_FILE).read_text())["format_version"] == 2
+    assert json.loads((folder / INDEX_FILE).read_text())["format_version"] == 3
 
 
 def test_fp32_store_and_unsupported_dtype(tmp_path):
@@ -180,3 +188,49 @@ def test_contiguous_segments_come_in_one_request_and_a_bad_one_is_named(store, t
         match=rf"layer {layer} expert {expert} tensor 'w_down': exponent chunk 1: checksum",
     ):
         pack.read_segments(layer, expert, "w_down", refs, what)
+
+
+@pytest.mark.parametrize("keeps", [[[0, 1, 3], [1, 2]], [[0, 2], [0, 1, 3]]])
+def test_layers_with_different_expert_counts_round_trip(keeps, tmp_path):
+    """A model pruned to 3 then 2 experts (and 2 then 3): the index carries each layer's
+    count, every expert is written and read back bit for bit, and the routing profile is
+    ``[P, L, max E_l]`` with zeros past the smaller layer's experts."""
+    model = apply_pruning(tiny(), keeps)
+    counts = [len(k) for k in keeps]
+    trace = record_trace(model, [torch.randint(0, 40, (12,)) for _ in range(2)])
+    assert trace.shape == (2, 2, 3) and trace[:, counts.index(2), 2].sum() == 0
+    assert (trace.sum(-1) == 12 * model.cfg.moe.router.top_k).all()
+    compress_model(model, tmp_path / "s", trace=trace)
+    s = open_store(tmp_path / "s")
+    assert s.experts_per_layer == counts and s.pack.num_experts == 3
+    assert np.array_equal(s.trace, trace)
+    back = decompress_model(tmp_path / "s")
+    for k, v in model.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k
+    bad = trace.copy()
+    bad[0, counts.index(2), 2] = 1  # tokens for an expert the layer does not have
+    with pytest.raises(ValueError, match=r"trace: layer \d has 2 experts but counts tokens"):
+        compress_model(model, tmp_path / "t", trace=bad)
+
+
+def test_a_store_missing_an_expert_is_never_reported_written(tmp_path, monkeypatch):
+    """The writer reads the store back before it moves it into place: an index that lost an
+    expert fails the compress and leaves no folder; such an index also fails at open."""
+    model = tiny()
+
+    def lossy(folder, index):
+        write_index(folder, {**index, "experts": index["experts"][:-1]})
+
+    monkeypatch.setattr(model_store, "write_index", lossy)
+    with pytest.raises(RuntimeError, match=r"no entry for layer 1 expert 3"):
+        compress_model(model, tmp_path / "s")
+    assert not (tmp_path / "s").exists()
+    monkeypatch.undo()
+    compress_model(model, tmp_path / "s")
+    index = json.loads((tmp_path / "s" / INDEX_FILE).read_text())
+    del index["index_sha256"], index["format_version"]
+    write_index(tmp_path / "s", {**index, "experts": index["experts"][1:]})
+    with pytest.raises(
+        StoreError, match=r"incomplete or inconsistent index \(no entry for layer 0 expert 0\)"
+    ):
+        open_store(tmp_path / "s")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 
@@ -16,6 +17,7 @@ from moelab.interop.errors import UnsupportedConfigError
 from moelab.interop.hf import hf_state
 from moelab.models import ModelConfig, MoETransformer, load_model, save_model
 from moelab.models.hooks import moe_layers
+from moelab.models.lora import add_expert_lora
 
 
 def _masked_reference(layer: MoELayer, x, removed):
@@ -215,3 +217,96 @@ def test_bad_inputs_are_refused_before_any_work(make_model, make_batches):
     ec = make_model(E=6, kind="expert_choice")
     with pytest.raises(ValueError, match="token-choice"):
         prune_experts(ec, b, crit, 0.5)
+
+
+class _Passes:
+    """A progress sink that records the calibration passes started."""
+
+    def __init__(self):
+        self.passes = []
+
+    def start_pass(self, label, total_tokens):
+        self.passes.append(label)
+
+    def __call__(self, n_tokens):
+        pass
+
+
+def _model_with(make_model, bias=False, lora=0):
+    model = make_model(E=6)
+    if bias:
+        cfg = model.cfg
+        ex = dataclasses.replace(cfg.moe.experts, bias=True)
+        cfg = dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, experts=ex))
+        torch.manual_seed(0)
+        model = MoETransformer(cfg).double().eval()
+    if lora:
+        model = add_expert_lora(model, lora)
+    with torch.no_grad():  # non-zero biases and adapters: a lost one changes the outputs
+        for name, p in model.named_parameters():
+            if ".experts.b_" in name or ".experts.lora_" in name:
+                p.copy_(0.2 * torch.randn_like(p))
+    return model
+
+
+@pytest.mark.parametrize("kw", [{"bias": True}, {"lora": 2}, {"bias": True, "lora": 3}])
+def test_experts_with_biases_or_adapters_prune_exactly(make_model, kw):
+    """Every per-expert tensor is cut (it used to be a fixed list of weights: biases and LoRA
+    adapters made a size-mismatch RuntimeError after calibration), trainability kept."""
+    model = _model_with(make_model, **kw)
+    layer = moe_layers(model)[0]
+    for n, p in layer.named_parameters():
+        p.requires_grad_("lora_" in n or "router" in n)
+    pruned = prune_layer(layer, [0, 2, 3, 5])
+    assert {n: p.requires_grad for n, p in pruned.named_parameters()} == {
+        n: p.requires_grad for n, p in layer.named_parameters()
+    }
+    for n, p in layer.experts.named_parameters():
+        assert torch.equal(getattr(pruned.experts, n), p[[0, 2, 3, 5]]), n
+    x = torch.randn(2, 7, 16, dtype=torch.float64)
+    ref = _masked_reference(layer, x, [1, 4])
+    torch.testing.assert_close(pruned(x).hidden_states, ref, rtol=1e-12, atol=1e-12)
+    res = prune_experts(model, [torch.randint(0, 37, (2, 8))], build_criterion("frequency"), 8,
+                        per_layer="uniform")  # fmt: skip
+    assert [lay.experts.num_experts for lay in moe_layers(res.model)] == [4, 4]
+
+
+def test_unprunable_banks_are_refused_before_calibration(make_model, make_batches):
+    from moelab.compress.quant import QuantizeConfig, quantize_model
+    from moelab.core.experts import QuantSpec
+
+    model = make_model(E=6)
+    spec = QuantSpec(method="rtn", bits=4, group_size=4)
+    quantize_model(model, make_batches(1), QuantizeConfig(spec=spec, min_tokens=0))
+    progress = _Passes()
+    with pytest.raises(ValueError, match=r"pruning: layer 0 holds a QuantizedExpertBank"):
+        prune_experts(model, make_batches(1), build_criterion("frequency"), 6, progress=progress)
+    assert progress.passes == []  # refused before any calibration pass
+
+
+def test_with_a_capacity_factor_the_pruned_layer_keeps_the_factor_over_its_own_experts(
+    make_model, make_batches
+):
+    """Not the masked original: the pruned layer's capacity is ceil(T·k/E'·c) over its E'
+    experts (hand-counted drops below), the original's ceil(T·k/E·c); NAEE, which models the
+    pruned layer by masking, refuses such layers before calibrating."""
+    layer = moe_layers(make_model(E=6, capacity_factor=1.0))[0]
+    keep = [0, 2, 5]
+    pruned = prune_layer(layer, keep)
+    x = torch.randn(40, 16, dtype=torch.float64)
+    with torch.no_grad():
+        logits = layer.router.logits(x)
+    top = logits[:, keep].topk(2, dim=-1).indices  # the pruned router's choice, before drops
+    counts = torch.bincount(top.reshape(-1), minlength=3)
+    cap_pruned, cap_masked = -(-40 * 2 // 3), -(-40 * 2 // 6)  # ceil(T·k/E'·c), ceil(T·k/E·c)
+    assert (cap_pruned, cap_masked) == (27, 14)
+    want = int((counts - cap_pruned).clamp_min(0).sum())
+    masked = int((counts - cap_masked).clamp_min(0).sum())
+    with torch.no_grad():
+        assert pruned(x).plan.dropped == want
+    assert masked > want  # the masked original would drop more
+    progress = _Passes()
+    model = make_model(E=6, capacity_factor=1.0)
+    with pytest.raises(ValueError, match=r"naee: needs a dropless router .*layer 0 has"):
+        prune_experts(model, make_batches(1), build_criterion("naee"), 8, progress=progress)
+    assert progress.passes == []

@@ -362,14 +362,23 @@ def test_ring_placement_follows_the_code():
 
 
 def test_awq_scale_hand_computed():
-    m = torch.tensor([[1.0, 2.0, 4.0], [1e-3, 1.0, 1.0], [5.0, 5.0, 5.0]], dtype=torch.float64)
-    s = awq_scale(m, torch.tensor([3, 3, 0]))
+    m = torch.tensor(
+        [[1.0, 2.0, 4.0], [1e-3, 1.0, 1.0], [5.0, 5.0, 5.0], [0.0, 1.0, 2.0], [0.0, 30.0, 30.0]],
+        dtype=torch.float64,
+    )
+    s = awq_scale(m, torch.tensor([3, 3, 0, 3, 3]))
     f = m[0] ** 2.4
     torch.testing.assert_close(s[0], f / torch.sqrt(f.max() * f.min()))
-    # ratio 1e7.2 at p = 2.4; p lowered by 0.2 until 1e3·p < 1e5: p = 1.6
-    f = m[1] ** 1.6
-    torch.testing.assert_close(s[1], f / torch.sqrt(f.max() * f.min()))
+    # (1e-3)^2.4 is floored at 1e-4 (llm-awq's clamp): ratio 1e4 < 1e5 at p = 2.4
+    torch.testing.assert_close(s[1], torch.tensor([1e-2, 1e2, 1e2], dtype=torch.float64))
     assert torch.equal(s[2], torch.ones(3, dtype=torch.float64))  # no rows: ones
+    # a channel that is zero on every row: floored at 1e-4, not 1e-15 (no 1e15 span)
+    f = torch.tensor([1e-4, 1.0, 2.0**2.4], dtype=torch.float64)
+    torch.testing.assert_close(s[3], f / torch.sqrt(f.max() * 1e-4))
+    # 30^p / 1e-4 >= 1e5 until p = 0.6 (30^0.6 = 7.7): 1/s stays below sqrt(7.7e4) = 278
+    f = torch.tensor([1e-4, 30**0.6, 30**0.6], dtype=torch.float64)
+    torch.testing.assert_close(s[4], f / torch.sqrt(f.max() * 1e-4))
+    assert 277 < float(1 / s[4].min()) < 278
 
 
 def test_kmeans_is_seeded_and_separates_clusters():

@@ -382,3 +382,60 @@ def test_version_1_folders_read_their_tileq_as_tileq_core():
     assert read_quantization({"format_version": 2, "spec": spec}, "x").lowrank == "tileq"
     with pytest.raises(ValueError, match="format_version 3"):
         read_quantization({"format_version": 3, "spec": spec}, "x")
+
+
+def _zero_input_channel(model, channel=3):
+    """Every MoE layer sees input channel ``channel`` exactly zero on every row (its pre-FFN
+    norm weight is zeroed): AWQ's mean |x| of that channel is 0."""
+    with torch.no_grad():
+        for b in model.blocks:
+            if b.is_moe:
+                b.ffn_norm.weight[channel] = 0.0
+    return model
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"lowrank": "tileq", "grid": (2, 3), "method": "rtn", "act_order": False},
+        {"lowrank": "per-expert", "grid": None, "weighting": "awq"},
+    ],
+)
+def test_awq_scales_survive_an_input_channel_that_is_always_zero(make_model, make_batches, kw):
+    """A zero channel used to give AWQ scales spanning 1e15 and factors of 2e6 that overflow
+    float16 (TileQ: a misleading code-range error; per-expert: NaN logits). With llm-awq's
+    1e-4 floor the factors stay small and the logits finite and close to the dense model's."""
+    kw = dict(kw)
+    weighting = kw.pop("weighting", None)
+    dense = _zero_input_channel(make_model())
+    model = copy.deepcopy(dense)
+    cfg = QuantizeConfig(spec=_spec(**kw), min_tokens=2, weighting=weighting)
+    quantize_model(model, make_batches(4, 2, 8), cfg)
+    for layer in moe_layers(model):
+        for p in layer.experts.projections.values():
+            assert p.lowrank.V.abs().max() < 1e3 and p.lowrank.U.abs().max() < 1e3
+    ids = make_batches(1, 2, 8, seed=5)[0]
+    with torch.no_grad():
+        got, want = model(ids).logits, dense(ids).logits
+    assert torch.isfinite(got).all()
+    assert (got - want).abs().max() < 0.5 * want.abs().max()
+
+
+def test_factors_beyond_float16_and_nan_outputs_are_refused(make_model, make_batches):
+    from moelab.compress.quant.pipeline import check_finite_outputs
+    from moelab.core.experts.lowrank import LowRankFactors
+    from moelab.core.experts.quantized import QuantizedProjection
+
+    spec = QuantSpec(method="rtn", bits=4, group_size=4, lowrank="per-expert", rank=1)
+    ar = torch.arange(2)
+    big = LowRankFactors("per-expert", torch.ones(2, 4, 1), torch.full((2, 4, 1), 2e6), ar, ar)
+    codes, scales = torch.zeros(2, 4, 4, dtype=torch.long), torch.ones(2, 4, 1)
+    with pytest.raises(ValueError, match=r"lowrank: factor V: reaches 2e\+06, outside float16"):
+        QuantizedProjection.from_codes(spec, codes, scales, codes[..., :1], None, big)
+    model = make_model()
+    quantize_model(model, make_batches(2, 2, 8), QuantizeConfig(spec=_spec(), min_tokens=2))
+    check_finite_outputs(model, make_batches(1)[0])  # a sound model passes
+    with torch.no_grad():
+        moe_layers(model)[1].experts.projections["down"].lowrank.U.fill_(float("nan"))
+    with pytest.raises(ValueError, match=r"MoE layer 1's outputs are not finite"):
+        check_finite_outputs(model, make_batches(1)[0])

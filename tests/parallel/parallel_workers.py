@@ -99,7 +99,7 @@ def remote_zero(rank, world):
 
 
 # ---------------------------------------------------------------- training under EP × DP
-def tiny_lm_config(num_experts=4, latent=False):
+def tiny_lm_config(num_experts=4, latent=False, bias=False):
     from moelab.core.latent_moe import LatentMoEConfig
     from moelab.models import ModelConfig
 
@@ -113,7 +113,7 @@ def tiny_lm_config(num_experts=4, latent=False):
         router=RouterConfig(
             num_experts=num_experts, top_k=2, expert_bias=True, bias_update_rate=0.01
         ),
-        experts=ExpertsConfig(hidden_size=16, ffn_hidden_size=8),
+        experts=ExpertsConfig(hidden_size=16, ffn_hidden_size=8, bias=bias),
         losses=LossConfig(load_balance="global", aux_loss_coeff=0.1, z_loss_coeff=0.01),
     )
     return ModelConfig(moe=moe, **base)
@@ -188,6 +188,38 @@ def parallel_full_state(model, parallel):
     from moelab.parallel import full_state_dict
 
     return full_state_dict(model, parallel.sharded, parallel.groups)
+
+
+def frozen_through_sharding(rank, world):
+    """LoRA-frozen experts (with biases) and a frozen MH-LatentMoE router, sharded over EP =
+    ``world``: trainability per name before and after, and the full state after 3 steps."""
+    from moelab.models import MoETransformer
+    from moelab.models.lora import add_expert_lora, freeze_all_but_lora
+    from moelab.parallel import ExpertParallel
+
+    torch.manual_seed(0)
+    model = add_expert_lora(MoETransformer(tiny_lm_config(bias=True)).double(), 2)
+    freeze_all_but_lora(model)  # as moelab train --lora-rank: freeze first, shard after
+    before = {n: p.requires_grad for n, p in model.named_parameters()}
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    parallel = ExpertParallel(world)
+    parallel.prepare(model)
+    after = {n: p.requires_grad for n, p in model.named_parameters()}
+    train_steps(model, 3, world, rank, parallel)
+    torch.manual_seed(0)
+    latent = MoETransformer(tiny_lm_config(latent=True)).double()
+    for n, p in latent.named_parameters():
+        p.requires_grad_(not n.endswith("ffn.router"))
+    latent_before = {n: p.requires_grad for n, p in latent.named_parameters()}
+    ExpertParallel(world).prepare(latent)
+    return {
+        "before": before,
+        "after": after,
+        "start": start,
+        "end": parallel_full_state(model, parallel),
+        "latent_before": latent_before,
+        "latent_after": {n: p.requires_grad for n, p in latent.named_parameters()},
+    }
 
 
 # ------------------------------------------------------------------ sharded checkpoints

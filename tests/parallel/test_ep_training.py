@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from parallel_workers import ep_dp_training, load_at, save_at, tiny_lm_config, train_steps
+from parallel_workers import (
+    ep_dp_training,
+    frozen_through_sharding,
+    load_at,
+    save_at,
+    tiny_lm_config,
+    train_steps,
+)
 
 from moelab.models import MoETransformer, load_model
 from moelab.parallel import ParallelGroups, consolidate, load_sharded
@@ -67,3 +74,20 @@ def test_checkpoint_saved_at_ep4_loads_at_ep2_and_ep1(tmp_path):
         assert torch.equal(model.state_dict()[k], v), k
         assert torch.equal(folder_model.state_dict()[k], v), k
     assert any("experts" in k for k in saved["model"])
+
+
+@pytest.mark.slow
+def test_sharding_keeps_frozen_parameters_frozen():
+    """``--lora-rank r --expert-parallel 2``: the base experts and their biases stay frozen
+    after sharding and do not move in training; only the adapters (and the rest of the
+    trainable model) do."""
+    for r in run_ranks(frozen_through_sharding, 2, timeout=120):
+        assert r["after"] == r["before"]
+        assert r["latent_after"] == r["latent_before"]
+        frozen = [n for n, t in r["before"].items() if not t]
+        assert any(n.endswith("experts.w_gate_up") for n in frozen)
+        assert any(n.endswith("experts.b_down") for n in frozen)
+        for n in frozen:
+            assert torch.equal(r["end"][n], r["start"][n]), n
+        lora = [n for n in r["start"] if "lora_B" in n]
+        assert lora and all(r["end"][n].abs().max() > 0 for n in lora)  # B starts at 0

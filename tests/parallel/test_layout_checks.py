@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from parallel_workers import tiny_lm_config
 
+from moelab.compress.quant import QuantizeConfig, quantize_model
+from moelab.core.experts import QuantSpec
 from moelab.models import MoETransformer
 from moelab.parallel import ExpertParallel
 from moelab.parallel.comm import check_expert_parallel
@@ -17,6 +20,21 @@ def test_expert_parallel_must_divide_experts_and_heads():
     with pytest.raises(ValueError, match=r"3 ranks do not divide the 4 heads"):
         check_shardable(MoETransformer(tiny_lm_config(latent=True)), 3)
     check_shardable(MoETransformer(tiny_lm_config(latent=True)), 2)  # fits
+
+
+def test_expert_banks_that_cannot_be_cut_are_refused_by_name():
+    """A quantized bank keeps its experts in bit-packed buffers: sharding it used to give each
+    rank fresh random experts; it is refused, naming the layer and the bank kind."""
+    torch.manual_seed(0)
+    model = MoETransformer(tiny_lm_config())
+    ids = torch.randint(0, 40, (2, 8))
+    spec = QuantSpec(method="rtn", bits=4, group_size=4)
+    quantize_model(model, [ids], QuantizeConfig(spec=spec, min_tokens=0))
+    with pytest.raises(
+        ValueError, match=r"--expert-parallel: layer blocks\.0\.ffn holds a QuantizedExpertBank"
+    ):
+        check_shardable(model, 2)
+    check_shardable(model, 1)  # one rank keeps the whole bank: nothing to cut
 
 
 @pytest.mark.parametrize("ep", [0, -1, 3, 2.0, True])

@@ -197,3 +197,16 @@ def test_openai_client_against_a_diffusion_server():
         with pytest.raises(openai.BadRequestError):
             c.completions.create(model="tiny", prompt="x", max_tokens=12, temperature=-1)
         assert [m.id for m in c.models.list().data] == ["tiny"]
+
+
+def test_expert_counts_follow_each_layers_own_expert_count():
+    """A block-diffusion model pruned to 5 then 3 experts: the engine's per-layer counts have
+    each layer's own length and every routed pair is counted."""
+    from moelab.compress.prune import apply_pruning
+
+    dm = apply_pruning(_dm(3), [[0, 1, 2, 5, 7], [2, 4, 6]])
+    engine = DiffusionEngine(dm, options=DecodeOptions.preset("vanilla", 1.0))
+    engine.generate([1, 2, 3, 4], SamplingParams(max_tokens=8, temperature=0))
+    k = dm.cfg.moe.router.top_k
+    assert [len(c) for c in engine.stats.expert_counts] == [5, 3]
+    assert [sum(c) for c in engine.stats.expert_counts] == [(2 * (4 * 4) + 4) * k] * 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 
@@ -190,6 +191,25 @@ def test_padded_batched_prefill_counts_only_real_tokens(model):
         assert s.output_ids == _greedy_reference(model, p, 3)
 
 
+def test_expert_counts_follow_each_layers_own_expert_count(model):
+    """A model pruned to different expert counts per layer (RaGEP): one count list per layer
+    of that layer's length, every routed pair counted, tokens as generated alone."""
+    from moelab.compress.prune import apply_pruning
+
+    E = model.cfg.moe.router.num_experts
+    keeps = [list(range(E - j)) for j in range(model.cfg.num_moe_layers)]
+    pruned = apply_pruning(model, keeps)
+    engine = Engine(pruned, max_batch=2)
+    seqs = [engine.submit(p, SamplingParams(max_tokens=3, temperature=0)) for p in ([1, 2], [3])]
+    while engine.has_work():
+        engine.step()
+    k = pruned.cfg.moe.router.top_k
+    assert [len(c) for c in engine.stats.expert_counts] == [len(kp) for kp in keeps]
+    assert [sum(c) for c in engine.stats.expert_counts] == [(3 + 2 * 2) * k] * len(keeps)
+    for s, p in zip(seqs, ([1, 2], [3]), strict=True):
+        assert s.output_ids == _greedy_reference(pruned, p, 3)
+
+
 def test_causal_prefix_usmoe_decodes_incrementally_in_a_ragged_batch():
     """Per-row router state in the slotted cache: prompts of different lengths, rows that
     join mid-flight and rows moved when others finish all give the tokens of full
@@ -219,3 +239,50 @@ def test_causal_prefix_usmoe_decodes_incrementally_in_a_ragged_batch():
     # twice the longest row (+ one forward's positions before the compaction)
     assert any(b < a for a, b in itertools.pairwise(state_lengths))
     assert max(state_lengths) <= 2 * longest_row + 16 + max(len(p) for p in prompts)
+
+
+def _capacity_model(seed=0):
+    torch.manual_seed(seed)
+    cfg = ModelConfig.tiny(vocab_size=61, max_seq_len=48, n_kv_heads=2)
+    cfg.moe.router.capacity_factor = 0.5  # binds: ceil(T·2/4 · 0.5) = T/4 slots per expert
+    return MoETransformer(ModelConfig.from_dict(cfg.to_dict())).eval()
+
+
+def test_capacity_limited_models_are_served_dropless_and_batch_invariant():
+    """Capacity is computed over every token of a forward pass, so served together the
+    prompts used to take each other's expert slots (5 of 6 changed in the issue). Served
+    dropless, as vLLM/SGLang do: batched == alone == the dropless model recomputed in full,
+    and the model keeps its capacity factor for full-sequence scoring."""
+    from moelab.models import with_router
+
+    model = _capacity_model()
+    dropless = with_router(model, dataclasses.replace(model.cfg.moe.router, capacity_factor=None))
+    prompts = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10, 11], [12], [13, 14, 15], [16, 17, 18, 19, 20]]
+    engine = Engine(model, max_batch=6)
+    seqs = [engine.submit(p, SamplingParams(max_tokens=8, temperature=0)) for p in prompts]
+    while engine.has_work():
+        engine.step()
+    for p, s in zip(prompts, seqs, strict=True):
+        alone = Engine(model, max_batch=1).generate(p, SamplingParams(max_tokens=8, temperature=0))
+        assert s.output_ids == alone.output_ids == _greedy_reference(dropless, p, 8)
+    assert all(b.ffn.router.config.capacity_factor == 0.5 for b in model.blocks if b.is_moe)
+    ids = torch.tensor([list(itertools.chain(*prompts))])
+    with torch.no_grad():
+        assert model(ids).records[0].dropped > 0  # outside the engine: the capacity as trained
+
+
+def test_position_scope_usmoe_is_served_one_sequence_at_a_time():
+    from moelab.core.config import RouterConfig
+    from moelab.models import with_router
+
+    torch.manual_seed(5)
+    router = RouterConfig(num_experts=4, top_k=2, kind="usmoe", selection_scope="position")
+    usmoe = with_router(
+        MoETransformer(ModelConfig.tiny(vocab_size=61, max_seq_len=48, n_kv_heads=2)), router
+    ).eval()
+    with pytest.raises(ValueError, match=r"max_batch: layer 0 routes with USMoE .*'position'"):
+        Engine(usmoe, max_batch=2)
+    seq = Engine(usmoe, max_batch=1).generate(
+        [1, 2, 3], SamplingParams(max_tokens=4, temperature=0)
+    )
+    assert seq.output_ids == _greedy_reference(usmoe, [1, 2, 3], 4)

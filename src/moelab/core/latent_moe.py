@@ -48,6 +48,7 @@ from torch import Tensor, nn
 from moelab.core.config import ExpertsConfig, _check
 from moelab.core.dispatch import LocalDispatcher, dispatch_uniform
 from moelab.core.experts import ExpertBank
+from moelab.core.experts.select import carry_over
 from moelab.errors import InvalidTypeError, InvalidValueError
 
 
@@ -188,14 +189,9 @@ class MultiHeadLatentMoE(nn.Module):
         H_l, E = self.num_local_heads, self.config.num_experts
         if not (start >= 0 and count >= 1 and start + count <= H_l):
             raise InvalidValueError(f"heads: [{start}, {start + count}) is not inside [0, {H_l})")
-        rows = slice(start * E, (start + count) * E)
-        self.router = nn.Parameter(self.router[start : start + count].clone())
+        self.router = carry_over(self.router[start : start + count].detach().clone(), self.router)
         self.expert_bias = self.expert_bias[start : start + count].clone()
-        old = self.experts.w_down
-        bank = ExpertBank(self.experts.config, count * E).to(old.device, old.dtype)
-        bank.w_up.copy_(self.experts.w_up[rows])
-        bank.w_down.copy_(self.experts.w_down[rows])
-        self.experts = bank
+        self.experts = self.experts.select_experts(torch.arange(start * E, (start + count) * E))
         self.num_local_heads = count
 
     def route(self, s_SHd: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -3,8 +3,12 @@ group, and gather the shards back into a full state dict.
 
 Every sharded tensor is cut along dim 0 in EP-rank order, so the full tensor is the
 concatenation of the ranks' shards:
-- MoELayer: ``experts.w_gate_up``/``w_up`` ``[E, D, ·]`` and ``experts.w_down`` ``[E, F, D]``
-  → E/EP experts per rank; the router stays replicated (every rank routes its own tokens).
+- MoELayer: every per-expert tensor of the bank (``experts.w_gate_up``/``w_up`` ``[E, D, ·]``,
+  ``experts.w_down`` ``[E, F, D]``, biases, LoRA adapters) → E/EP experts per rank, cut by the
+  bank itself (:mod:`moelab.core.experts.select`), so each parameter keeps its
+  ``requires_grad`` (frozen LoRA bases stay frozen); the router stays replicated (every rank
+  routes its own tokens). Bank kinds that cannot be cut (quantized, offloaded) are refused by
+  :func:`check_shardable`, naming the layer.
 - MultiHeadLatentMoE: ``router [H, E, d_h]``, ``expert_bias [H, E]`` and the expert bank
   ``[H·E, ·, ·]`` → H/EP heads per rank; ``fc_mh`` and ``fc_mg`` stay replicated.
 
@@ -19,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from moelab.core.experts import ExpertBank
+from moelab.core.experts.select import check_selectable
 from moelab.core.latent_moe import MultiHeadLatentMoE
 from moelab.core.layer import MoELayer
 from moelab.errors import InvalidValueError
@@ -30,9 +34,12 @@ from moelab.parallel.head_parallel import HeadParallelDispatcher
 
 def check_shardable(model: nn.Module, ep: int) -> None:
     """Raise ValueError naming the layer when ``ep`` does not divide its experts or heads, or
-    the layer uses something expert parallelism does not support."""
+    the layer uses something expert parallelism does not support (the specialization loss, an
+    expert bank that cannot be cut: see :func:`moelab.core.experts.select.check_selectable`)."""
     for name, m in model.named_modules():
         if isinstance(m, MoELayer):
+            if ep > 1:
+                check_selectable(m.experts, f"layer {name}", "--expert-parallel")
             E = m.config.router.num_experts
             if E % ep:
                 raise InvalidValueError(
@@ -70,20 +77,16 @@ def shard_model(model: nn.Module, groups: ParallelGroups) -> list[str]:
         if isinstance(m, MoELayer):
             E = m.config.router.num_experts
             n = E // groups.ep
-            rows = slice(groups.ep_rank * n, (groups.ep_rank + 1) * n)
-            old = m.experts
-            bank = ExpertBank(old.config, n, old.backend).to(old.w_down.device, old.w_down.dtype)
-            for pname, p in old.named_parameters():
-                getattr(bank, pname).copy_(p[rows])
-            m.experts = bank
+            rows = torch.arange(groups.ep_rank * n, (groups.ep_rank + 1) * n)
+            m.experts = m.experts.select_experts(rows)
             m.dispatcher = AllToAllDispatcher(groups.ep_group, E)
-            sharded += [f"{name}.experts.{p}" for p, _ in bank.named_parameters()]
+            sharded += [f"{name}.experts.{k}" for k in m.experts.state_dict()]
         elif isinstance(m, MultiHeadLatentMoE):
             hp = HeadParallelDispatcher(groups.ep_group, m.config.num_heads, groups.dp_group)
             m.shard_heads(hp.head_offset, hp.local_heads)
             m.head_dispatcher = hp
             sharded += [f"{name}.router", f"{name}.expert_bias"]
-            sharded += [f"{name}.experts.{p}" for p, _ in m.experts.named_parameters()]
+            sharded += [f"{name}.experts.{k}" for k in m.experts.state_dict()]
     return sharded
 
 

@@ -21,6 +21,10 @@ preemption; a sequence that reaches the context length ends with ``finish_reason
 Every router decodes incrementally, USMoE ``causal_prefix`` included (its per-row router
 state lives in the slotted cache, :class:`~moelab.serve.kv_slots.SlotKVCache`).
 
+A sequence gets the same tokens in a batch as alone (:mod:`moelab.serve.batching` says which
+routers couple the rows of a forward pass): layers with a capacity factor are served dropless,
+as vLLM and SGLang serve them; USMoE ``position`` scope needs ``max_batch=1``.
+
 The engine thread is the only one that touches the model and the cache; :meth:`submit`,
 :meth:`Sequence.cancel` and :meth:`drain` are safe to call from any thread.
 """
@@ -41,6 +45,7 @@ from torch import Tensor
 from moelab.data import Tokenizer
 from moelab.errors import InvalidTypeError, InvalidValueError
 from moelab.models import MoETransformer
+from moelab.serve.batching import check_batching, serving_routing
 from moelab.serve.detok import Detokenizer
 from moelab.serve.kv_slots import SlotKVCache
 from moelab.serve.params import SamplingParams
@@ -170,7 +175,9 @@ class Engine:
 
     Raises:
         ValueError: ``max_batch`` or ``max_queue`` < 1, a USMoE router that looks at
-            future tokens (it cannot generate), or a block-diffusion model.
+            future tokens (it cannot generate), USMoE ``position`` scope with
+            ``max_batch > 1`` (:func:`moelab.serve.batching.check_batching`), or a
+            block-diffusion model.
     """
 
     def __init__(
@@ -190,6 +197,7 @@ class Engine:
             if not isinstance(v, int) or v < 1:
                 raise InvalidValueError(f"{name}: must be an int >= 1, got {v!r}")
         self.model = model.eval()
+        self._batching = check_batching(model, max_batch)  # see moelab.serve.batching
         self._decode_model = torch.compile(model, dynamic=True) if compile else model
         self.tokenizer = tokenizer
         self.max_batch, self.max_queue = max_batch, max_queue
@@ -415,7 +423,8 @@ class Engine:
         for row in range(lo, lo + m):
             self.cache.release(row)
         self.cache.select(lo, lo + m)
-        out = self.model(ids, mask=mask, kv_cache=self.cache, start_pos=0)
+        with serving_routing(self._batching):
+            out = self.model(ids, mask=mask, kv_cache=self.cache, start_pos=0)
         for i, n in enumerate(lens):
             self.cache.trim(lo + i, n)
         last = torch.tensor([n - 1 for n in lens], device=self.device)
@@ -444,7 +453,8 @@ class Engine:
         same = all(x == lengths[0] for x in lengths)
         starts = lengths[0] if same else torch.tensor(lengths, device=self.device)
         self.cache.select(0, n)
-        out = self._decode_model(x, kv_cache=self.cache, start_pos=starts)
+        with serving_routing(self._batching):
+            out = self._decode_model(x, kv_cache=self.cache, start_pos=starts)
         experts = self._routing(out.records, list(range(n)), seqs)
         tokens = self._sample(out.logits[:, -1], seqs)
         for i in range(n - 1, -1, -1):  # backwards: removing row i only moves a later row
@@ -487,7 +497,7 @@ class Engine:
         of the forward pass), when it asked for them; also feeds ``stats.expert_counts``."""
         recs = [r for r in records if r is not None]
         if recs:
-            self._count_experts(torch.stack([r.counts for r in recs]).tolist())  # no padding
+            self._count_experts([r.counts.tolist() for r in recs])  # each layer its own E
         wanted = [s.params.routing for s in seqs]
         result: list[list[list[int]] | None] = [None] * len(seqs)
         if not recs or not any(wanted):

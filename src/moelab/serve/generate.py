@@ -32,7 +32,8 @@ def generate_ids(
     positions, after ``max_new_tokens`` or at ``stop_id``.
 
     USMoE routing must be causal (``selection_scope`` ``"position"`` or ``"causal_prefix"``,
-    both decoded incrementally);
+    both decoded incrementally); layers with a capacity factor are served dropless
+    (:mod:`moelab.serve.batching`);
     expert-choice models are refused (decoding one token at a time is not the routing they
     were trained with). ``compile`` runs the decode steps compiled (:class:`Engine`'s
     ``compile``).

@@ -369,3 +369,37 @@ def test_offloaded_model_card_counts_the_stored_experts(setup):
     om = load_offloaded(root / "zstd", cache_mb=total_mib(setup, 0.3))
     assert model_card(om, "x")["params"] == count_params(model)
     offload_engine(om).close()
+
+
+@pytest.mark.parametrize(
+    ("policy", "prefetch", "predictor"),
+    [("zipmoe", 0, "gate"), ("zipmoe", 1, "history"), ("lru", 2, "gate"), ("lfu", 1, "history")],
+)
+def test_layers_with_different_expert_counts_are_served_from_their_store(
+    setup, tmp_path, policy, prefetch, predictor
+):
+    """A model pruned to 6 then 3 experts (RaGEP's per-layer budgets): the store, its
+    profile, the planner, the caches and the predictor each follow the layer's own count, and
+    generation equals the in-memory model's."""
+    from moelab.compress.prune import apply_pruning
+
+    model = apply_pruning(setup[0], [[0, 1, 2, 4, 5, 7], [1, 3, 6]])
+    trace = record_trace(model, [torch.randint(0, 48, (16,)) for _ in range(3)])
+    assert trace.shape == (3, 2, 6) and not trace[:, 1, 3:].any()
+    compress_model(model, tmp_path / "s", trace=trace)
+    prompt = [5, 9, 2, 7, 11]
+    want = list(generate_ids(model, prompt, max_new_tokens=16, temperature=0))
+    om = load_offloaded(
+        tmp_path / "s", cache_mb=4 * setup[2], policy=policy, prefetch=prefetch,
+        predictor=predictor,
+    )  # fmt: skip
+    assert list(generate_ids(om, prompt, max_new_tokens=16, temperature=0)) == want
+    eng = offload_engine(om)
+    assert eng.experts_per_layer == [6, 3]
+    if policy == "zipmoe":
+        assert all(p.n_full + p.n_sm <= E for p, E in zip(eng.plans, [6, 3], strict=True))
+    else:
+        assert eng.slots_per_layer[1] <= 3
+    assert [len(t) for t in eng.predictor.total] == [6, 3]
+    with pytest.raises(ValueError, match=r"trace: expected non-negative counts \[P, 2, 6\]"):
+        load_offloaded(tmp_path / "s", cache_mb=4 * setup[2], trace=np.ones((1, 2, 8), int))

@@ -12,7 +12,12 @@ A store folder (written atomically as a whole) holds::
     tokenizer files, and run.json when the source was a run folder (for ``moelab eval``)
 
 Expert ``e`` of MoE layer ``l`` stores ``w_gate_up[e] [D, 2F]`` (or ``w_up[e] [D, F]``) and
-``w_down[e] [F, D]``: the slices of the bank's stacked tensors, bit for bit.
+``w_down[e] [F, D]``: the slices of the bank's stacked tensors, bit for bit. Layers may hold
+different numbers of experts (``E_l``, a pruned model's ``experts_per_layer``); the index records
+them, and routing traces are ``[P, L, max E_l]`` with zero counts past a layer's experts.
+
+A store is reported written only after it has been read back: the index must list every expert
+of every layer and every segment must pass its CRC (:func:`compress_model`).
 """
 
 from __future__ import annotations
@@ -219,13 +224,12 @@ def compress_model(
     if model.embed.weight.dtype != target:
         model = model.to(target)  # nn.Module.to casts in place; callers pass a loaded copy
     layers = moe_layers(model)
-    E = layers[0][1].experts.num_experts
+    per_layer = [layer.experts.num_experts for _, layer in layers]
     if trace is not None:
         trace = np.asarray(trace)
-        if trace.ndim != 3 or trace.shape[1:] != (len(layers), E) or (trace < 0).any():
-            raise InvalidValueError(
-                f"trace: expected non-negative counts [P, {len(layers)}, {E}], got {trace.shape}"
-            )
+        problem = trace_problem(trace, per_layer)
+        if problem:
+            raise InvalidValueError(f"trace: {problem}")
     cfg = model.cfg
     names = expert_tensor_names(cfg)
     dname = SUPPORTED[target]
@@ -253,7 +257,7 @@ def compress_model(
             for li, (_, layer) in enumerate(layers):
                 bank = layer.experts
                 stacked = {names[0]: bank.w_in.detach(), names[1]: bank.w_down.detach()}
-                for e in range(E):
+                for e in range(per_layer[li]):
                     specs = {}
                     for n, w in stacked.items():
                         enc = encode_tensor(w[e], codec, chunks)
@@ -283,13 +287,15 @@ def compress_model(
                 "codec": codec,
                 "chunks": chunks,
                 "num_layers": len(layers),
-                "num_experts": E,
+                "num_experts": max(per_layer),
+                "experts_per_layer": per_layer,
                 "top_k": cfg.moe.router.top_k,
                 "block_of_layer": [i for i, _ in layers],
                 "experts": entries,
                 **profile,
             },
         )
+        check_written(tmp, per_layer, names)
         if save_extras is not None:
             save_extras(tmp)
         return StoreReport(
@@ -298,6 +304,43 @@ def compress_model(
         )  # fmt: skip
 
     return write_folder_atomically(out, fill, overwrite=overwrite)
+
+
+def trace_problem(trace: np.ndarray, experts_per_layer: list[int]) -> str | None:
+    """What is wrong with a routing trace for layers of ``experts_per_layer`` experts (None
+    when it fits): it must be non-negative counts ``[P, L, max E_l]``, zero past each layer's
+    experts."""
+    L, E = len(experts_per_layer), max(experts_per_layer)
+    if trace.ndim != 3 or trace.shape[1:] != (L, E) or (trace < 0).any():
+        return f"expected non-negative counts [P, {L}, {E}], got shape {trace.shape}"
+    for li, n in enumerate(experts_per_layer):
+        if trace[:, li, n:].any():
+            return f"layer {li} has {n} experts but counts tokens for expert {n} or above"
+    return None
+
+
+def check_written(folder: Path, experts_per_layer: list[int], names: tuple[str, ...]) -> None:
+    """Read a just-written store back: the index must list every expert of every layer with
+    every tensor, and every segment must pass its CRC. Raises RuntimeError otherwise (the
+    writer is at fault, and the folder is then never moved into place)."""
+    pack = None
+    try:
+        pack = ExpertPack(folder)
+        if pack.experts_per_layer != list(experts_per_layer):
+            raise RuntimeError(
+                f"store: index lists {pack.experts_per_layer} experts per layer, the model has "
+                f"{list(experts_per_layer)}"
+            )
+        for li, n in enumerate(experts_per_layer):
+            for e in range(n):
+                if set(pack.tensors(li, e)) != set(names):
+                    raise RuntimeError(f"store: layer {li} expert {e} lacks {names}")
+        pack.verify()
+    except StoreError as e:
+        raise RuntimeError(f"store: written store fails to read back ({e})") from e
+    finally:
+        if pack is not None:
+            pack.close()
 
 
 def copy_run_files(source: Path) -> Callable[[Path], None]:
@@ -325,6 +368,11 @@ class OpenStore:
     @property
     def dtype(self) -> torch.dtype:
         return DTYPES[self.pack.index["dtype"]]
+
+    @property
+    def experts_per_layer(self) -> list[int]:
+        """``[E_l]``: each MoE layer's expert count, in depth order."""
+        return self.pack.experts_per_layer
 
     def expert_bytes(self) -> tuple[int, int]:
         """``(full, sign_mantissa)`` bytes of one expert (the largest one)."""
@@ -360,6 +408,14 @@ def open_store(folder: str | os.PathLike[str], storage_mbps: float | None = None
             f"{folder / INDEX_FILE}: the expert store belongs to another model "
             f"(its fingerprint does not match {folder / CONFIG_FILE})"
         )
+    want = [
+        cfg.moe_config(i).router.num_experts for i in range(cfg.n_layers) if cfg.is_moe_layer(i)
+    ]
+    if pack.experts_per_layer != want:
+        raise StoreError(
+            f"{folder / INDEX_FILE}: lists {pack.experts_per_layer} experts per layer, "
+            f"{folder / CONFIG_FILE} describes {want}"
+        )
     dpath = folder / DENSE_FILE
     if not dpath.is_file():
         raise StoreError(f"{dpath}: missing")
@@ -369,15 +425,17 @@ def open_store(folder: str | os.PathLike[str], storage_mbps: float | None = None
         dense = load_file(str(dpath))
     except (SafetensorError, OSError, ValueError) as e:
         raise StoreError(f"{dpath}: cannot read safetensors ({e})") from e
-    return OpenStore(folder, cfg, pack, dense, _read_profile(folder, idx))
+    return OpenStore(folder, cfg, pack, dense, _read_profile(folder, pack))
 
 
-def _read_profile(folder: Path, idx: dict) -> np.ndarray | None:
-    """The routing profile ``[P, L, E]`` the index lists (its sha256 checked), or None.
+def _read_profile(folder: Path, pack: ExpertPack) -> np.ndarray | None:
+    """The routing profile ``[P, L, max E_l]`` the index lists (its sha256 checked), or None.
 
     Raises:
-        StoreError: the listed profile is missing, altered or not ``[P, L, E]`` counts.
+        StoreError: the listed profile is missing, altered or not such counts (see
+            :func:`trace_problem`).
     """
+    idx = pack.index
     path = folder / PROFILE_FILE
     want = idx.get("profile_sha256")
     if want is None:  # format 1 stores list none; their profile is read unchecked
@@ -389,14 +447,9 @@ def _read_profile(folder: Path, idx: dict) -> np.ndarray | None:
         trace = np.asarray(read_json(path, StoreError)["counts"], dtype=np.int64)
     except (KeyError, TypeError, ValueError) as e:
         raise StoreError(f"{path}: not a routing profile ({e})") from None
-    if (
-        trace.ndim != 3
-        or trace.shape[1:] != (idx["num_layers"], idx["num_experts"])
-        or (trace < 0).any()
-    ):
-        raise StoreError(
-            f"{path}: expected non-negative counts [P, {idx['num_layers']}, {idx['num_experts']}]"
-        )
+    problem = trace_problem(trace, pack.experts_per_layer)
+    if problem:
+        raise StoreError(f"{path}: {problem}")
     return trace
 
 

@@ -1,15 +1,20 @@
 """The expert store: one pack file of encoded expert tensors plus a JSON index.
 
-Files (``FORMAT_VERSION = 2``)::
+Files (``FORMAT_VERSION = 3``)::
 
     experts.pack   segments of every expert tensor, back to back (exponent chunks, then
                    sign-mantissa bytes; or raw bit patterns)
-    store.json     {"format_version": 2, "pack": "experts.pack", "pack_bytes": N,
+    store.json     {"format_version": 3, "pack": "experts.pack", "pack_bytes": N,
                     "model_fingerprint": ..., "num_layers": L,
-                    "num_experts": E, "dtype": ..., "codec": ...,
+                    "experts_per_layer": [E_0, …, E_{L-1}], "num_experts": max E_l,
+                    "dtype": ..., "codec": ...,
                     "experts": [{"layer": l, "expert": e,
                                  "tensors": {"w_gate_up": spec, "w_down": spec}}],
                     "index_sha256": ...}
+
+``experts_per_layer`` (version 3) gives each MoE layer its own expert count (a pruned model
+keeps different numbers per layer); earlier stores have one count, ``num_experts``, for every
+layer. Opening a store checks that the index lists every expert of every layer.
 
 ``index_sha256`` (version 2) is the SHA-256 of the rest of the index as canonical JSON, so an
 edited or damaged index fails when the store is opened, not halfway through a generation.
@@ -53,7 +58,7 @@ from moelab.models.io import CheckpointError
 from moelab.utils.atomic import atomic_write_json
 from moelab.utils.jsonfile import read_json
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 PACK_FILE = "experts.pack"
 INDEX_FILE = "store.json"
 
@@ -123,6 +128,25 @@ def _index_digest(body: dict[str, Any]) -> str:
     ).hexdigest()
 
 
+def _experts_per_layer(index: dict[str, Any], ipath: Path) -> list[int]:
+    """Each layer's expert count: ``experts_per_layer`` (format 3), else ``num_experts`` for
+    every layer (formats 1 and 2). Raises StoreError when they disagree or are malformed."""
+    L, E = index["num_layers"], index["num_experts"]
+    counts = index.get("experts_per_layer", [E] * L if isinstance(L, int) else None)
+    ok = (
+        isinstance(counts, list)
+        and len(counts) == L
+        and all(isinstance(c, int) and c >= 1 for c in counts)
+        and max(counts, default=0) == E
+    )
+    if not ok:
+        raise StoreError(
+            f"{ipath}: experts_per_layer {counts!r} does not fit num_layers {L!r} and "
+            f"num_experts {E!r}"
+        )
+    return counts
+
+
 class ExpertPack:
     """Read access to a store's pack: index lookups and positioned reads.
 
@@ -155,6 +179,19 @@ class ExpertPack:
                     f"{ipath}: no {key!r} entry (not a moelab store index, or damaged)"
                 )
         self._entries = {(x["layer"], x["expert"]): x["tensors"] for x in index["experts"]}
+        self.experts_per_layer = _experts_per_layer(index, ipath)
+        missing = [
+            (li, e)
+            for li, n in enumerate(self.experts_per_layer)
+            for e in range(n)
+            if (li, e) not in self._entries
+        ]
+        if missing or len(self._entries) != sum(self.experts_per_layer):
+            if missing:
+                what = f"no entry for layer {missing[0][0]} expert {missing[0][1]}"
+            else:
+                what = f"{len(self._entries)} entries for {sum(self.experts_per_layer)} experts"
+            raise StoreError(f"{ipath}: incomplete or inconsistent index ({what})")
         size = self.path.stat().st_size
         if size != index["pack_bytes"]:
             cut = next((w for w, ref in self._segments() if ref["offset"] + ref["size"] > size), "")
@@ -183,7 +220,8 @@ class ExpertPack:
 
     @property
     def num_experts(self) -> int:
-        return self.index["num_experts"]
+        """The largest expert count of any layer (see :attr:`experts_per_layer`)."""
+        return max(self.experts_per_layer)
 
     def tensors(self, layer: int, expert: int) -> dict[str, dict[str, Any]]:
         """The placed specs of one expert's tensors, by name.

@@ -1,10 +1,18 @@
-"""Remove experts from MoE layers: slice the expert bank, the router rows and the expert-bias
-buffer; clamp top-k; keep shared experts and everything else bit for bit.
+"""Remove experts from MoE layers: cut every per-expert tensor (the bank's weights, biases and
+LoRA adapters through the bank's own ``select_experts``; the router rows, the expert-bias buffer
+and any other per-expert state of the layer as :mod:`moelab.core.experts.select` finds them);
+clamp top-k; keep shared experts and everything else bit for bit, each parameter with its
+``requires_grad``.
 
 The routing maths is unchanged (RaGEP's ``FinalPrunedMoE`` and NAEE's ``prune`` keep softmax,
-top-k and renormalisation as they were), so a pruned layer computes exactly what the unpruned
-layer computes with the removed experts' router logits set to −∞ (for every token-choice rule:
-softmax before or after top-k, sigmoid, expert bias). The pruned model's config records the
+top-k and renormalisation as they were), so a **dropless** pruned layer computes exactly what
+the unpruned layer computes with the removed experts' router logits set to −∞ (softmax before
+or after top-k, sigmoid, expert bias). With a capacity factor ``c`` it does not: the pruned
+layer keeps ``c`` and divides the ``T·k`` pairs over its own ``E'`` experts, capacity
+``ceil(T·k'/E' · c)`` (Megatron-Core's ``get_capacity``, the configured factor unchanged),
+larger than the original's ``ceil(T·k/E · c)``, so it drops fewer pairs than the masked
+original would (criteria that model the pruned layer by masking, NAEE, refuse such layers
+before calibrating). The pruned model's config records the
 per-layer expert counts (``ModelConfig.experts_per_layer``), so it saves and reloads with exactly
 its own shapes.
 """
@@ -13,28 +21,34 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
+from moelab.core.experts.select import check_selectable, expert_layout, take_experts
 from moelab.core.layer import MoELayer
 from moelab.errors import InvalidValueError
 from moelab.models import ModelConfig, MoETransformer
 
-# state-dict entries of an MoE layer whose leading dimension is the routed expert
-_PER_EXPERT = (
-    "router.weight",
-    "router.expert_bias",
-    "experts.w_gate_up",
-    "experts.w_up",
-    "experts.w_down",
-)
+
+def _builder(layer: MoELayer) -> Callable[[int], MoELayer]:
+    """``build(n)``: an empty layer like ``layer`` with ``n`` experts (top-k clamped to n)."""
+    r = layer.config.router
+
+    def build(n: int) -> MoELayer:
+        router = dataclasses.replace(r, num_experts=n, top_k=min(r.top_k, n))
+        return MoELayer(dataclasses.replace(layer.config, router=router), layer.dispatcher)
+
+    return build
 
 
 def check_prunable(layer: MoELayer, where: str = "layer") -> None:
     """Raise ValueError unless ``layer`` uses dropless-or-capacity token-choice routing
     without group limits (expert choice and USMoE select over tokens, group-limited routing
-    needs equal groups, so removing experts would change their rules)."""
+    needs equal groups, so removing experts would change their rules) and every per-expert
+    tensor of it can be cut (its bank kind has ``select_experts``; the rest of the layer has
+    the shapes :func:`~moelab.core.experts.select.expert_layout` expects). Cheap (meta
+    tensors only): call it before calibrating."""
     r = layer.config.router
     if r.kind != "token_choice":
         raise InvalidValueError(
@@ -45,6 +59,11 @@ def check_prunable(layer: MoELayer, where: str = "layer") -> None:
             f"{where}: group-limited routing (n_group={r.n_group}) cannot lose experts: "
             "its groups must stay equal"
         )
+    check_selectable(layer.experts, where, "pruning")
+    try:
+        expert_layout(layer, r.num_experts, _builder(layer), skip="experts")
+    except InvalidValueError as e:
+        raise InvalidValueError(f"pruning: {where} cannot lose experts ({e})") from None
 
 
 @torch.no_grad()
@@ -67,22 +86,10 @@ def prune_layer(layer: MoELayer, keep: Sequence[int]) -> MoELayer:
         raise InvalidValueError(
             f"keep: must be distinct expert indices in [0, {E}), got {list(keep)}"
         )
-    r = layer.config.router
-    router = dataclasses.replace(r, num_experts=len(idx), top_k=min(r.top_k, len(idx)))
-    new = MoELayer(dataclasses.replace(layer.config, router=router), layer.dispatcher)
-    p = layer.experts.w_down
-    new = new.to(device=p.device, dtype=p.dtype)
-    if getattr(layer.router, "expert_bias", None) is not None:
-        new.router.expert_bias = new.router.expert_bias.to(layer.router.expert_bias.dtype)
-    index = torch.tensor(idx, device=p.device)
-    state = {
-        k: (v.index_select(0, index.to(v.device)) if k in _PER_EXPERT else v).clone()
-        for k, v in layer.state_dict().items()
-    }
-    new.load_state_dict(state, strict=True)
-    new.experts.backend = layer.experts.backend
-    new.train(layer.training)
-    return new
+    index = torch.tensor(idx)
+    new = take_experts(layer, index, E, _builder(layer), skip="experts")
+    new.experts = layer.experts.select_experts(index)
+    return new.train(layer.training)
 
 
 def pruned_config(cfg: ModelConfig, counts: Sequence[int]) -> ModelConfig:

@@ -202,14 +202,17 @@ def prune_experts(
     Returns:
         :class:`PruneResult` with the pruned model (same dtype/device).
     Raises:
-        ValueError / TypeError: a dense model, an unprunable router, a bad ``keep`` (≤ 0, ≥ all,
-            below top_k per layer), unknown ``per_layer``.
+        ValueError / TypeError: a dense model, an unprunable layer or one the criterion
+            cannot score (:meth:`Criterion.check_layer`), a bad ``keep`` (≤ 0, ≥ all, below
+            top_k per layer), unknown ``per_layer`` — all before any calibration pass.
     """
     check_model(model)
     batches = list(batches)
     if not batches:
         raise InvalidValueError("batches: no calibration batch")
     layers = moe_layers(model)
+    for b, layer in zip((b for b in model.blocks if b.is_moe), layers, strict=True):
+        criterion.check_layer(layer, f"layer {b.layer_idx}")  # before any calibration pass
     if rank_source not in ("input", "output"):
         raise InvalidValueError(f"rank_source: must be 'input' or 'output', got {rank_source!r}")
     check_budget(model, keep, per_layer, min_experts)

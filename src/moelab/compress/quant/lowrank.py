@@ -273,15 +273,23 @@ AWQ_STEP = 0.2  # [K] lowered by 0.2 ...
 AWQ_MIN_EXPONENT = 0.5  # [K] ... down to 0.5 ...
 AWQ_MAX_RATIO = 1e5  # [K] ... while max/min >= 1e5 ...
 AWQ_ATTEMPTS = 10  # [K] ... at most 10 times
+AWQ_CLAMP_MIN = 1e-4  # llm-awq auto_scale: x_max.pow(ratio).clamp(min=1e-4); [K]'s SCALE_CLAMP_MIN
 DROP_ABOVE = 60.0  # [K] get_layers_2Dlora: the term is dropped if max|W − L| > 60
 
 
 def awq_scale(mean_abs: Tensor, counts: Tensor | None = None) -> Tensor:
     """Per-expert AWQ-style input scales ``s_e`` ``[K, I]`` float64, as the code computes them
     (``get_proper_scale`` in ``get_experts_2Dlora``, ``get_scale_quant.py`` [K]):
-    ``m^p / sqrt(max(m^p)·min(m^p))`` with ``m = mean_t |x_{e,t}|`` over the expert's own
-    routed rows (clamped at 1e-15), ``p = 2.4`` lowered by 0.2 (not below 0.5, at most 10
+    ``f / sqrt(max f · min f)`` with ``f = max(m^p, 1e-4)`` and ``m = mean_t |x_{e,t}|`` over
+    the expert's own routed rows, ``p = 2.4`` lowered by 0.2 (not below 0.5, at most 10
     times) while ``max s / min s >= 1e5``.
+
+    The floor 1e-4 is llm-awq's (``auto_scale``: ``x_max.pow(ratio).clamp(min=1e-4)``, also
+    AutoAWQ's) and the TileQ code's for the float16 features its models produce
+    (``SCALE_CLAMP_MIN``); the code's float32 branch floors at 1e-15, which an input channel
+    that is zero on every calibration row turns into scales spanning ~1e15, factors ``Ṽ = V/s``
+    beyond float16 and NaN outputs, so moelab (computing in float64) always uses 1e-4. Then
+    ``1/s <= sqrt(max f / 1e-4)``.
 
     Args:
         mean_abs: ``[K, I]`` mean absolute input per expert
@@ -302,7 +310,7 @@ def awq_scale(mean_abs: Tensor, counts: Tensor | None = None) -> Tensor:
             continue
         p = AWQ_EXPONENT
         for _ in range(AWQ_ATTEMPTS):
-            f = m[e].pow(p).clamp_min(1e-15)
+            f = m[e].pow(p).clamp_min(AWQ_CLAMP_MIN)
             sc = f / torch.sqrt(f.max() * f.min())
             if float(sc.max() / sc.min()) < AWQ_MAX_RATIO:
                 break

@@ -52,7 +52,12 @@ from moelab.compress.quant.rotation import rotation_permutation
 from moelab.compress.quant.rtn import QuantizedTensor, quantize_rtn
 from moelab.core.config import GATED_ACTIVATIONS
 from moelab.core.experts.bank import ExpertBank
-from moelab.core.experts.quantized import QuantizedExpertBank, QuantizedProjection, QuantSpec
+from moelab.core.experts.quantized import (
+    QuantizedExpertBank,
+    QuantizedProjection,
+    QuantSpec,
+    as_stored,
+)
 from moelab.core.experts.rotation import rotate, rotate_hessian, unrotate
 from moelab.core.layer import MoELayer, MoEOutput
 from moelab.errors import InvalidValueError
@@ -314,14 +319,15 @@ def quantize_layer(
         else:
             d = activation_whitening(acc.pooled(), cfg.damp)
 
-        def fit(target: Tensor, d: Tensor = d):
+        def fit(target: Tensor, d: Tensor = d, name: str = name):
             f = fit_lowrank(
                 spec.lowrank, target, d, spec.rank, spec.grid, sweeps=cfg.sweeps, seed=cfg.seed,
                 per_expert_scale=weighting == "awq",
             )  # fmt: skip
             for t in ("U", "V", "S", "in_scale"):  # round as stored (float16) before use
                 if getattr(f, t) is not None:
-                    setattr(f, t, getattr(f, t).to(torch.float16).float())
+                    what = f"MoE layer {index} {name} projection: low-rank factor {t}"
+                    setattr(f, t, as_stored(getattr(f, t), what).float())
             return f
 
         base, factors = W, None
@@ -398,7 +404,9 @@ def quantize_model(
         on_pass: called with a label before each calibration pass (progress bars).
     Raises:
         ValueError: the model has no MoE layer, is already quantized, the spec does not fit
-            it (group size, rank, grid), or calibration gives no tokens.
+            it (group size, rank, grid), calibration gives no tokens, a scale or low-rank
+            factor does not fit float16, or the quantized model's outputs are not finite
+            (:func:`check_finite_outputs`).
     """
     layers = moe_layers(model)
     if not layers:
@@ -439,7 +447,35 @@ def quantize_model(
             reports.append(quantize_layer(layer, all_hess[i], cfg, i))
             if on_layer is not None:
                 on_layer(reports[-1])
+    check_finite_outputs(model, batches[0])
     return QuantizeReport(spec=cfg.spec, layers=reports, calib_tokens=tokens)
+
+
+@torch.no_grad()
+def check_finite_outputs(model: torch.nn.Module, ids: Tensor) -> None:
+    """Run ``ids [B, S]`` through the quantized ``model`` and raise ValueError naming the
+    first MoE layer whose output is not finite (or the logits, when only they are): a
+    quantized model that outputs NaN must never be written."""
+    bad: list[int] = []
+    hooks = [
+        layer.register_forward_hook(
+            lambda m, a, out, i=i: (
+                bad.append(i) if not bad and not torch.isfinite(out.hidden_states).all() else None
+            )
+        )
+        for i, layer in enumerate(moe_layers(model))
+    ]
+    try:
+        finite = bool(torch.isfinite(model(ids).logits).all())
+    finally:
+        for h in hooks:
+            h.remove()
+    if bad or not finite:
+        where = f"MoE layer {bad[0]}'s outputs" if bad else "the logits"
+        raise InvalidValueError(
+            f"quantize: {where} are not finite on the calibration text after quantization; "
+            "the quantized model is unusable and must not be saved"
+        )
 
 
 def run_data(folder: str | Path) -> RunData | None:

@@ -45,6 +45,7 @@ from moelab.core.autocast import autocast_inputs
 from moelab.core.config import GATED_ACTIVATIONS, ExpertsConfig
 from moelab.core.experts import cpu_kernel
 from moelab.core.experts.grouped_mm import grouped_mm
+from moelab.core.experts.select import take_experts
 
 
 class ExpertBank(nn.Module):
@@ -90,6 +91,16 @@ class ExpertBank(nn.Module):
             a.uniform_(-bound, bound)
         self.lora_B_in.zero_()
         self.lora_B_down.zero_()
+
+    def select_experts(self, index: Tensor) -> ExpertBank:
+        """A copy holding only the experts ``index`` (``[n]`` int64, in that order): every
+        per-expert tensor (weights, biases, LoRA adapters) cut along dim 0, each parameter's
+        ``requires_grad`` and attributes kept (:func:`moelab.core.experts.select.take_experts`)."""
+
+        def build(n: int) -> ExpertBank:
+            return ExpertBank(self.config, n, self.backend)
+
+        return take_experts(self, index, self.num_experts, build)
 
     @property
     def lora_scale(self) -> float:

@@ -44,6 +44,25 @@ TILEQ_SCHEMES = ("tileq", "tileq-core")
 FLOAT_BYTES = 2  # scales and low-rank factors are stored as float16
 
 
+def as_stored(t: Tensor, what: str) -> Tensor:
+    """``t`` rounded to float16, as the bank stores scales and low-rank factors, back in
+    ``t``'s dtype.
+
+    Raises:
+        ValueError: naming ``what``, when an entry is not finite or lies beyond float16's range
+            (±65504): stored, it would be inf and every output NaN.
+    """
+    r = t.detach().to(torch.float16)
+    if not torch.isfinite(r).all():
+        big = float(t.detach().abs().nan_to_num(float("inf")).max())
+        raise InvalidValueError(
+            f"{what}: reaches {big:.3g}, outside float16's range (±65504) in which it is "
+            "stored; the calibration statistics are degenerate for it (more or other "
+            "calibration text, or another low-rank weighting, avoids this)"
+        )
+    return r.to(t.dtype)
+
+
 @dataclass(frozen=True)
 class QuantSpec:
     """How the experts of a model were quantized (stored in the folder's config).
@@ -238,7 +257,8 @@ class QuantizedProjection(nn.Module):
         projection.
 
         Raises:
-            ValueError: shapes or presence of zeros/g_idx/factors disagree with ``spec``.
+            ValueError: shapes or presence of zeros/g_idx/factors disagree with ``spec``, or a
+                scale or factor does not fit float16 (:func:`as_stored`).
         """
         proj = cls(*codes.shape, spec)
         if scales.shape != proj.scales.shape:
@@ -262,7 +282,7 @@ class QuantizedProjection(nn.Module):
                 )
             proj.perm = perm.to(torch.int16)
         proj.codes = pack_codes(codes, spec.bits)
-        proj.scales = scales.to(torch.float16).view(torch.int16)
+        proj.scales = as_stored(scales, "scales").to(torch.float16).view(torch.int16)
         if zeros is not None:
             proj.zeros = pack_codes(zeros, spec.bits)
         if g_idx is not None:
@@ -281,7 +301,7 @@ class QuantizedProjection(nn.Module):
             for name in ("U", "V", "S", "in_scale"):  # stored as float16: memory == disk
                 t = getattr(lowrank, name)
                 if t is not None:
-                    setattr(lowrank, name, t.to(torch.float16).to(t.dtype))
+                    setattr(lowrank, name, as_stored(t, f"lowrank: factor {name}"))
             proj.lowrank = lowrank
         return proj
 

@@ -277,7 +277,8 @@ class BlockDecoder:
         t0 = time.perf_counter()
         self.model, self.opts = model, options or DecodeOptions()
         self.pick, self.routing = pick, routing
-        num_experts = max((b.ffn.config.router.num_experts for b in self.moe_blocks), default=0)
+        self.layer_experts = [b.ffn.config.router.num_experts for b in self.moe_blocks]
+        num_experts = max(self.layer_experts, default=0)  # a pruned model's layers differ
         self.counts_shape = (len(self.moe_blocks), num_experts) if count_experts else None
         self.stop_ids = set(stop_ids)
         b, P0 = cfg.block_size, len(prompt_ids)
@@ -371,7 +372,10 @@ class BlockDecoder:
             _add_pair_counts(counts, hook)
         self.stats.wall_s += time.perf_counter() - t0
         token_experts = [experts[p - s] for p in range(lo, lo + len(ids))] if self.routing else None
-        return DecodedBlock(ids, token_experts, None if counts is None else counts.tolist())
+        per_layer = None
+        if counts is not None:  # each layer's own experts: the padding columns are not experts
+            per_layer = [c[:E] for c, E in zip(counts.tolist(), self.layer_experts, strict=True)]
+        return DecodedBlock(ids, token_experts, per_layer)
 
 
 def _add_pair_counts(counts: Tensor | None, hook: TeamMoEStep) -> None:

@@ -6,7 +6,8 @@ cache hits at once, misses as the scheduler finishes them (so the expert matmuls
 experts overlap the remaining loads).
 
 Caching (one cache per layer, each with ``budget / L`` bytes, as ZipMoE's planner divides
-memory per layer):
+memory per layer; a layer never gets more slots than it has experts, ``E_l`` of the store's
+``experts_per_layer``, which differ between layers of a pruned model):
 - policy ``zipmoe``: two tiers (:class:`TwoTierCache`) sized by the planner
   (:func:`plan_tiers`) from the store's routing profile, token-weighted LFU with admission;
   without a profile, or for top-1 models, one token-LFU tier (the planner's fallback);
@@ -38,7 +39,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from moelab.compress.lossless.model_store import OpenStore
+from moelab.compress.lossless.model_store import OpenStore, trace_problem
 from moelab.compress.lossless.tensor_codec import assemble, decode_exponent_chunk, read_segment
 from moelab.errors import InvalidValueError
 from moelab.serve.offload.planner import DelayModel, TierPlan, plan_tiers
@@ -155,7 +156,8 @@ class OffloadEngine:
 
     Raises:
         ValueError: bad settings; a budget below one layer's top-k experts; ``zipmoe`` on an
-            uncompressed (raw) store; ``belady`` without a per-layer future.
+            uncompressed (raw) store; ``belady`` without a per-layer future; a ``trace`` that
+            is not ``[P, L, max E_l]`` counts (zero past each layer's experts).
     """
 
     def __init__(
@@ -165,7 +167,8 @@ class OffloadEngine:
         self.store, self.config = store, config
         self.pack = store.pack
         idx = self.pack.index
-        self.L, self.E, self.k = idx["num_layers"], idx["num_experts"], idx["top_k"]
+        self.L, self.k = idx["num_layers"], idx["top_k"]
+        self.experts_per_layer = store.experts_per_layer
         self.raw = idx["codec"] == "raw"
         self.full_bytes, self.sm_bytes = store.expert_bytes()
         budget = config.cache_mb * MIB
@@ -186,6 +189,11 @@ class OffloadEngine:
                 f"policy belady: needs the recorded requests of all {self.L} layers"
             )
         self.delay_model = self._measure_delays()
+        if trace is not None:
+            trace = np.asarray(trace)
+            problem = trace_problem(trace, self.experts_per_layer)
+            if problem:
+                raise InvalidValueError(f"trace: {problem}")
         self.trace = trace if trace is not None else store.trace
         self.plans = self._zipmoe_plans() if config.policy == "zipmoe" else None
         self.layers = [self._new_layer(li) for li in range(self.L)]
@@ -194,7 +202,7 @@ class OffloadEngine:
             if config.threads > 0
             else Scheduler(self.pack, 1, self.delay_model.d_dec, self.delay_model.d_sm)
         )
-        self.predictor = ExpertPredictor(self.L, self.E)
+        self.predictor = ExpertPredictor(self.experts_per_layer)
         self.prefetching: dict[tuple[int, int], _Loading] = {}
         self._hints: dict[int, list[int]] = {}
         self._verified: set[tuple[int, int, str]] = set()
@@ -238,49 +246,65 @@ class OffloadEngine:
             T, max(1, self.config.threads), chunks, d_dec, sm_bytes / bw, coded / max(raw_exp, 1)
         )
 
-    def _staging_cuts(self, spare: float, capacity: int) -> list[int]:
+    def _staging_cuts(self, spare: float, capacity: list[int]) -> list[int]:
         """Full experts each layer gives up for the prefetch staging buffer (``prefetch``
         experts): the bytes the per-layer split leaves unused (``spare``, over all layers) pay
         first, the rest one expert at a time round-robin from layer 0 (never a prefetch
-        target), at most ``capacity`` per layer, so the buffer costs at most its own size."""
+        target), at most ``capacity[l]`` from layer l, so the buffer costs at most its own
+        size."""
         need = self.config.prefetch * self.full_bytes - spare
         n = max(0, math.ceil(need / self.full_bytes))
-        return [min(capacity, n // self.L + (i < n % self.L)) for i in range(self.L)]
+        return [min(capacity[i], n // self.L + (i < n % self.L)) for i in range(self.L)]
 
     def _single_tier_slots(self, budget: float) -> list[int]:
         """Full-expert slots per layer for the single-tier policies: ``⌊budget/L / expert⌋``
-        each, less the staging buffer's cuts (:meth:`_staging_cuts`)."""
-        slots = min(self.E, int(budget / self.L // self.full_bytes))
-        cuts = self._staging_cuts(budget - self.L * slots * self.full_bytes, slots)
-        return [slots - c for c in cuts]
+        each (at most the layer's experts), less the staging buffer's cuts
+        (:meth:`_staging_cuts`)."""
+        each = int(budget / self.L // self.full_bytes)
+        slots = [min(E, each) for E in self.experts_per_layer]
+        cuts = self._staging_cuts(budget - sum(slots) * self.full_bytes, slots)
+        return [s - c for s, c in zip(slots, cuts, strict=True)]
 
-    def _plan(self, layer_bytes: float) -> TierPlan:
-        """The planner's split of ``layer_bytes``; one LFU tier without a routing trace."""
+    def _plan(self, layer_bytes: float, num_experts: int) -> TierPlan:
+        """The planner's split of ``layer_bytes`` for a layer of ``num_experts`` experts, from
+        the trace of the layers with that many experts; one LFU tier without a trace."""
         if self.trace is None:
-            n = min(self.E, int(layer_bytes // self.full_bytes))
+            n = min(num_experts, int(layer_bytes // self.full_bytes))
             return TierPlan("lfu", n, 0, 1.0, math.nan)
+        same = [li for li, E in enumerate(self.experts_per_layer) if num_experts == E]
         return plan_tiers(
-            self.trace, self.k, self.E, layer_bytes, self.full_bytes, self.sm_bytes,
-            self.delay_model,
+            self.trace[:, same, :num_experts], self.k, num_experts, layer_bytes,
+            self.full_bytes, self.sm_bytes, self.delay_model,
         )  # fmt: skip
 
     def _zipmoe_plans(self) -> list[TierPlan]:
-        """Per-layer plans. Every layer gets ``budget / L``; the layers that pay for the
-        prefetch staging buffer (:meth:`_staging_cuts`) are re-planned with the bytes left
-        [our choice: a cut spread over all layers would cost every layer a slot whenever the
-        budget is an exact multiple of the slot sizes]."""
-        share = self._plan(self.layer_bytes)
-        used = share.n_full * self.full_bytes + share.n_sm * self.sm_bytes
-        cuts = self._staging_cuts(self.L * (self.layer_bytes - used), int(used // self.full_bytes))
-        reduced = {c: self._plan(used - c * self.full_bytes) for c in set(cuts) if c}
-        return [reduced[c] if c else share for c in cuts]
+        """Per-layer plans. Every layer gets ``budget / L`` (layers with equal expert counts
+        share one plan); the layers that pay for the prefetch staging buffer
+        (:meth:`_staging_cuts`) are re-planned with the bytes left [our choice: a cut spread
+        over all layers would cost every layer a slot whenever the budget is an exact multiple
+        of the slot sizes]."""
+        shares = {E: self._plan(self.layer_bytes, E) for E in set(self.experts_per_layer)}
+        share = [shares[E] for E in self.experts_per_layer]
+        used = [p.n_full * self.full_bytes + p.n_sm * self.sm_bytes for p in share]
+        cuts = self._staging_cuts(
+            sum(self.layer_bytes - u for u in used), [int(u // self.full_bytes) for u in used]
+        )
+        reduced: dict[tuple[int, int], TierPlan] = {}
+        plans = []
+        for li, c in enumerate(cuts):
+            E = self.experts_per_layer[li]
+            if c and (E, c) not in reduced:
+                reduced[(E, c)] = self._plan(used[li] - c * self.full_bytes, E)
+            plans.append(reduced[(E, c)] if c else share[li])
+        return plans
 
     def _new_layer(self, li: int) -> LayerState:
         c = self.config
         if c.policy == "zipmoe":
             plan = self.plans[li]
             if plan.kind == "two_tier":
-                return LayerState(None, TwoTierCache(plan.n_full, plan.n_sm, self.E))
+                E = self.experts_per_layer[li]
+                return LayerState(None, TwoTierCache(plan.n_full, plan.n_sm, E))
             return LayerState(SlotCache(plan.n_full, build_policy("zipmoe")), None)
         cap = self.slots_per_layer[li]
         future = c.future[li] if c.policy == "belady" else None

@@ -6,6 +6,7 @@ far + 0.2 · its share over the layer's last 5 visits; the top-scoring experts a
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -14,11 +15,11 @@ WINDOW = 5
 
 
 class ExpertPredictor:
-    """Per-layer routing history of ``num_layers`` layers of ``num_experts`` experts."""
+    """Per-layer routing history of layers with ``experts_per_layer[l]`` experts."""
 
-    def __init__(self, num_layers: int, num_experts: int, window: int = WINDOW) -> None:
-        self.total = np.zeros((num_layers, num_experts))
-        self.recent = [deque(maxlen=window) for _ in range(num_layers)]
+    def __init__(self, experts_per_layer: Sequence[int], window: int = WINDOW) -> None:
+        self.total = [np.zeros(E) for E in experts_per_layer]
+        self.recent = [deque(maxlen=window) for _ in experts_per_layer]
 
     def update(self, layer: int, counts: list[int] | np.ndarray) -> None:
         """Record one visit of ``layer`` with tokens per expert ``counts [E]``."""

@@ -1,7 +1,9 @@
 """Routing traces for the cache planner and for Belady's bound.
 
 - :func:`record_trace`: tokens per expert per (sequence, MoE layer), ``counts [P, L, E]`` —
-  ZipMoE's planner input (the authors profile per-prompt, per-layer expert counts).
+  ZipMoE's planner input (the authors profile per-prompt, per-layer expert counts). With
+  different expert counts per layer (a pruned model) ``E`` is the largest and a layer's
+  columns past its own experts are zero.
 - :func:`record_requests`: per MoE layer, the experts each forward call needs, in the order
   the offload engine requests them (ascending expert id per call) — the future Belady's
   policy reads; recorded from any model (in memory or offloaded) on the same inputs.
@@ -34,11 +36,12 @@ def record_trace(model: MoETransformer, sequences: Iterable[Tensor]) -> np.ndarr
     block-diffusion model sees the clean sequence under its block-causal mask).
 
     Returns:
-        ``[P, L, E]`` int64: tokens routed to each expert, per sequence and MoE layer.
+        ``[P, L, E]`` int64: tokens routed to each expert, per sequence and MoE layer
+        (``E`` = the largest layer's expert count; zeros past a smaller layer's experts).
     Raises:
         ValueError: no MoE layer, or no sequence given.
     """
-    _moe_layers(model)
+    E = max(layer.experts.num_experts for layer in _moe_layers(model))
     model.eval()
     device = next(model.parameters()).device
     rows = []
@@ -51,7 +54,8 @@ def record_trace(model: MoETransformer, sequences: Iterable[Tensor]) -> np.ndarr
             out = diffusion_forward(model, ids, pos, mask)
         else:
             out = model(ids)
-        rows.append(np.stack([r.counts.cpu().numpy() for r in out.records if r is not None]))
+        counts = [r.counts.cpu().numpy() for r in out.records if r is not None]
+        rows.append(np.stack([np.pad(c, (0, E - c.shape[0])) for c in counts]))
     if not rows:
         raise InvalidValueError("sequences: need at least one sequence")
     return np.stack(rows).astype(np.int64)

@@ -55,6 +55,11 @@ class Criterion(ABC):
     def select(self, acc: Any, n_keep: int) -> Selection:
         """Choose ``n_keep`` experts from a filled accumulator."""
 
+    def check_layer(self, layer: MoELayer, where: str) -> None:
+        """Raise ValueError, naming ``where``, when this criterion cannot score ``layer``
+        (called for every layer before any calibration pass; most criteria take any)."""
+        return None
+
     def options(self) -> dict[str, Any]:
         """The criterion's settings, for reports."""
         return {}

@@ -42,6 +42,22 @@ MAX_EXPERTS = 16
 _ROWS_PER_CHUNK = 1 << 17
 
 
+def check_naee_layer(layer: MoELayer, where: str) -> None:
+    """Raise ValueError unless NAEE can enumerate ``layer``: at most :data:`MAX_EXPERTS`
+    experts, and dropless (re-routing with masked logits is the pruned layer only without a
+    capacity; see :mod:`moelab.compress.prune.apply`)."""
+    E = layer.experts.num_experts
+    if E > MAX_EXPERTS:
+        raise InvalidValueError(
+            f"naee: enumeration needs E <= {MAX_EXPERTS} experts per layer, {where} has {E}"
+        )
+    if layer.config.router.capacity_factor is not None:
+        raise InvalidValueError(
+            f"naee: needs a dropless router (capacity_factor=None); {where} has "
+            f"capacity_factor={layer.config.router.capacity_factor}"
+        )
+
+
 class SubsetErrors:
     """Streaming ``Σ_batches ‖Z − Z′_S‖_F`` for every subset S of ``n_keep`` experts.
 
@@ -51,13 +67,8 @@ class SubsetErrors:
     """
 
     def __init__(self, layer: MoELayer, n_keep: int) -> None:
+        check_naee_layer(layer, "layer")
         E = layer.experts.num_experts
-        if E > MAX_EXPERTS:
-            raise InvalidValueError(
-                f"naee: enumeration needs E <= {MAX_EXPERTS} experts per layer, the layer has {E}"
-            )
-        if layer.config.router.capacity_factor is not None:
-            raise InvalidValueError("naee: needs a dropless router (capacity_factor=None)")
         if not 1 <= n_keep <= E:
             raise InvalidValueError(f"n_keep: must be in [1, {E}], got {n_keep}")
         self.num_experts, self.n_keep = E, n_keep
@@ -116,6 +127,9 @@ class NAEE(Criterion):
 
     name = "naee"
     sequential = False
+
+    def check_layer(self, layer: MoELayer, where: str) -> None:
+        check_naee_layer(layer, where)
 
     def accumulator(self, layer: MoELayer, n_keep: int) -> SubsetErrors:
         return SubsetErrors(layer, n_keep)
