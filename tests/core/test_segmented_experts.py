@@ -275,3 +275,17 @@ def test_count_params_sees_segmented_banks():
     want = count_params(model)
     freeze_experts(model.blocks[0].ffn, [0, 3])
     assert count_params(model) == want
+
+
+def test_sharding_or_pruning_a_segmented_bank_says_to_consolidate():
+    from moelab.core.experts.select import check_selectable
+
+    layer = MoELayer(
+        MoEConfig(
+            router=RouterConfig(num_experts=4, top_k=2),
+            experts=ExpertsConfig(hidden_size=8, ffn_hidden_size=8),
+        )
+    )
+    freeze_experts(layer, [0])
+    with pytest.raises(ValueError, match="pruning: l0 holds a SegmentedExpertBank.*consolidate"):
+        check_selectable(layer.experts, "l0", "pruning")

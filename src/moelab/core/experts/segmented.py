@@ -80,6 +80,8 @@ class SegmentedExpertBank(nn.Module):
             different configs or backends.
     """
 
+    select_hint = "merge its segments into one bank first: moelab.core.growth.consolidate_experts"
+
     def __init__(self, segments: Sequence[ExpertBank], frozen: Sequence[bool]) -> None:
         super().__init__()
         if not segments:

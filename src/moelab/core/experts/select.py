@@ -42,10 +42,15 @@ def check_selectable(bank: nn.Module, where: str, purpose: str) -> None:
         ValueError: the bank kind has no ``select_experts``.
     """
     if not can_select(bank):
+        # a bank kind may say how to get a selectable bank back (``select_hint``)
+        hint = getattr(
+            bank,
+            "select_hint",
+            "only full-precision expert banks can; quantize after pruning or sharding, not before",
+        )
         raise InvalidValueError(
             f"{purpose}: {where} holds a {type(bank).__name__}, whose experts cannot be split "
-            "or removed (only full-precision expert banks can; quantize after pruning or "
-            "sharding, not before)"
+            f"or removed ({hint})"
         )
 
 
