@@ -287,5 +287,5 @@ def test_sharding_or_pruning_a_segmented_bank_says_to_consolidate():
         )
     )
     freeze_experts(layer, [0])
-    with pytest.raises(ValueError, match="pruning: l0 holds a SegmentedExpertBank.*consolidate"):
+    with pytest.raises(ValueError, match=r"pruning: l0 holds a SegmentedExpertBank.*consolidate"):
         check_selectable(layer.experts, "l0", "pruning")
