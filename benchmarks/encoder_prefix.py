@@ -50,7 +50,8 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=32, help="tokens per text")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=30)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--budget", type=float, default=8.0, help="timed seconds per step per round")
     ap.add_argument("--random-init", action="store_true", help="skip the MiniLM weights")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -78,13 +79,15 @@ def main() -> None:
         "cached": lambda: step(model.forward_from(cache, mask, start_block=start)),
         "hidden_at": lambda: model.hidden_at(ids, mask, block=start),
     }
-    rounds = [interleaved_medians(fns, args.repeats) for _ in range(args.rounds)]
+    rounds = [
+        interleaved_medians(fns, args.repeats, budget_s=args.budget) for _ in range(args.rounds)
+    ]
     med = {k: statistics.median(r[k] for r in rounds) for k in fns}
     speedups = sorted(r["full"] / r["cached"] for r in rounds)
     print(
         f"weights: {weights}; batch {args.batch} x {args.seq} tokens; top {args.top_blocks} of "
         f"{L} blocks train; {torch.get_num_threads()} threads; {args.rounds} rounds x "
-        f"{args.repeats} interleaved repeats (median)"
+        f"<= {args.repeats} interleaved repeats (median)"
     )
     print("| step | ms (median of rounds) | per-round ms |")
     print("|---|---|---|")
@@ -99,6 +102,11 @@ def main() -> None:
     print(
         f"speed-up full / cached: {med['full'] / med['cached']:.2f}x "
         f"(per round {', '.join(f'{s:.2f}' for s in speedups)})"
+    )
+    k = args.top_blocks
+    print(
+        f"matmul-FLOP ratio (L fwd + k bwd) / (k fwd + k bwd), backward = 2 forwards: "
+        f"(L + 2k) / 3k = {(L + 2 * k) / (3 * k):.2f}x"
     )
     print("command: PYTHONPATH=src python benchmarks/encoder_prefix.py " + " ".join(sys.argv[1:]))
 

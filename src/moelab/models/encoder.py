@@ -139,6 +139,11 @@ def cls_pool(hidden: Tensor) -> Tensor:
     return hidden[:, 0]
 
 
+def _check_pooling(pooling: str) -> None:
+    if pooling not in POOLINGS:
+        raise InvalidValueError(f"pooling: must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+
+
 def pool(
     hidden: Tensor, attention_mask: Tensor | None, *, pooling: str = "mean", normalize: bool = False
 ) -> Tensor:
@@ -149,8 +154,7 @@ def pool(
     Raises:
         InvalidValueError: ``pooling`` is not ``"mean"`` or ``"cls"``.
     """
-    if pooling not in POOLINGS:
-        raise InvalidValueError(f"pooling: must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+    _check_pooling(pooling)
     if pooling == "cls":
         out = cls_pool(hidden)
     else:
@@ -320,10 +324,7 @@ class BertEncoder(nn.Module):
             raise InvalidTypeError("texts: expected a list of strings")
         if not isinstance(batch_size, int) or batch_size < 1:
             raise InvalidValueError(f"batch_size: must be an int >= 1, got {batch_size!r}")
-        if pooling not in POOLINGS:
-            raise InvalidValueError(
-                f"pooling: must be one of {', '.join(POOLINGS)}, got {pooling!r}"
-            )
+        _check_pooling(pooling)
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         device = next(self.parameters()).device
         out = torch.empty(len(texts), self.cfg.hidden_size, dtype=torch.float32)
