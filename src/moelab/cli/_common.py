@@ -25,7 +25,7 @@ def load_run(run: Path):
 
     if not run.is_dir():
         if str(run) in PRETRAINED:
-            return load_pretrained(str(run))
+            return load_pretrained(str(run), kind="causal_lm")
         raise FileNotFoundError(f"{run}: run folder not found")
     if (run / "run.json").exists() and not run_finished(run):
         raise CheckpointError(

@@ -42,7 +42,11 @@ def _chat_template(run: Path):
     source = str(run) if folder is None else None
     if folder is not None and (folder / "upcycle.json").is_file():
         source = read_json(folder / "upcycle.json", InvalidValueError).get("source")
-    if source not in PRETRAINED or not pretrained_available(source):
+    if (
+        source not in PRETRAINED
+        or PRETRAINED[source].kind != "causal_lm"
+        or not pretrained_available(source)
+    ):
         return template
     from moelab.interop.gguf import read_gguf_metadata
 

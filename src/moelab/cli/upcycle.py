@@ -111,13 +111,13 @@ def load_dense_source(source: str | os.PathLike[str]) -> tuple[MoETransformer, A
 
     name = str(source)
     if name.lower() in PRETRAINED:
-        model, tok = load_pretrained(name)
+        model, tok = load_pretrained(name, kind="causal_lm")
     else:
         folder = Path(source)
         if not folder.is_dir():
             raise InvalidValueError(
                 f"source: {name!r} is neither a pretrained model "
-                f"({', '.join(available_pretrained())}) nor an existing model folder"
+                f"({', '.join(available_pretrained('causal_lm'))}) nor an existing model folder"
             )
         try:
             model = load_model(folder)

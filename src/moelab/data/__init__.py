@@ -30,6 +30,7 @@ from moelab.data.batching import (
     sample_batch,
 )
 from moelab.data.corpora import PACKAGED_CORPORA, Document, load_corpus
+from moelab.data.encoder_tokenizer import EncoderTokenizer
 from moelab.data.errors import CorpusError, CorpusNotInstalledError, DataError, TokenizerError
 from moelab.data.facts import Fact, load_country_facts
 from moelab.data.fortunes import load_fortunes
@@ -53,6 +54,7 @@ __all__ = [
     "CorpusNotInstalledError",
     "DataError",
     "Document",
+    "EncoderTokenizer",
     "EvalCoverage",
     "Fact",
     "LabelledText",

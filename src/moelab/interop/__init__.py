@@ -1,6 +1,8 @@
 """Hugging Face interop: import/export Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE checkpoints and
-DeepSeek-V3 MoE blocks (see :mod:`moelab.interop.hf`)."""
+DeepSeek-V3 MoE blocks (see :mod:`moelab.interop.hf`), and BERT encoder folders
+(:mod:`moelab.interop.bert`)."""
 
+from moelab.interop.bert import load_bert, save_bert
 from moelab.interop.deepseek_v3 import (
     deepseek_v3_config_fields,
     export_deepseek_v3_moe,
@@ -51,6 +53,8 @@ __all__ = [
     "import_deepseek_v3_moe",
     "import_hf",
     "infer_arch",
+    "load_bert",
     "model_from_hf_state",
     "moe_config_from_deepseek_v3",
+    "save_bert",
 ]
