@@ -93,8 +93,12 @@ class Result:
 
 def _stats(obj: dict[str, Any]) -> Stats:
     ci = obj.get("ci")
-    return Stats(n=int(obj["n"]), mean=float(obj["mean"]), sd=obj.get("sd"),
-                 ci=None if ci is None else (float(ci[0]), float(ci[1])))
+    return Stats(
+        n=int(obj["n"]),
+        mean=float(obj["mean"]),
+        sd=obj.get("sd"),
+        ci=None if ci is None else (float(ci[0]), float(ci[1])),
+    )
 
 
 def read_result(path: str | Path) -> Result:
@@ -169,6 +173,8 @@ def conditions(results: Sequence[Result]) -> str:
         if machine:
             out["machine"] = machine
         out["commit"] = f"`{r.commit[:7]}`" if r.commit else "not recorded"
+        if r.extra.get("note"):
+            out["note"] = str(r.extra["note"])
         return out
 
     per = [parts(r) for r in results]
@@ -186,8 +192,12 @@ def conditions(results: Sequence[Result]) -> str:
 def seeds_table(result: Result, metrics: Sequence[str] | None = None, fmt: str = ".4f") -> str:
     """Markdown table of every per-seed value: one row per (arm, seed)."""
     metrics = list(metrics or result.metric_names())
-    lines = ["| arm | seed | " + " | ".join(map(_cell, metrics)) + " |",
-             "|---|---:|" + "---:|" * len(metrics)]
+    lines = [
+        f"**{_cell(result.name)}**",
+        "",
+        "| arm | seed | " + " | ".join(map(_cell, metrics)) + " |",
+        "|---|---:|" + "---:|" * len(metrics),
+    ]
     for arm in result.arms:
         for seed in result.seeds:
             values = result.metrics[arm][seed]
@@ -196,8 +206,9 @@ def seeds_table(result: Result, metrics: Sequence[str] | None = None, fmt: str =
     return "\n".join(lines) + "\n\n" + conditions([result]) + "\n"
 
 
-def summary_table(results: Sequence[Result], metrics: Sequence[str] | None = None,
-                  fmt: str = ".4f") -> str:
+def summary_table(
+    results: Sequence[Result], metrics: Sequence[str] | None = None, fmt: str = ".4f"
+) -> str:
     """Markdown table, one row per (result, arm): mean ± sd and the t-interval of each metric."""
     if metrics is None:
         metrics = list(dict.fromkeys(m for r in results for m in r.metric_names()))
@@ -205,7 +216,10 @@ def summary_table(results: Sequence[Result], metrics: Sequence[str] | None = Non
     head = ["result", "arm", "seeds"]
     for m in metrics:
         head += [f"{m} (mean ± sd)", f"{m} {level} interval"]
-    lines = ["| " + " | ".join(map(_cell, head)) + " |", "|---|---|---:|" + "---:|" * 2 * len(metrics)]
+    lines = [
+        "| " + " | ".join(map(_cell, head)) + " |",
+        "|---|---|---:|" + "---:|" * 2 * len(metrics),
+    ]
     for r in results:
         for arm in r.arms:
             cells = [_cell(r.name), _cell(arm), str(len(r.seeds))]
@@ -220,13 +234,16 @@ def summary_table(results: Sequence[Result], metrics: Sequence[str] | None = Non
     return "\n".join(lines) + "\n\n" + conditions(results) + "\n"
 
 
-def paired_table(results: Sequence[Result], metrics: Sequence[str] | None = None,
-                 fmt: str = ".4f") -> str:
+def paired_table(
+    results: Sequence[Result], metrics: Sequence[str] | None = None, fmt: str = ".4f"
+) -> str:
     """Markdown table, one row per (result, pair, metric): per-seed differences, their mean ±
     sd and t-interval (seeds are the pairing unit)."""
     level = f"{round(100 * results[0].confidence)} %"
-    lines = [f"| result | arm − baseline | metric | per seed | mean ± sd | {level} interval |",
-             "|---|---|---|---|---:|---:|"]
+    lines = [
+        f"| result | arm − baseline | metric | per seed | mean ± sd | {level} interval |",
+        "|---|---|---|---|---:|---:|",
+    ]
     for r in results:
         for p in r.paired:
             if metrics is not None and p.metric not in metrics:
@@ -234,9 +251,11 @@ def paired_table(results: Sequence[Result], metrics: Sequence[str] | None = None
             st = p.stats
             per_seed = ", ".join(_num(d, "+" + fmt) for d in p.diffs)
             sd = "" if st.sd is None else f" ± {_num(st.sd, fmt)}"
-            lines.append(f"| {_cell(r.name)} | {_cell(p.arm)} − {_cell(p.baseline)} | "
-                         f"{_cell(p.metric)} | {per_seed} | **{_num(st.mean, '+' + fmt)}**{sd} "
-                         f"| {_interval(st, fmt)} |")
+            lines.append(
+                f"| {_cell(r.name)} | {_cell(p.arm)} − {_cell(p.baseline)} | "
+                f"{_cell(p.metric)} | {per_seed} | **{_num(st.mean, '+' + fmt)}**{sd} "
+                f"| {_interval(st, fmt)} |"
+            )
     return "\n".join(lines) + "\n\n" + conditions(results) + "\n"
 
 
@@ -265,29 +284,51 @@ def plot_png(results: Sequence[Result], metric: str, x: str | None = None) -> by
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4), dpi=110)
 
     def err(stats: list[Stats]) -> list[list[float]]:
-        return [[s.mean - s.ci[0] if s.ci else 0.0 for s in stats],
-                [s.ci[1] - s.mean if s.ci else 0.0 for s in stats]]
+        return [
+            [s.mean - s.ci[0] if s.ci else 0.0 for s in stats],
+            [s.ci[1] - s.mean if s.ci else 0.0 for s in stats],
+        ]
 
     arms = list(dict.fromkeys(a for r in results for a in r.arms))
     for arm in arms:
-        pts = [(xv, r.summary[arm][metric]) for xv, r in zip(xs, results, strict=True)
-               if arm in r.summary and metric in r.summary[arm]]
+        pts = [
+            (xv, r.summary[arm][metric])
+            for xv, r in zip(xs, results, strict=True)
+            if arm in r.summary and metric in r.summary[arm]
+        ]
         if pts:
             stats = [s for _, s in pts]
-            left.errorbar([p[0] for p in pts], [s.mean for s in stats], yerr=err(stats),
-                          marker="o", capsize=3, label=arm)
+            left.errorbar(
+                [p[0] for p in pts],
+                [s.mean for s in stats],
+                yerr=err(stats),
+                marker="o",
+                capsize=3,
+                label=arm,
+            )
     left.set_ylabel(metric)
     left.set_title(f"{metric}: mean and {round(100 * results[0].confidence)} % interval")
-    pairs = list(dict.fromkeys((p.arm, p.baseline) for r in results for p in r.paired
-                               if p.metric == metric))
+    pairs = list(
+        dict.fromkeys((p.arm, p.baseline) for r in results for p in r.paired if p.metric == metric)
+    )
     for arm, base in pairs:
-        pts = [(xv, p.stats) for xv, r in zip(xs, results, strict=True) for p in r.paired
-               if (p.arm, p.baseline, p.metric) == (arm, base, metric)]
+        pts = [
+            (xv, p.stats)
+            for xv, r in zip(xs, results, strict=True)
+            for p in r.paired
+            if (p.arm, p.baseline, p.metric) == (arm, base, metric)
+        ]
         stats = [s for _, s in pts]
-        right.errorbar([p[0] for p in pts], [s.mean for s in stats], yerr=err(stats),
-                       marker="o", capsize=3, label=f"{arm} − {base}")
+        right.errorbar(
+            [p[0] for p in pts],
+            [s.mean for s in stats],
+            yerr=err(stats),
+            marker="o",
+            capsize=3,
+            label=f"{arm} − {base}",
+        )
     right.axhline(0.0, color="grey", linewidth=0.8)
-    right.set_title("paired difference (per seed)")
+    right.set_title("paired difference: mean and interval")
     for ax in (left, right):
         if x:
             ax.set_xlabel(x.rsplit(".", 1)[-1])
@@ -309,7 +350,7 @@ def main(argv: list[str]) -> int:
         return 2
     results = [read_result(p) for p in argv]
     for r in results:
-        print(f"## {r.name}\n\n{seeds_table(r)}")
+        print(seeds_table(r))
     print(summary_table(results))
     print(paired_table(results))
     return 0
