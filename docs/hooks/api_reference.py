@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mkdocs.structure.files import File, Files
-
 SRC = Path(__file__).resolve().parents[2] / "src"
 ROOT = "reference/api"
 _SKIP = {"moelab.cli"}
@@ -90,7 +88,9 @@ def on_config(config):
     return config
 
 
-def on_files(files: Files, config) -> Files:
+def on_files(files, config):
+    from mkdocs.structure.files import File
+
     pkgs = packages()
     files.append(File.generated(config, f"{ROOT}/index.md", content=index_markdown(pkgs)))
     for pkg, modules in pkgs.items():
