@@ -9,11 +9,15 @@ time (``File.generated``) and listed under "Reference → Python API" in the nav
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 ROOT = "reference/api"
 _SKIP = {"moelab.cli"}
+# Docstrings mark references Sphinx-style (:class:`~a.b.C`); Markdown renders the role as text
+# before the code span, so the reference pages drop the role and the "~".
+_ROLE = re.compile(r":(?:func|class|meth|mod|data|attr|exc|obj):<code>~?")
 
 
 def _public(name: str) -> bool:
@@ -96,3 +100,14 @@ def on_files(files, config):
     for pkg, modules in pkgs.items():
         files.append(File.generated(config, _uri(pkg), content=page_markdown(pkg, modules)))
     return files
+
+
+def strip_roles(html: str) -> str:
+    """``html`` with Sphinx role prefixes before code spans removed."""
+    return _ROLE.sub("<code>", html)
+
+
+def on_page_content(html, page, config, files):
+    if page.file.src_uri.startswith(ROOT + "/"):
+        return strip_roles(html)
+    return html

@@ -63,6 +63,13 @@ def test_api_pages_cover_the_public_packages_only():
     assert "::: moelab.core.plan" in page and page.startswith("# `moelab.core`")
 
 
+def test_sphinx_roles_are_dropped_from_reference_pages():
+    html = "see :class:<code>~moelab.core.plan.RoutingPlan</code> and :func:<code>f</code>"
+    assert api_reference.strip_roles(html) == (
+        "see <code>moelab.core.plan.RoutingPlan</code> and <code>f</code>"
+    )
+
+
 def test_result_directives_are_parsed_and_checked():
     pytest.importorskip("mkdocs")
     from mkdocs.exceptions import PluginError
