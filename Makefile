@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 TORCH_SPEC ?= torch==2.13.0
 RUN    ?= runs/main
 
-.PHONY: install run test lint bench clean
+.PHONY: install run test lint bench docs clean
 
 # What the main job needs (`make run`); the test suite's extras come on top of it.
 $(VENV)/.run-installed: pyproject.toml Makefile
@@ -30,6 +30,12 @@ $(VENV)/.installed: $(VENV)/.run-installed
 	touch $@
 
 install: $(VENV)/.installed
+
+# The documentation site's tools on top of the main job's environment (the CLI reference is
+# rendered from the installed moelab's Typer app).
+$(VENV)/.docs-installed: $(VENV)/.run-installed
+	$(PIP) install -q -e ".[docs]"
+	touch $@
 
 # Trains once (an interrupted run resumes; a finished one is reused), then evaluates, analyses
 # the routing, compresses the experts losslessly (ZipMoE store) and generates one short sample
@@ -63,8 +69,17 @@ lint: install
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/ruff check src tests benchmarks
 
+# Builds the documentation site into site/ (mkdocs.yml). --strict: a broken link or anchor, a
+# page missing from the navigation, an unresolved docstring reference or a missing result file
+# fails the build. To browse it while editing: $(VENV)/bin/mkdocs serve (http://127.0.0.1:8000).
+# NO_MKDOCS_2_WARNING silences the theme's banner about its end of life (May 2027), which is
+# not about this site.
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+	@echo "Built site/ (open site/index.html); to browse it live: $(VENV)/bin/mkdocs serve"
+
 bench: install
 	$(PY) benchmarks/layer_speed.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache site

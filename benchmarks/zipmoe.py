@@ -30,7 +30,7 @@ Stores are written under ``--work`` (reused when present). Decoded tensors are n
 sha256-checked in the timed runs (``verify="off"``: the round trip was verified when the
 store was written, and every segment's CRC-32 is still checked on every read).
 
-Example (the README's table (2)):
+Example (table (2) of docs/methods/zipmoe.md):
   python benchmarks/zipmoe.py --run runs/smollm2-moe --run runs/main \\
       --tokens 16 --repeats 2 --no-sizes --storage-mbps 300
 """

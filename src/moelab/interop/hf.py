@@ -80,8 +80,9 @@ def model_from_hf_state(
     The model takes the dtype of ``model.embed_tokens.weight``; values are copied bit for bit.
 
     Raises:
-        UnsupportedConfigError, ConfigMismatchError, MissingTensorError,
-        UnexpectedTensorError, TensorShapeError: naming the field or tensor.
+        InteropError: one of its subclasses (UnsupportedConfigError, ConfigMismatchError,
+            MissingTensorError, UnexpectedTensorError, TensorShapeError), naming the field or
+            tensor.
     """
     cfg, spec = config_from_hf(hf_config)
     emb = tensors.get("model.embed_tokens.weight")

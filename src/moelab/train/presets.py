@@ -44,8 +44,8 @@ def default_model_config() -> ModelConfig:
     Fine-grained (DeepSeekMoE's expert segmentation, arXiv 2401.06066): the 8 experts of 384,
     top-2, of earlier versions split in halves, so the total (7.6M) and active (2.3M)
     parameters stay the same. At the ``make run`` budget it was ahead of that shape on each
-    of 3 seeds and of the tuned dense twin by 0.060 ± 0.028 bits/byte (README, "MoE vs its
-    dense twin")."""
+    of 3 seeds and of the tuned dense twin by 0.060 ± 0.028 bits/byte
+    (docs/benchmarks/moe-vs-dense.md)."""
     return _byte_moe_lm(
         d_model=192,
         n_heads=6,
@@ -91,7 +91,7 @@ def default_train_dict() -> dict[str, Any]:
     tokens narrowed it. The library's 1.5 MB cap per domain (4.5 MB of ``mix``) is one epoch
     at about 380 s: at twice that and more, both models repeat it, the larger MoE overfits
     first and its lead shrinks (to −0.005 bits/byte at 3,040 s, one seed); on the whole
-    corpus its lead at 380 s and 760 s is larger (README, "MoE vs its dense twin"). The
+    corpus its lead at 380 s and 760 s is larger (docs/benchmarks/moe-vs-dense.md). The
     library's :class:`TrainConfig` keeps bytes and the cap, which cost no tokenizer training."""
     return TrainConfig().to_dict() | {
         "tokenizer": "bpe",

@@ -412,7 +412,7 @@ def fit_tileq(
        one Σ for the whole projection (no per-expert core). Stored as
        :class:`LowRankFactors` ``"tileq"``: ``U [N, O, r] = Q_n Σ`` (Σ folded in [I]),
        ``V [M, I, r] = P_m``, ``in_scale = Sa`` (clamped to float16's normal range
-       [6.2e-5, 6e4] [I]), ``row_of = n``, ``col_of = m``;
+       [6.2e-5, 6e4]; [I]), ``row_of = n``, ``col_of = m``;
     5. an expert with ``max|T_e − L_e| > drop_above`` (60 in the code [K]) gets no term
        (``in_scale_e = 0``).
 

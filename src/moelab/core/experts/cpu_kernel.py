@@ -15,7 +15,7 @@ hidden width into two items so that an odd number of busy experts still fills bo
 The backward pass has the same structure, one task per expert, and recomputes the activation
 from the saved input projection.
 
-Measured by ``benchmarks/layer_speed.py``; the README has the table.
+Measured by ``benchmarks/layer_speed.py``; the table is in docs/benchmarks/layer.md.
 
 The kernel is compiled on first use with ``torch.utils.cpp_extension.load`` (C++ compiler and
 ninja required, 30-40 s once per torch installation; cached in ``<TORCH_EXTENSIONS_DIR or

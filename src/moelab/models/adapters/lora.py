@@ -45,7 +45,7 @@ class LoRALinear(nn.Module):
         alpha: α > 0; the update is scaled by α/r.
         dropout: dropout probability on the adapter's input (PEFT ``lora_dropout``).
 
-    Parameters:
+    Weights:
         lora_A: ``[r, in]``, lora_B: ``[out, r]``, in the base weight's dtype and device.
     Forward:
         x ``[..., in]`` → ``[..., out]``.

@@ -44,7 +44,7 @@ class MoELoRALinear(nn.Module):
         rank, alpha, dropout: every expert's r, α (scale α/r) and input dropout.
         top_k: None for dense softmax weights, or k in ``[1, E]``.
 
-    Parameters:
+    Weights:
         lora_A ``[E_new, r, in]``, lora_B ``[E_new, out, r]``: the trainable experts.
         old_lora_A ``[E_old, r, in]``, old_lora_B ``[E_old, out, r]``: frozen experts
             (None before the first :meth:`grow`); they come first in expert order.
