@@ -10,6 +10,8 @@ fence.
 from __future__ import annotations
 
 import re
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -82,7 +84,10 @@ def test_examples_run(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    namespace: dict = {"__name__": "__docs_example__"}
+    # a real module, as a script's __main__ is: dataclasses and pickling look classes up there
+    module = types.ModuleType("__docs_example__")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    namespace = module.__dict__
     try:
         for line_no, code, reason in python_blocks(page.read_text(encoding="utf-8")):
             if reason is not None:
