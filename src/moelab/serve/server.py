@@ -48,6 +48,10 @@ from moelab.serve.metrics import ServeMetrics
 from moelab.serve.page import render_page
 from moelab.serve.params import SamplingParams
 from moelab.serve.protocol import APIError, ChatRequest, CompletionRequest
+from moelab.utils.fields import SEED_MAX
+
+_WATCH_S = 1.0
+"""How often a waiting request checks its deadline and the engine thread (seconds)."""
 
 _ENDPOINTS = {
     "/",
@@ -313,6 +317,32 @@ def build_app(
         c = sum(len(s.output_ids) for s in seqs)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
+    def engine_error(seqs: list[Sequence]) -> APIError:
+        why = next((s.error for s in seqs if s.finish_reason == "error" and s.error), None)
+        return APIError(500, why or "engine: generation failed", type="server_error")
+
+    async def next_event(
+        queue: asyncio.Queue[tuple[int, Event]], seqs: list[Sequence], deadline: float | None
+    ) -> tuple[int, Event]:
+        """The next engine event. Past ``deadline`` (the request timeout plus a second) it
+        answers 504 and while the engine thread is gone 503, by itself: a request the
+        engine never finishes must still end, whatever went wrong in the engine."""
+        while True:
+            try:
+                return await asyncio.wait_for(queue.get(), _WATCH_S)
+            except TimeoutError:
+                if not engine.alive:
+                    for s in seqs:
+                        s.cancel()
+                    raise APIError(
+                        503, "engine: its thread stopped; restart the server",
+                        type="server_error", code="engine_stopped",
+                    ) from None  # fmt: skip
+                if deadline is not None and time.monotonic() > deadline:
+                    for s in seqs:
+                        s.cancel()
+                    raise timeout_error() from None
+
     def timeout_error() -> APIError:
         return APIError(
             504,
@@ -347,9 +377,12 @@ def build_app(
             prompt_lens.append(len(ids))
             base = make_params(req, len(ids), extra_ids, extra_stop)
             for j in range(req.n):
-                seed = None if base.seed is None else base.seed + j
+                seed = None if base.seed is None else (base.seed + j) % (SEED_MAX + 1)
                 jobs.append((ids, _with_seed(base, seed)))
         queue, seqs = submit_all(jobs)
+        deadline = None
+        if config.request_timeout_s is not None:
+            deadline = time.monotonic() + config.request_timeout_s + 1.0
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         head = {
             "id": rid,
@@ -360,7 +393,7 @@ def build_app(
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(
-                _stream(request, queue, seqs, head, chat, include_usage, prompt_lens),
+                _stream(request, queue, seqs, head, chat, include_usage, prompt_lens, deadline),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
@@ -370,7 +403,7 @@ def build_app(
         try:
             left = len(seqs)
             while left:
-                i, ev = await queue.get()
+                i, ev = await next_event(queue, seqs, deadline)
                 texts[i].append(ev.text)
                 if isinstance(ev, TokenEvent):
                     if ev.experts is not None:
@@ -387,7 +420,7 @@ def build_app(
         if "timeout" in reasons:
             raise timeout_error()
         if "error" in reasons:
-            raise APIError(500, "engine: generation failed", type="server_error")
+            raise engine_error(seqs)
         choices = []
         for i, s in enumerate(seqs):
             text = "".join(texts[i])
@@ -406,7 +439,7 @@ def build_app(
         head["object"] = "chat.completion" if chat else "text_completion"
         return JSONResponse({**head, "choices": choices, "usage": usage(seqs, prompt_lens)})
 
-    async def _stream(request, queue, seqs, head, chat, include_usage, prompt_lens):
+    async def _stream(request, queue, seqs, head, chat, include_usage, prompt_lens, deadline):
         def chunk(choices: list[dict], **extra) -> str:
             return "data: " + json.dumps({**head, "choices": choices, **extra}) + "\n\n"
 
@@ -432,7 +465,11 @@ def build_app(
                 )  # fmt: skip
             left = len(seqs)
             while left:
-                i, ev = await queue.get()
+                try:
+                    i, ev = await next_event(queue, seqs, deadline)
+                except APIError as err:
+                    yield "data: " + json.dumps(err.body()) + "\n\n"
+                    break
                 if isinstance(ev, TokenEvent):
                     routing = [routing_token(ev)] if ev.experts is not None else None
                     if ev.text or routing:
@@ -441,11 +478,7 @@ def build_app(
                 left -= 1
                 metrics.observe(seqs[i])
                 if ev.reason in ("timeout", "error"):
-                    err = (
-                        timeout_error()
-                        if ev.reason == "timeout"
-                        else APIError(500, "engine: generation failed", type="server_error")
-                    )
+                    err = timeout_error() if ev.reason == "timeout" else engine_error([seqs[i]])
                     yield "data: " + json.dumps(err.body()) + "\n\n"
                     for s in seqs:
                         s.cancel()
@@ -493,6 +526,8 @@ def build_app(
     @app.get("/health")
     async def health():
         body = {"status": "ok", "running": engine.num_running, "waiting": engine.num_waiting}
+        if not engine.alive:
+            return JSONResponse({**body, "status": "engine stopped"}, status_code=503)
         if engine.closed:
             return JSONResponse({**body, "status": "draining"}, status_code=503)
         return body
