@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -134,9 +135,19 @@ def serve(
     from moelab.serve import Engine
     from moelab.serve.card import model_card
     from moelab.serve.diffusion import DiffusionEngine
-    from moelab.serve.server import ServerConfig, build_app, uvicorn_server
+    from moelab.serve.server import (
+        ServerConfig,
+        bind_socket,
+        build_app,
+        check_api_key,
+        uvicorn_server,
+    )
 
     guarded(_check, port, max_batch, max_queue, timeout, max_body_kb)
+    if api_key is None and "MOELAB_API_KEY" in os.environ:  # click reads "" as unset
+        api_key = os.environ["MOELAB_API_KEY"]
+    if api_key is not None:  # an empty key is refused, never read as "no authentication"
+        guarded(check_api_key, api_key)
     guarded(check_compile, compile, offload, decoder)
     model, tokenizer = guarded(load_for_inference, run, offload, cache_mb, policy, storage_mbps)
     offload_stats = _offload_stats(model) if offload else None
@@ -159,6 +170,8 @@ def serve(
     app_ = build_app(
         engine, tokenizer, config, card=card, chat_template=template, offload_stats=offload_stats
     )
+    sock = guarded(bind_socket, host, port)  # a busy port is reported before the banner
+    port = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     console.print(f"[bold]moelab serve[/] {name}: http://{shown}:{port}/  (OpenAI API at /v1)")
     console.print(json.dumps(card))
@@ -169,4 +182,4 @@ def serve(
         f"{'plain' if template.is_plain else 'from the model folder'}"
         + (", API key required" if api_key else "")
     )
-    uvicorn_server(app_, host=host, port=port, grace_s=grace).run()
+    uvicorn_server(app_, host=host, port=port, grace_s=grace).run(sockets=[sock])

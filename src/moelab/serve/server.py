@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import secrets
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -33,8 +34,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from moelab.data import Tokenizer
+from moelab.errors import InvalidValueError
 from moelab.serve.chat import ChatTemplate
 from moelab.serve.engine import (
     Engine,
@@ -69,7 +72,8 @@ class ServerConfig:
 
     Attributes:
         model_name: the only ``model`` value requests may name (others get 404).
-        api_key: when set, every request but ``GET /`` must send ``Authorization: Bearer KEY``.
+        api_key: when set, every request but ``GET /`` must send ``Authorization: Bearer KEY``
+            (:func:`check_api_key`: an empty key is refused, never read as "no key").
         max_body_bytes: larger request bodies get 413.
         request_timeout_s: a request still unfinished after this many seconds is cancelled
             and answered 504 (None = no limit).
@@ -83,6 +87,30 @@ class ServerConfig:
     request_timeout_s: float | None = 600.0
     max_n: int = 8
     shutdown_grace_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.api_key is not None:
+            check_api_key(self.api_key)
+
+
+def check_api_key(key: str) -> str:
+    """``key`` when it can authenticate anyone: non-empty printable ASCII (what an HTTP
+    header carries) without surrounding spaces. An empty key (typically an unset
+    ``$VARIABLE``) is refused rather than read as "no authentication".
+
+    Raises:
+        InvalidValueError: naming the problem (never echoing the key).
+    """
+    if not key.strip():
+        raise InvalidValueError(
+            "api_key: empty (an unset environment variable?); give a key, or leave the "
+            "option out to serve without authentication"
+        )
+    if key != key.strip() or not (key.isascii() and key.isprintable()):
+        raise InvalidValueError(
+            "api_key: must be printable ASCII without leading or trailing spaces"
+        )
+    return key
 
 
 class _Guard:
@@ -182,16 +210,24 @@ def build_app(
         if length is not None and length.isdigit() and int(length) > config.max_body_bytes:
             raise APIError(413, f"body: {length} bytes exceed the limit of {config.max_body_bytes}")
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > config.max_body_bytes:
-                raise APIError(413, f"body: exceeds the limit of {config.max_body_bytes} bytes")
+        try:
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > config.max_body_bytes:
+                    raise APIError(413, f"body: exceeds the limit of {config.max_body_bytes} bytes")
+        except ClientDisconnect:  # nobody reads the answer; it keeps the log clean
+            raise APIError(400, "body: the client disconnected before sending all of it") from None
         try:
             obj = json.loads(body)
+        except RecursionError:
+            raise APIError(400, f"body: JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise APIError(400, f"body: malformed JSON ({e})") from None
         if not isinstance(obj, dict):
             raise APIError(400, "body: must be a JSON object")
+        problem = json_problem(obj)
+        if problem is not None:
+            raise APIError(400, problem[1], param=problem[0])
         try:
             req = schema.model_validate(obj)
         except ValidationError as e:
@@ -544,8 +580,73 @@ def build_app(
     return app
 
 
+MAX_JSON_DEPTH = 32
+"""Deepest nesting of a request body (OpenAI bodies need 5: messages, parts, ...)."""
+
+
+def json_problem(obj: dict[str, Any]) -> tuple[str | None, str] | None:
+    """``(top-level field, message)`` for a parsed body that nests deeper than
+    :data:`MAX_JSON_DEPTH` or holds a string that is not valid Unicode (a lone UTF-16
+    surrogate such as ``"\\ud800"``, which JSON can spell but no tokenizer can encode);
+    None when it has neither. Walks without recursion."""
+    stack: list[tuple[Any, int, str | None]] = [(obj, 1, None)]
+    while stack:
+        node, depth, field = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return None, f"body: JSON nested deeper than {MAX_JSON_DEPTH} levels"
+        if isinstance(node, dict):
+            items = list(node.items())
+        elif isinstance(node, list):
+            items = [(None, v) for v in node]
+        else:
+            items = [(None, node)]
+        for key, value in items:
+            top = key if depth == 1 else field
+            for text in (key, value):
+                if isinstance(text, str) and not _is_unicode(text):
+                    name = top or "body"
+                    return top, f"{name}: holds a lone surrogate (not valid Unicode text)"
+            if isinstance(value, (dict, list)):
+                stack.append((value, depth + 1, top))
+    return None
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _with_seed(params: SamplingParams, seed: int | None) -> SamplingParams:
     return replace(params, seed=seed)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (``port`` 0 = any free port), for
+    ``uvicorn_server(...).run(sockets=[sock])``: binding first lets a caller report a busy
+    port or an unknown address before it announces the server.
+
+    Raises:
+        InvalidValueError: the address cannot be resolved or bound (naming it and why).
+    """
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as e:
+        raise InvalidValueError(f"host: cannot listen on {host!r} ({e.strerror or e})") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise InvalidValueError(
+            f"port: cannot listen on {host}:{port} ({e.strerror or e})"
+        ) from None
+    return sock
 
 
 def uvicorn_server(
