@@ -34,6 +34,36 @@ def load_run(run: Path):
     return load_model(run), load_tokenizer(run)
 
 
+def check_source_model(model, run: Path, command: str) -> None:
+    """Refuse, before any calibration, a model that ``command`` (prune, quantize) cannot
+    transform: a block-diffusion model (calibration runs the causal forward), a quantized
+    one (its experts are codes, not weights), or weights holding NaN/inf (every statistic
+    would be NaN and the failure would come at the end, naming no NaN).
+
+    Raises:
+        InvalidValueError: naming the run and, for NaN/inf, the first such parameter.
+    """
+    import torch
+
+    from moelab.errors import InvalidValueError
+    from moelab.models.quantized import is_quantized
+
+    if model.cfg.objective != "causal":
+        raise InvalidValueError(
+            f"run: {run} is a {model.cfg.objective} model; {command} works on causal models"
+        )
+    if is_quantized(model):
+        raise InvalidValueError(
+            f"run: {run} is already quantized; {command} the full-precision run"
+        )
+    for name, p in model.named_parameters():
+        if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+            raise InvalidValueError(
+                f"run: {run}: the weights hold NaN or inf (first in {name}); {command} needs "
+                "finite weights"
+            )
+
+
 def summary_table(title: str, result, reference=None, reference_name=None) -> Table:
     """Loss, perplexity, bits/byte and tokens per slice of an :class:`EvalResult`, with the
     bits/byte of a ``reference`` :class:`EvalResult` (same slices) in a last column."""
