@@ -86,6 +86,7 @@ def _compress(run, out, lossless, dtype, codec, chunks, profile_data, profile_to
               profile_seq_len, overwrite):  # fmt: skip
     from moelab.compress.lossless import compress_model, copy_run_files
     from moelab.compress.lossless.store import is_store
+    from moelab.models.quantized import is_quantized
     from moelab.serve.offload.trace import record_trace
     from moelab.utils.outdir import check_output_folder
 
@@ -104,6 +105,11 @@ def _compress(run, out, lossless, dtype, codec, chunks, profile_data, profile_to
         )
     check_output_folder(out, inputs=[run], overwrite=overwrite)
     model, tokenizer = load_run(run)
+    if is_quantized(model):  # the store holds float bit fields; codes would never load back
+        raise InvalidValueError(
+            f"{run}: a quantized model cannot go into a lossless store; compress the "
+            "full-precision run"
+        )
     if dtype is not None:
         from moelab.compress.lossless.model_store import DTYPES
 

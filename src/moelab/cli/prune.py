@@ -105,13 +105,15 @@ def _prune(
     from moelab.compress.progress import TokenProgress
     from moelab.compress.prune import build_criterion, check_budget, check_model, prune_experts
     from moelab.train.loop import RUN_FILE, read_run_info, run_train_config
+    from moelab.utils.outdir import check_output_folder
 
     if method not in METHODS:
         raise InvalidValueError(f"method: must be one of {', '.join(METHODS)}, got {method!r}")
     keep = parse_keep(keep_text)
     per_layer = per_layer or ("rank" if method == "ragep" else "uniform")
-    if out.exists():
-        raise FileExistsError(f"out: {out} already exists; choose a new folder")
+    check_output_folder(
+        out, inputs=[run], flag=None
+    )  # an empty folder (a killed write's) is reusable
     if calib_data is not None and not calib_data.strip():
         raise InvalidValueError(
             "calib_data: empty; name a corpus or omit it for the run's held-out text"

@@ -170,9 +170,11 @@ def _quantize(
     from moelab.core.experts.quantized import QuantSpec
     from moelab.models.hooks import moe_layers
     from moelab.train.loop import RUN_FILE, read_run_info, run_train_config
+    from moelab.utils.outdir import check_output_folder
 
-    if out.exists():
-        raise FileExistsError(f"out: {out} already exists; choose a new folder")
+    check_output_folder(
+        out, inputs=[run], flag=None
+    )  # an empty folder (a killed write's) is reusable
     for name, v in (("calib_tokens", calib_tokens), ("batch_size", batch_size)):
         if v < 1:
             raise InvalidValueError(f"{name}: must be >= 1, got {v}")

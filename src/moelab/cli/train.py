@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from moelab.cli._app import Opt, app, console, fail, guarded
-from moelab.cli._common import summary_table
+from moelab.cli._common import check_not_store, summary_table
 from moelab.cli._options import ConfigOption, nested, option_parameters, with_options
 from moelab.cli._ranges import Range
 from moelab.errors import InvalidValueError
@@ -261,6 +261,8 @@ def train(
                 f"--init-from takes the model from {init_from}; drop {_flag_names(arch, None, dense)}"
             )
         )
+    if resume:
+        guarded(check_not_store, run_dir)
     model_cfg, train_cfg = (
         (None, None) if resume else guarded(build_configs, config, model_flags, train_flags, dense)
     )
