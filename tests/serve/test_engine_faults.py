@@ -180,6 +180,29 @@ def test_a_failing_forward_under_the_engine_thread_ends_every_request(faulty):
         engine.stop()
 
 
+def test_an_unexpected_failure_outside_the_forward_ends_every_request(faulty, monkeypatch):
+    engine = Engine(faulty, max_batch=2)
+    real, calls = engine._reap, []
+
+    def reap() -> None:  # the loop's last resort: any exception step() itself lets through
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("bookkeeping broke")
+        real()
+
+    monkeypatch.setattr(engine, "_reap", reap)
+    engine.start()
+    try:
+        seqs = [engine.submit(p, SamplingParams(max_tokens=20, temperature=0)) for p in ([1], [2])]
+        assert all(s.done.wait(30) for s in seqs)
+        assert [s.error for s in seqs] == ["engine: RuntimeError: bookkeeping broke"] * 2
+        assert engine.alive and engine.num_running == 0 and engine.cache.lengths == [0, 0]
+        good = engine.submit([1, 2], SamplingParams(max_tokens=3, temperature=0))
+        assert good.done.wait(30) and good.output_ids == _greedy(faulty, [1, 2], 3)
+    finally:
+        engine.stop()
+
+
 def test_generate_ids_raises_what_the_engine_contained(faulty):
     _Faulty.fail_at = 3
     out = []

@@ -341,6 +341,7 @@ class Engine:
         self._clear_rows()
         self._fail(seqs, exc)
 
+    @torch.inference_mode()  # _fail_all() reaches here outside step()
     def _clear_rows(self) -> None:
         """Free every cache row at once (after the running list was emptied)."""
         self.cache.reset()
