@@ -230,12 +230,12 @@ def test_sampling_and_analysis_settings_are_checked(run_dir):
     assert "temperature" in _err(
         runner.invoke(app, ["generate", str(run_dir), "--temperature", "nan"])
     )
-    assert "top_p" in _err(runner.invoke(app, ["generate", str(run_dir), "--top-p", "1.5"]))
+    assert "--top-p" in _err(runner.invoke(app, ["generate", str(run_dir), "--top-p", "1.5"]))
     tiny = runner.invoke(
         app, ["generate", str(run_dir), "--temperature", "1e-45", "--max-new-tokens", "3"]
     )
     assert tiny.exit_code == 0, tiny.output
-    assert "batch_size" in _err(
+    assert "--batch-size" in _err(
         runner.invoke(app, ["analyze", str(run_dir), "--data", "shakespeare", "--batch-size", "0"])
     )
 
@@ -271,9 +271,9 @@ def test_decoder_must_fit_the_model(run_dir, tmp_path):
         )
     team = ["generate", str(bd), "--decoder", "team"]
     for flags, word in (
-        (["--top-p", "0"], "top_p"),
-        (["--top-p", "1.5"], "top_p"),
-        (["--top-k", "-2"], "top_k"),
+        (["--top-p", "0"], "--top-p"),
+        (["--top-p", "1.5"], "--top-p"),
+        (["--top-k", "-2"], "--top-k"),
         (["--temperature", "nan"], "temperature"),
         (["--temperature", "-1"], "temperature"),
     ):

@@ -74,8 +74,11 @@ def test_bad_inputs_exit_2_and_write_nothing(run_dir, tmp_path):
     assert "per_layer" in _err(runner.invoke(app, [*base, "--per-layer", "deep"]))
     assert "calib_tokens" in _err(runner.invoke(app, [*base, "--calib-tokens", "99999999"]))
     assert not out.exists()
-    out.mkdir()
-    assert "exists" in _err(runner.invoke(app, [*base]))
+    out.mkdir()  # an empty folder (what a killed write leaves) would be reused; a full one not
+    (out / "mine.txt").write_text("x")
+    assert "exists and is not empty (choose a new or empty folder)" in _err(
+        runner.invoke(app, [*base])
+    )
     dense = tmp_path / "dense"
     save_model(MoETransformer(ModelConfig(vocab_size=256, d_model=16, n_heads=2, moe=None)), dense)
     ByteTokenizer().save(dense)

@@ -1,7 +1,9 @@
 """The fused CPU expert kernel against a per-expert float64 reference, and its fallback."""
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -287,6 +289,20 @@ def test_the_build_is_keyed_by_the_source_content_not_its_path(tmp_path, monkeyp
     assert cpu_kernel.build_directory() == here
     copy.write_bytes(copy.read_bytes() + b"\n// edited\n")
     assert cpu_kernel.build_directory() != here
+
+
+def test_the_build_is_keyed_by_the_torch_path_the_compile_command_names(tmp_path, monkeypatch):
+    """A venv reached through a symlink: torch names its include folders by the path as
+    reached, so each spelling keeps its own build (sharing one, they would rebuild in turn)."""
+    from torch.utils import cpp_extension
+
+    here = cpu_kernel.build_directory()
+    assert os.path.dirname(os.path.abspath(torch.__file__)) == cpp_extension._TORCH_PATH
+    link = tmp_path / "venv-link"
+    link.symlink_to(Path(torch.__file__).parent, target_is_directory=True)
+    monkeypatch.setattr(torch, "__file__", str(link / "__init__.py"))
+    there = cpu_kernel.build_directory()
+    assert there != here and there == cpu_kernel.build_directory()
 
 
 @needs_kernel

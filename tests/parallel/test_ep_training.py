@@ -68,7 +68,7 @@ def test_checkpoint_saved_at_ep4_loads_at_ep2_and_ep1(tmp_path):
     # EP = 1 in one process, and the conversion to a normal model folder
     model = MoETransformer(tiny_lm_config())
     load_sharded(latest_sharded_dir(tmp_path), model, [], ParallelGroups())
-    out = consolidate(tmp_path, tmp_path / "model")
+    out = consolidate(tmp_path, tmp_path.with_name(tmp_path.name + "-model"))  # not inside
     folder_model = load_model(out)
     for k, v in saved["model"].items():
         assert torch.equal(model.state_dict()[k], v), k

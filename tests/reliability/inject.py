@@ -5,12 +5,14 @@ Usage::
     python inject.py ACTION MODULE:FUNCTION N WHEN -- <moelab arguments>
 
 The N-th call (1-based) of ``MODULE.FUNCTION`` (patched in that module's namespace, where
-callers look it up) triggers ACTION ``before`` or ``after`` the real call:
+callers look it up; ``MODULE:CLASS.METHOD`` patches a method on its class) triggers ACTION
+``before`` or ``after`` the real call:
 
 - ``kill``: SIGKILL this process (no handler, no cleanup: a power cut as far as files go);
 - ``term`` / ``int``: send SIGTERM / SIGINT to this process and carry on;
 - ``stop``: SIGSTOP this process (the test continues it with SIGCONT);
-- ``enospc``: raise ``OSError(ENOSPC)`` (a full disk, where mounting a tmpfs is not allowed).
+- ``enospc``: raise ``OSError(ENOSPC)`` (a full disk, where mounting a tmpfs is not allowed);
+- ``raise``: raise ``RuntimeError("injected fault")`` (a bug at that point).
 
 ``ACTION none`` runs the CLI unchanged. Used by tests/reliability only.
 """
@@ -35,6 +37,8 @@ def _fault(action: str) -> None:
         os.kill(os.getpid(), signal.SIGSTOP)
     elif action == "enospc":
         raise OSError(errno.ENOSPC, "No space left on device (injected)")
+    elif action == "raise":
+        raise RuntimeError("injected fault")
     else:
         raise SystemExit(f"inject.py: unknown action {action!r}")
 
@@ -43,9 +47,12 @@ def main(argv: list[str]) -> None:
     action, target, n, when, sep, *cli_args = argv
     assert sep == "--" and when in ("before", "after"), argv
     if action != "none":
-        mod_name, func_name = target.split(":")
-        module = importlib.import_module(mod_name)
-        real = getattr(module, func_name)
+        mod_name, attr = target.split(":")
+        owner = importlib.import_module(mod_name)
+        *classes, func_name = attr.split(".")
+        for c in classes:
+            owner = getattr(owner, c)
+        real = getattr(owner, func_name)
         calls = [0]
 
         def wrapper(*args, **kwargs):
@@ -58,7 +65,7 @@ def main(argv: list[str]) -> None:
                 _fault(action)
             return out
 
-        setattr(module, func_name, wrapper)
+        setattr(owner, func_name, wrapper)
     from moelab.cli import app
 
     sys.argv = ["moelab", *cli_args]

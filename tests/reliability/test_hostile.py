@@ -291,16 +291,12 @@ def test_analyze_out_is_not_overwritten_without_force(finished_run, tmp_path, co
 
 # ------------------------------------------------------------ absurd config values
 @pytest.mark.parametrize(
-    ("flags", "field"),
-    [
-        (["--capacity-factor", "inf"], "capacity_factor"),
-        (["--aux-coeff", "inf"], "aux_loss_coeff"),
-        (["--lr", "nan"], "lr"),
-    ],
+    "flags", [["--capacity-factor", "inf"], ["--aux-coeff", "inf"], ["--lr", "nan"]]
 )
-def test_non_finite_flags(tmp_path, corpus, flags, field):
+def test_non_finite_flags(tmp_path, corpus, flags):
     line = err(cli("train", "--data", corpus, "--out", tmp_path / "r", "--steps", "1", *flags))
-    assert field in line and not (tmp_path / "r").exists()
+    assert line.startswith(f"error: {flags[0]}: must be a finite number")  # the flag typed
+    assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.parametrize(

@@ -20,10 +20,10 @@ def test_bad_serve_settings_exit_2(tmp_path):
     cases = [
         ([str(tmp_path / "missing")], "not found"),
         ([str(run), "--port", "70000"], "port"),
-        ([str(run), "--max-batch", "0"], "max_batch"),
-        ([str(run), "--max-queue", "0"], "max_queue"),
+        ([str(run), "--max-batch", "0"], "--max-batch"),
+        ([str(run), "--max-queue", "0"], "--max-queue"),
         ([str(run), "--timeout", "-1"], "timeout"),
-        ([str(run), "--max-body-kb", "0"], "max_body_kb"),
+        ([str(run), "--max-body-kb", "0"], "--max-body-kb"),
     ]
     for args, word in cases:
         result = runner.invoke(app, ["serve", *args])

@@ -2,7 +2,8 @@
 
 Every command module registers itself on :data:`app`. A user error (a
 :class:`moelab.errors.UserError`, or an OS error about a user's path: an exception whose type is
-in :data:`USER_ERRORS`) prints one red line and exits with code 2; anything else — a plain
+in :data:`USER_ERRORS`) prints one red line and exits with code 2 (every numeric option is
+checked by :mod:`moelab.cli._ranges` before a command runs); anything else — a plain
 ``ValueError`` included — is an internal bug and keeps its traceback. ``moelab --debug ...``
 shows the traceback of user errors too and turns on the syncing value checks
 (:mod:`moelab.core.checks`).
@@ -10,6 +11,7 @@ shows the traceback of user errors too and turns on the syncing value checks
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -17,10 +19,32 @@ import sys
 import typer
 from rich.console import Console
 
+from moelab.cli._ranges import check_numeric, numeric_options
 from moelab.core import checks
 from moelab.errors import UserError
 
-app = typer.Typer(
+
+class _App(typer.Typer):
+    """Typer whose commands check every numeric option first (:mod:`moelab.cli._ranges`)."""
+
+    def command(self, *args, **kwargs):
+        register = super().command(*args, **kwargs)
+
+        def decorator(fn):
+            options = numeric_options(fn)
+
+            @functools.wraps(fn)
+            def checked(**values):
+                guarded(check_numeric, options, values)
+                return fn(**values)
+
+            register(checked)
+            return fn
+
+        return decorator
+
+
+app = _App(
     add_completion=False,
     no_args_is_help=True,
     help="moelab: train, evaluate, analyse and serve Mixture-of-Experts language models.",

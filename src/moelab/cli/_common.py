@@ -16,6 +16,7 @@ def load_run(run: Path):
         ``(model, tokenizer)``.
     Raises:
         FileNotFoundError: no such folder or pretrained name.
+        InvalidValueError: a lossless expert store (it only serves, with ``--offload``).
         CheckpointError: an unfinished run, or a corrupt folder.
     """
     from moelab.data import load_tokenizer
@@ -27,11 +28,60 @@ def load_run(run: Path):
         if str(run) in PRETRAINED:
             return load_pretrained(str(run), kind="causal_lm")
         raise FileNotFoundError(f"{run}: run folder not found")
+    check_not_store(run)
     if (run / "run.json").exists() and not run_finished(run):
         raise CheckpointError(
             f"{run}: the run has not finished; continue it with: moelab train --out {run} --resume"
         )
     return load_model(run), load_tokenizer(run)
+
+
+def check_not_store(folder: Path) -> None:
+    """Refuse a lossless expert store where a run is expected: it carries the run's
+    ``run.json`` but no model, so it would pass for an unfinished run (and ``train --resume``
+    would train into it).
+
+    Raises:
+        InvalidValueError: naming the folder and what to use instead.
+    """
+    from moelab.compress.lossless.store import is_store
+    from moelab.errors import InvalidValueError
+
+    if is_store(folder):
+        raise InvalidValueError(
+            f"{folder}: a lossless expert store, not a run (it serves with --offload); "
+            "use the run it was written from"
+        )
+
+
+def check_source_model(model, run: Path, command: str) -> None:
+    """Refuse, before any calibration, a model that ``command`` (prune, quantize) cannot
+    transform: a block-diffusion model (calibration runs the causal forward), a quantized
+    one (its experts are codes, not weights), or weights holding NaN/inf (every statistic
+    would be NaN and the failure would come at the end, naming no NaN).
+
+    Raises:
+        InvalidValueError: naming the run and, for NaN/inf, the first such parameter.
+    """
+    import torch
+
+    from moelab.errors import InvalidValueError
+    from moelab.models.quantized import is_quantized
+
+    if model.cfg.objective != "causal":
+        raise InvalidValueError(
+            f"run: {run} is a {model.cfg.objective} model; {command} works on causal models"
+        )
+    if is_quantized(model):
+        raise InvalidValueError(
+            f"run: {run} is already quantized; {command} the full-precision run"
+        )
+    for name, p in model.named_parameters():
+        if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+            raise InvalidValueError(
+                f"run: {run}: the weights hold NaN or inf (first in {name}); {command} needs "
+                "finite weights"
+            )
 
 
 def summary_table(title: str, result, reference=None, reference_name=None) -> Table:
@@ -64,7 +114,8 @@ def write_derived_run(
 ) -> None:
     """Write a model derived from the run ``source`` (pruned, quantized, ...) as a run folder:
     weights, tokenizer, ``run.json`` (the source's, with the new model config) and the
-    command's JSON report, atomically; ``out`` may not be, contain or lie inside ``source``.
+    command's JSON report, atomically; ``out`` may not be, contain or lie inside ``source``,
+    and must be new or empty (the commands have no flag to replace it).
 
     Raises:
         OutputFolderError: see :func:`moelab.utils.outdir.check_output_folder`.
@@ -79,4 +130,4 @@ def write_derived_run(
             atomic_write_json(tmp / "run.json", {**run_info, "model": model.cfg.to_dict()})
         atomic_write_json(tmp / report_file, report)
 
-    write_folder_atomically(out, fill, inputs=[source])
+    write_folder_atomically(out, fill, inputs=[source], flag=None)

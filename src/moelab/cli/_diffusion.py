@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from moelab.cli._app import Opt
+from moelab.cli._ranges import Range
 from moelab.errors import InvalidValueError
 
 Decoder = Annotated[
@@ -14,7 +15,11 @@ Decoder = Annotated[
         help="causal (AR models), or for block-diffusion models vanilla, cache, cache+limit, team."
     ),
 ]
-Threshold = Annotated[float, Opt(help="Diffusion decoders: confidence threshold τ.")]
+Threshold = Annotated[
+    float,
+    Opt(help="Diffusion decoders: confidence threshold τ."),
+    Range(min=0, max=1, min_open=True),
+]
 
 
 def decode_options(model, decoder: str, threshold: float):

@@ -8,17 +8,22 @@ from typing import Annotated
 
 from moelab.cli._app import Opt, err_console
 from moelab.cli._common import load_run
+from moelab.cli._ranges import Range
 from moelab.errors import InvalidValueError
 
 OffloadFlag = Annotated[
     bool, Opt("--offload", help="Serve experts from a lossless store (moelab compress --lossless).")
 ]
 CacheMb = Annotated[
-    float | None, Opt(help="With --offload: expert cache budget in MiB (all layers).")
+    float | None,
+    Opt(help="With --offload: expert cache budget in MiB (all layers)."),
+    Range(min=0, min_open=True),
 ]
 Policy = Annotated[str, Opt(help="With --offload: cache policy zipmoe, lru, lfu or fifo.")]
 StorageMbps = Annotated[
-    float | None, Opt(help="With --offload: emulate storage of this bandwidth (MB/s).")
+    float | None,
+    Opt(help="With --offload: emulate storage of this bandwidth (MB/s, at least 0.1)."),
+    Range(min=0.1),  # slower would sleep for hours while the cache planner samples reads
 ]
 
 

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from moelab.cli._app import Opt, app, console, fail, guarded
 from moelab.cli._common import load_run
+from moelab.cli._ranges import Range
 from moelab.errors import InvalidValueError
 from moelab.utils.atomic import write_folder_atomically
 from moelab.utils.outdir import check_output_folder
@@ -26,9 +27,11 @@ def analyze(
     data: Annotated[
         str | None, Opt(help="Corpus to route (default: the run's validation split).")
     ] = None,
-    tokens: Annotated[int, Opt(help="Tokens per domain to route.")] = 32_768,
-    batch_size: Annotated[int, Opt(help="Sequences per batch.")] = 8,
-    seq_len: Annotated[int | None, Opt(help="Context length (default: the run's).")] = None,
+    tokens: Annotated[int, Opt(help="Tokens per domain to route."), Range(min=1)] = 32_768,
+    batch_size: Annotated[int, Opt(help="Sequences per batch."), Range(min=1)] = 8,
+    seq_len: Annotated[
+        int | None, Opt(help="Context length (default: the run's)."), Range(min=1)
+    ] = None,
     out: Annotated[Path | None, Opt(help="Output folder (default RUN/analysis).")] = None,
     force: Annotated[
         bool, Opt(help="Replace a non-empty --out (the default RUN/analysis is replaced anyway).")

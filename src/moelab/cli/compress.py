@@ -17,6 +17,7 @@ from rich.table import Table
 
 from moelab.cli._app import Opt, app, console, guarded
 from moelab.cli._common import load_run
+from moelab.cli._ranges import Range
 from moelab.errors import InvalidValueError
 
 
@@ -38,12 +39,16 @@ def compress(
             "and serial), best (the smaller per tensor), or raw (uncompressed)."
         ),
     ] = "zstd",
-    chunks: Annotated[int, Opt(help="Independently decodable exponent chunks per tensor.")] = 5,
+    chunks: Annotated[
+        int, Opt(help="Independently decodable exponent chunks per tensor."), Range(min=1)
+    ] = 5,
     profile_data: Annotated[
         str, Opt(help="Corpus whose routing the cache planner profiles (name or path).")
     ] = "shakespeare",
-    profile_tokens: Annotated[int, Opt(help="Tokens to profile (0 = no profile).")] = 1024,
-    profile_seq_len: Annotated[int, Opt(help="Tokens per profiled sequence.")] = 128,
+    profile_tokens: Annotated[
+        int, Opt(help="Tokens to profile (0 = no profile)."), Range(min=0)
+    ] = 1024,
+    profile_seq_len: Annotated[int, Opt(help="Tokens per profiled sequence."), Range(min=1)] = 128,
     overwrite: Annotated[bool, Opt(help="Replace an existing store folder.")] = False,
     as_json: Annotated[bool, Opt("--json", help="Print JSON.")] = False,
 ) -> None:
@@ -81,6 +86,7 @@ def _compress(run, out, lossless, dtype, codec, chunks, profile_data, profile_to
               profile_seq_len, overwrite):  # fmt: skip
     from moelab.compress.lossless import compress_model, copy_run_files
     from moelab.compress.lossless.store import is_store
+    from moelab.models.quantized import is_quantized
     from moelab.serve.offload.trace import record_trace
     from moelab.utils.outdir import check_output_folder
 
@@ -99,6 +105,11 @@ def _compress(run, out, lossless, dtype, codec, chunks, profile_data, profile_to
         )
     check_output_folder(out, inputs=[run], overwrite=overwrite)
     model, tokenizer = load_run(run)
+    if is_quantized(model):  # the store holds float bit fields; codes would never load back
+        raise InvalidValueError(
+            f"{run}: a quantized model cannot go into a lossless store; compress the "
+            "full-precision run"
+        )
     if dtype is not None:
         from moelab.compress.lossless.model_store import DTYPES
 

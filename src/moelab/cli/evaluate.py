@@ -19,6 +19,7 @@ from moelab.cli._offload import (
     load_for_inference,
     report_offload,
 )
+from moelab.cli._ranges import Range
 from moelab.errors import InvalidValueError
 
 
@@ -28,8 +29,8 @@ def eval_cmd(
     data: Annotated[
         str | None, Opt(help="Corpus to score (default: the run's validation split).")
     ] = None,
-    tokens: Annotated[int, Opt(help="Maximum tokens to score.")] = 262_144,
-    batch_size: Annotated[int, Opt(help="Sequences per batch.")] = 16,
+    tokens: Annotated[int, Opt(help="Maximum tokens to score."), Range(min=1)] = 262_144,
+    batch_size: Annotated[int, Opt(help="Sequences per batch."), Range(min=1)] = 16,
     as_json: Annotated[bool, Opt("--json", help="Print JSON.")] = False,
     allow_noncausal_routing: Annotated[
         bool, Opt(help="Score a model whose routing looks at future tokens (not a causal LM).")

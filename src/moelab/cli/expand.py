@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from moelab.cli._app import Opt, app, console, guarded
+from moelab.cli._ranges import Range
 
 
 @app.command()
@@ -28,9 +29,12 @@ def expand(
         Opt(
             help="Steps the new entries' LR rises to --rewarm-ratio x (default 0.8 % of the rest, <= 250)."
         ),
+        Range(min=0),
     ] = None,
     rewarm_ratio: Annotated[
-        float, Opt(help="Re-warmup peak of the new entries over the LR at the expansion.")
+        float,
+        Opt(help="Re-warmup peak of the new entries over the LR at the expansion."),
+        Range(min=0, min_open=True),
     ] = 1.3,
 ) -> None:
     """Grow the width of RUN's latest checkpoint (model and optimizer state) into --out.

@@ -20,6 +20,7 @@ from moelab.cli._offload import (
     load_for_inference,
     report_offload,
 )
+from moelab.cli._ranges import SEED, Range
 from moelab.errors import InvalidValueError
 
 
@@ -29,11 +30,15 @@ def generate(
         Path, typer.Argument(help="Run folder, model folder, or a pretrained name (smollm2).")
     ],
     prompt: Annotated[str, Opt(help="Text to continue.")] = "\n",
-    max_new_tokens: Annotated[int, Opt(help="Tokens to generate.")] = 200,
-    temperature: Annotated[float, Opt(help="Sampling temperature (0 = greedy).")] = 0.8,
-    top_k: Annotated[int, Opt(help="Keep the k most likely tokens (0 = off).")] = 50,
-    top_p: Annotated[float, Opt(help="Nucleus probability mass (1 = off).")] = 0.95,
-    seed: Annotated[int, Opt(help="Sampling seed.")] = 0,
+    max_new_tokens: Annotated[int, Opt(help="Tokens to generate."), Range(min=0)] = 200,
+    temperature: Annotated[
+        float, Opt(help="Sampling temperature (0 = greedy)."), Range(min=0)
+    ] = 0.8,
+    top_k: Annotated[int, Opt(help="Keep the k most likely tokens (0 = off)."), Range(min=0)] = 50,
+    top_p: Annotated[
+        float, Opt(help="Nucleus probability mass (1 = off)."), Range(min=0, max=1, min_open=True)
+    ] = 0.95,
+    seed: Annotated[int, Opt(help="Sampling seed."), SEED] = 0,
     offload: OffloadFlag = False,
     cache_mb: CacheMb = None,
     policy: Policy = "zipmoe",

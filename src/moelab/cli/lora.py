@@ -28,14 +28,18 @@ def merge_lora_cmd(
 
 
 def _merge(run: Path, out: Path) -> int:
-    from moelab.errors import InvalidValueError
     from moelab.models import save_model
     from moelab.models.lora import merge_expert_lora
+    from moelab.utils.atomic import write_folder_atomically
+    from moelab.utils.outdir import check_output_folder
 
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise InvalidValueError(f"--out: {out} exists and is not an empty folder")
+    check_output_folder(out, inputs=[run], flag=None)
     model, tokenizer = load_run(run)
     merged = merge_expert_lora(model)
-    save_model(merged, out)
-    tokenizer.save(out)
+
+    def fill(tmp: Path) -> None:
+        save_model(merged, tmp)
+        tokenizer.save(tmp)
+
+    write_folder_atomically(out, fill, inputs=[run], flag=None)
     return merged.cfg.num_moe_layers

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from moelab.cli._app import Opt, app, console, guarded
 from moelab.cli._calibration import CalibBatch, CalibData, CalibSeqLen, CalibTokens
+from moelab.cli._ranges import SEED, Range
 from moelab.errors import InvalidValueError
 
 METHODS = ("ragep", "reap", "frequency", "soft-frequency", "naee")
@@ -53,11 +54,15 @@ def prune(
     calib_tokens: CalibTokens = 32_768,
     seq_len: CalibSeqLen = None,
     batch_size: CalibBatch = 8,
-    seed: Annotated[int, Opt(help="Seed of the calibration windows.")] = 0,
-    min_experts: Annotated[int, Opt(help="Floor per layer besides top_k.")] = 1,
-    pca_rank: Annotated[int, Opt(help="RaGEP: subspace rank r per expert.")] = 8,
-    beta: Annotated[float, Opt(help="RaGEP: weight of energy vs. subspace novelty.")] = 0.5,
-    alpha: Annotated[float, Opt(help="Rank budgets: exponent of the effective rank.")] = 1.0,
+    seed: Annotated[int, Opt(help="Seed of the calibration windows."), SEED] = 0,
+    min_experts: Annotated[int, Opt(help="Floor per layer besides top_k."), Range(min=1)] = 1,
+    pca_rank: Annotated[int, Opt(help="RaGEP: subspace rank r per expert."), Range(min=1)] = 8,
+    beta: Annotated[
+        float, Opt(help="RaGEP: weight of energy vs. subspace novelty."), Range(min=0, max=1)
+    ] = 0.5,
+    alpha: Annotated[
+        float, Opt(help="Rank budgets: exponent of the effective rank."), Range(min=0)
+    ] = 1.0,
     rank_source: Annotated[
         str, Opt(help="Effective rank of each MoE layer's 'output' or 'input'.")
     ] = "output",
@@ -90,7 +95,7 @@ def _prune(
     calib_data: str | None, calib_tokens: int, seq_len: int | None, batch_size: int, seed: int,
     min_experts: int, pca_rank: int, beta: float, alpha: float, rank_source: str,
 ):  # fmt: skip
-    from moelab.cli._common import load_run, write_derived_run
+    from moelab.cli._common import check_source_model, load_run, write_derived_run
     from moelab.compress import (
         RunData,
         calibration_documents,
@@ -100,13 +105,15 @@ def _prune(
     from moelab.compress.progress import TokenProgress
     from moelab.compress.prune import build_criterion, check_budget, check_model, prune_experts
     from moelab.train.loop import RUN_FILE, read_run_info, run_train_config
+    from moelab.utils.outdir import check_output_folder
 
     if method not in METHODS:
         raise InvalidValueError(f"method: must be one of {', '.join(METHODS)}, got {method!r}")
     keep = parse_keep(keep_text)
     per_layer = per_layer or ("rank" if method == "ragep" else "uniform")
-    if out.exists():
-        raise FileExistsError(f"out: {out} already exists; choose a new folder")
+    check_output_folder(
+        out, inputs=[run], flag=None
+    )  # an empty folder (a killed write's) is reusable
     if calib_data is not None and not calib_data.strip():
         raise InvalidValueError(
             "calib_data: empty; name a corpus or omit it for the run's held-out text"
@@ -119,6 +126,7 @@ def _prune(
     criterion = build_criterion(method, **({"pca_rank": pca_rank, "beta": beta}
                                            if method == "ragep" else {}))  # fmt: skip
     model, tokenizer = load_run(run)
+    check_source_model(model, run, "prune")
     check_model(model)
     check_budget(model, keep, per_layer, min_experts)
     has_run = run.is_dir() and (run / RUN_FILE).exists()

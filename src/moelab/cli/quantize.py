@@ -25,6 +25,7 @@ from rich.table import Table
 
 from moelab.cli._app import Opt, app, console, guarded
 from moelab.cli._calibration import CalibBatch, CalibData, CalibSeqLen, CalibTokens
+from moelab.cli._ranges import SEED, Range
 from moelab.errors import InvalidValueError
 
 QUANTIZE_FILE = "quantize.json"
@@ -61,13 +62,15 @@ def quantize(
     run: Annotated[Path, typer.Argument(help="Run folder or model folder to quantize.")],
     out: Annotated[Path, Opt(help="New folder for the quantized model (must not exist).")],
     method: Annotated[str, Opt(help="rtn or gptq.")] = "gptq",
-    bits: Annotated[int, Opt(help="Bits per weight: 2, 3, 4 or 8.")] = 4,
-    group_size: Annotated[int, Opt(help="Input columns per scale.")] = 64,
+    bits: Annotated[int, Opt(help="Bits per weight: 2, 3, 4 or 8."), Range(min=1)] = 4,
+    group_size: Annotated[int, Opt(help="Input columns per scale."), Range(min=1)] = 64,
     symmetric: Annotated[bool, Opt(help="Symmetric grid (no zero points).")] = False,
     act_order: Annotated[
         bool, Opt(help="GPTQ: quantize columns by decreasing Hessian diagonal.")
     ] = True,
-    damp: Annotated[float, Opt(help="GPTQ dampening (fraction of mean diag H).")] = 0.01,
+    damp: Annotated[
+        float, Opt(help="GPTQ dampening (fraction of mean diag H)."), Range(min=0)
+    ] = 0.01,
     rotate_block: Annotated[
         int,
         Opt(
@@ -75,6 +78,7 @@ def quantize(
             "LoPRo authors' rotation; Walsh block size, a power of two dividing the widths; "
             "turns act-order off). 0: off."
         ),
+        Range(min=0),
     ] = 0,
     lowrank: Annotated[
         str,
@@ -84,7 +88,7 @@ def quantize(
             "(moelab's variant: r x r cores, HOOI, balanced grid)."
         ),
     ] = "none",
-    rank: Annotated[int, Opt(help="Rank of the low-rank compensation.")] = 8,
+    rank: Annotated[int, Opt(help="Rank of the low-rank compensation."), Range(min=1)] = 8,
     grid: Annotated[
         str | None,
         Opt(
@@ -93,7 +97,7 @@ def quantize(
             "(default: most square)."
         ),
     ] = None,
-    sweeps: Annotated[int, Opt(help="tileq-core HOOI refinement sweeps.")] = 2,
+    sweeps: Annotated[int, Opt(help="tileq-core HOOI refinement sweeps."), Range(min=0)] = 2,
     lowrank_target: Annotated[
         str,
         Opt(
@@ -110,7 +114,9 @@ def quantize(
         ),
     ] = "auto",
     min_tokens: Annotated[
-        int, Opt(help="Experts routed fewer calibration rows get RTN (under-calibrated).")
+        int,
+        Opt(help="Experts routed fewer calibration rows get RTN (under-calibrated)."),
+        Range(min=0),
     ] = 16,
     sequential: Annotated[
         bool, Opt(help="Calibrate each layer on the already quantized layers before it.")
@@ -119,7 +125,7 @@ def quantize(
     calib_tokens: CalibTokens = 32_768,
     seq_len: CalibSeqLen = None,
     batch_size: CalibBatch = 8,
-    seed: Annotated[int, Opt(help="Seed of the calibration windows and grid search.")] = 0,
+    seed: Annotated[int, Opt(help="Seed of the calibration windows and grid search."), SEED] = 0,
     as_json: Annotated[
         bool, Opt("--json", help="Print quantize.json instead of the table.")
     ] = False,
@@ -155,7 +161,7 @@ def _quantize(
     lowrank_target: str, weighting: str, min_tokens: int, sequential: bool, calib_data: str | None, calib_tokens: int,
     seq_len: int | None, batch_size: int, seed: int,
 ):  # fmt: skip
-    from moelab.cli._common import load_run, write_derived_run
+    from moelab.cli._common import check_source_model, load_run, write_derived_run
     from moelab.compress import calibration_documents, calibration_set, domain_streams
     from moelab.compress.progress import TokenProgress
     from moelab.compress.quant import QuantizeConfig, quantize_model
@@ -163,11 +169,12 @@ def _quantize(
     from moelab.compress.quant.pipeline import run_data
     from moelab.core.experts.quantized import QuantSpec
     from moelab.models.hooks import moe_layers
-    from moelab.models.quantized import is_quantized
     from moelab.train.loop import RUN_FILE, read_run_info, run_train_config
+    from moelab.utils.outdir import check_output_folder
 
-    if out.exists():
-        raise FileExistsError(f"out: {out} already exists; choose a new folder")
+    check_output_folder(
+        out, inputs=[run], flag=None
+    )  # an empty folder (a killed write's) is reusable
     for name, v in (("calib_tokens", calib_tokens), ("batch_size", batch_size)):
         if v < 1:
             raise InvalidValueError(f"{name}: must be >= 1, got {v}")
@@ -177,15 +184,20 @@ def _quantize(
             f"grid: only used with --lowrank tileq or tileq-core, got --lowrank {lowrank}"
         )
     model, tokenizer = load_run(run)
-    if is_quantized(model):
-        raise InvalidValueError(f"run: {run} is already quantized; quantize the full-precision run")
+    check_source_model(model, run, "quantize")
     layers = moe_layers(model)
     if not layers:
         raise InvalidValueError(f"run: {run} has no MoE layer to quantize")
-    if lowrank == "tileq" and grid is None:
-        grid = tileq_grid(layers[0].config.router.num_experts)
+    counts = sorted({layer.config.router.num_experts for layer in layers})
+    if lowrank == "tileq" and grid is None:  # one grid for every layer: M·N >= the largest E
+        grid = tileq_grid(counts[-1])
     if lowrank == "tileq-core" and grid is None:
-        grid = square_grid(layers[0].config.router.num_experts)
+        if len(counts) > 1:
+            raise InvalidValueError(
+                f"grid: tileq-core needs M·N = E in every layer, and the MoE layers have "
+                f"{', '.join(map(str, counts))} experts; no single grid fits (use --lowrank tileq)"
+            )
+        grid = square_grid(counts[0])
     spec = QuantSpec(
         method=method, bits=bits, group_size=group_size, symmetric=symmetric,
         act_order=act_order and method == "gptq" and not rotate_block, lowrank=lowrank,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -11,20 +12,8 @@ from moelab.cli._app import Opt, app, console, guarded
 from moelab.cli._compile import CompileFlag, check_compile
 from moelab.cli._diffusion import Decoder, Threshold, decode_options
 from moelab.cli._offload import CacheMb, OffloadFlag, Policy, StorageMbps, load_for_inference
+from moelab.cli._ranges import Range
 from moelab.errors import InvalidValueError
-
-
-def _check(port: int, max_batch: int, max_queue: int, timeout: float, max_body_kb: int) -> None:
-    if not 0 <= port <= 65535:
-        raise InvalidValueError(f"port: must be in [0, 65535], got {port}")
-    if max_batch < 1:
-        raise InvalidValueError(f"max_batch: must be >= 1, got {max_batch}")
-    if max_queue < 1:
-        raise InvalidValueError(f"max_queue: must be >= 1, got {max_queue}")
-    if timeout < 0:
-        raise InvalidValueError(f"timeout: must be >= 0 (0 = none), got {timeout}")
-    if max_body_kb < 1:
-        raise InvalidValueError(f"max_body_kb: must be >= 1, got {max_body_kb}")
 
 
 def _chat_template(run: Path):
@@ -97,9 +86,11 @@ def serve(
     host: Annotated[
         str, Opt(help="Address to bind (127.0.0.1 = this machine only).")
     ] = "127.0.0.1",
-    port: Annotated[int, Opt(help="TCP port.")] = 8000,
-    max_batch: Annotated[int, Opt(help="Most sequences decoding at once.")] = 16,
-    max_queue: Annotated[int, Opt(help="Most requests waiting for a slot (then 429).")] = 256,
+    port: Annotated[int, Opt(help="TCP port (0 = any free port)."), Range(0, 65535)] = 8000,
+    max_batch: Annotated[int, Opt(help="Most sequences decoding at once."), Range(min=1)] = 16,
+    max_queue: Annotated[
+        int, Opt(help="Most requests waiting for a slot (then 429)."), Range(min=1)
+    ] = 256,
     api_key: Annotated[
         str | None, Opt(envvar="MOELAB_API_KEY", help="Require 'Authorization: Bearer KEY'.")
     ] = None,
@@ -107,10 +98,14 @@ def serve(
         str | None, Opt(help="The model id clients send (default: the run folder's name).")
     ] = None,
     timeout: Annotated[
-        float, Opt(help="Seconds before a request is cancelled (0 = none).")
+        float, Opt(help="Seconds before a request is cancelled (0 = none)."), Range(min=0)
     ] = 600.0,
-    max_body_kb: Annotated[int, Opt(help="Largest request body in KiB (then 413).")] = 1024,
-    grace: Annotated[float, Opt(help="Seconds in-flight requests get on SIGTERM/Ctrl-C.")] = 30.0,
+    max_body_kb: Annotated[
+        int, Opt(help="Largest request body in KiB (then 413)."), Range(min=1)
+    ] = 1024,
+    grace: Annotated[
+        float, Opt(help="Seconds in-flight requests get on SIGTERM/Ctrl-C."), Range(min=0)
+    ] = 30.0,
     offload: OffloadFlag = False,
     cache_mb: CacheMb = None,
     policy: Policy = "zipmoe",
@@ -138,9 +133,18 @@ def serve(
     from moelab.serve import Engine
     from moelab.serve.card import model_card
     from moelab.serve.diffusion import DiffusionEngine
-    from moelab.serve.server import ServerConfig, build_app, uvicorn_server
+    from moelab.serve.server import (
+        ServerConfig,
+        bind_socket,
+        build_app,
+        check_api_key,
+        uvicorn_server,
+    )
 
-    guarded(_check, port, max_batch, max_queue, timeout, max_body_kb)
+    if api_key is None and "MOELAB_API_KEY" in os.environ:  # click reads "" as unset
+        api_key = os.environ["MOELAB_API_KEY"]
+    if api_key is not None:  # an empty key is refused, never read as "no authentication"
+        guarded(check_api_key, api_key)
     guarded(check_compile, compile, offload, decoder)
     model, tokenizer = guarded(load_for_inference, run, offload, cache_mb, policy, storage_mbps)
     offload_stats = _offload_stats(model) if offload else None
@@ -163,6 +167,8 @@ def serve(
     app_ = build_app(
         engine, tokenizer, config, card=card, chat_template=template, offload_stats=offload_stats
     )
+    sock = guarded(bind_socket, host, port)  # a busy port is reported before the banner
+    port = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     console.print(f"[bold]moelab serve[/] {name}: http://{shown}:{port}/  (OpenAI API at /v1)")
     console.print(json.dumps(card))
@@ -173,4 +179,4 @@ def serve(
         f"{'plain' if template.is_plain else 'from the model folder'}"
         + (", API key required" if api_key else "")
     )
-    uvicorn_server(app_, host=host, port=port, grace_s=grace).run()
+    uvicorn_server(app_, host=host, port=port, grace_s=grace).run(sockets=[sock])

@@ -9,8 +9,9 @@ from typing import Annotated, Any
 import typer
 
 from moelab.cli._app import Opt, app, console, fail, guarded
-from moelab.cli._common import summary_table
+from moelab.cli._common import check_not_store, summary_table
 from moelab.cli._options import ConfigOption, nested, option_parameters, with_options
+from moelab.cli._ranges import Range
 from moelab.errors import InvalidValueError
 from moelab.models import ModelConfig
 from moelab.train.config import TrainConfig
@@ -197,7 +198,9 @@ def train(
         bool, Opt(help="--resume even though the corpus changed since the run started.")
     ] = False,
     expert_parallel: Annotated[
-        int | None, Opt(help="Ranks per expert-parallel group (torchrun; world = DP × EP).")
+        int | None,
+        Opt(help="Ranks per expert-parallel group (torchrun; world = DP × EP)."),
+        Range(min=1),
     ] = None,
     fsdp: Annotated[bool, Opt(help="FSDP2 for the non-expert parameters (torchrun).")] = False,
     device: Annotated[
@@ -258,6 +261,8 @@ def train(
                 f"--init-from takes the model from {init_from}; drop {_flag_names(arch, None, dense)}"
             )
         )
+    if resume:
+        guarded(check_not_store, run_dir)
     model_cfg, train_cfg = (
         (None, None) if resume else guarded(build_configs, config, model_flags, train_flags, dense)
     )

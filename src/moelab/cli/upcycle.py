@@ -21,6 +21,7 @@ from typing import Annotated, Any
 import torch
 
 from moelab.cli._app import Opt, app, console, fail, guarded
+from moelab.cli._ranges import SEED, Range
 from moelab.data.fingerprint import tokenizer_files
 from moelab.errors import InvalidValueError
 from moelab.interop.pretrained import (
@@ -41,6 +42,7 @@ from moelab.train.upcycle import (
     upcycle_spec,
 )
 from moelab.utils.atomic import atomic_write_json, write_folder_atomically
+from moelab.utils.fields import check_seed
 from moelab.utils.outdir import check_output_folder
 
 UPCYCLE_FILE = "upcycle.json"
@@ -131,6 +133,10 @@ def load_dense_source(source: str | os.PathLike[str]) -> tuple[MoETransformer, A
         raise InvalidValueError(
             f"source: {name!r} is already an MoE model; upcycling needs a dense one"
         )
+    if model.cfg.objective != "causal":  # the step-0 equivalence check runs the causal forward
+        raise InvalidValueError(
+            f"source: {name!r} is a {model.cfg.objective} model; upcycling needs a causal one"
+        )
     return model.eval(), tok
 
 
@@ -145,8 +151,7 @@ def _check_args(experts: Any, top_k: Any, granularity: Any, seed: Any) -> None:
             raise InvalidValueError(f"{arg}: must be an int >= {low}, got {v!r}")
     if top_k > experts:
         raise InvalidValueError(f"top_k: must be in [1, experts={experts}], got {top_k}")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise InvalidValueError(f"seed: must be an int, got {seed!r}")
+    check_seed(seed)
 
 
 def upcycle_command(
@@ -261,10 +266,12 @@ def upcycle_command(
 def upcycle_cmd(
     source: Annotated[str, Opt("--from", help="Dense model: 'smollm2' or a dense model folder.")],
     out: Annotated[Path, Opt(help="Run folder to write.")],
-    experts: Annotated[int, Opt(help="E: copies of each dense FFN.")] = 8,
-    top_k: Annotated[int, Opt(help="k: copies active per token.")] = 2,
-    granularity: Annotated[int, Opt(help="G: split each copy into G finer experts.")] = 1,
-    seed: Annotated[int, Opt(help="Router initialisation seed.")] = 0,
+    experts: Annotated[int, Opt(help="E: copies of each dense FFN."), Range(min=1)] = 8,
+    top_k: Annotated[int, Opt(help="k: copies active per token."), Range(min=1)] = 2,
+    granularity: Annotated[
+        int, Opt(help="G: split each copy into G finer experts."), Range(min=1)
+    ] = 1,
+    seed: Annotated[int, Opt(help="Router initialisation seed."), SEED] = 0,
     force: Annotated[bool, Opt(help="Replace a non-empty --out.")] = False,
 ) -> None:
     """Sparse upcycling: turn a dense model into an MoE whose output is identical at step 0.

@@ -321,7 +321,7 @@ class ExpertsConfig:
             ``down_proj_bias``): ``b_gate_up``/``b_up`` ``[E, width]`` and ``b_down [E, D]``.
         lora_rank: r of LoRA adapters on both stacked expert weights (Hu et al. 2021, arXiv
             2106.09685): ``W_e + (α/r)·A_e B_e`` per expert; 0 = none. See
-            :mod:`moelab.models.lora`.
+            :mod:`moelab.models.lora`. At most ``min(hidden_size, ffn_hidden_size)``.
         lora_alpha: α of the LoRA scale ``α/r``.
         shared_expert_size: hidden width of an always-on shared expert (0 = none). Several
             DeepSeek-style shared experts are one shared expert of their summed width.
@@ -359,6 +359,12 @@ class ExpertsConfig:
             isinstance(self.lora_rank, int) and self.lora_rank >= 0,
             "lora_rank",
             f"must be an int >= 0, got {self.lora_rank!r}",
+        )
+        full = min(self.hidden_size, self.ffn_hidden_size)
+        _check(
+            self.lora_rank <= full,  # a larger rank adds parameters, not expressiveness
+            "lora_rank",
+            f"must be <= min(hidden_size, ffn_hidden_size) = {full}, got {self.lora_rank}",
         )
         _check(self.lora_alpha > 0, "lora_alpha", f"must be > 0, got {self.lora_alpha}")
         _check(self.shared_expert_size >= 0, "shared_expert_size", "must be >= 0")

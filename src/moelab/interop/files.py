@@ -86,9 +86,24 @@ def read_tensors(folder: Path) -> dict[str, Tensor]:
 
 def _inside(folder: Path, name: object, what: str) -> Path:
     try:
-        return confined(folder, name, what=what)
+        return confined(folder, name, what=what, within=hub_repository(folder))
     except UnsafePathError as e:
         raise InteropError(str(e)) from e
+
+
+def hub_repository(folder: Path) -> Path | None:
+    """For a Hugging Face hub cache snapshot (``models--ORG--NAME/snapshots/REVISION``, whose
+    files are symlinks into ``models--ORG--NAME/blobs``), the repository folder its files
+    may lead into; None for any other folder (its files must stay inside it)."""
+    folder = Path(folder).absolute()
+    repo = folder.parent.parent
+    if (
+        folder.parent.name == "snapshots"
+        and repo.name.startswith(("models--", "datasets--"))
+        and (repo / "blobs").is_dir()
+    ):
+        return repo
+    return None
 
 
 def copy_tokenizer(src: Path, dst: Path) -> list[str]:

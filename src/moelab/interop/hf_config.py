@@ -335,6 +335,12 @@ def config_to_hf(cfg: ModelConfig, arch: str, base: dict[str, Any] | None = None
     moe = cfg.moe
     if moe is None:
         raise UnsupportedConfigError(f"moe: {arch} needs MoE layers (got a dense model)")
+    _require(  # HF would load it as a causal LM: a checkpoint that loads and is wrong
+        cfg.objective == "causal",
+        "objective",
+        arch,
+        f"is a causal LM; a {cfg.objective} model has no Hugging Face architecture",
+    )
     moe_layer_ids = [i for i in range(cfg.n_layers) if cfg.is_moe_layer(i)]
     for j, n in enumerate(cfg.experts_per_layer or ()):
         _require(

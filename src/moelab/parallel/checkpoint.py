@@ -34,13 +34,20 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import Tensor, nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from moelab.models import CheckpointError, ModelConfig, MoETransformer, save_model
-from moelab.models.io import CONFIG_FILE, FORMAT_VERSION, load_config
+from moelab.models.io import CONFIG_FILE, FORMAT_VERSION, MANIFEST_FILE, load_config
 from moelab.parallel.comm import ParallelGroups
-from moelab.utils.atomic import atomic_write, atomic_write_json, fsync_dir
+from moelab.utils.atomic import (
+    atomic_write,
+    atomic_write_json,
+    fsync_dir,
+    write_folder_atomically,
+)
 from moelab.utils.jsonfile import read_json
+from moelab.utils.outdir import check_output_folder
 
 LAYOUT_FILE = "layout.json"
 STATE_FILE = "trainer_state.pt"
@@ -195,10 +202,17 @@ def load_sharded(
         state["optim"] = optimizer_state(model, optimizer, keep, groups)
     try:
         dcp.load(state, checkpoint_id=folder)
-    except Exception as e:  # DCP wraps per-rank failures in CheckpointException
-        first = str(e).strip().splitlines()
+    except (Exception, CheckpointException) as e:  # the latter is a BaseException
+        cause = _first_failure(e)
+        if isinstance(cause, FileNotFoundError):
+            raise CheckpointError(
+                f"{folder}: shard file {Path(cause.filename).name} is missing (an incomplete "
+                "copy of the checkpoint?)"
+            ) from e
+        first = str(cause).strip().splitlines()
         raise CheckpointError(
-            f"{folder}: does not fit this model ({type(e).__name__}: {first[0] if first else ''})"
+            f"{folder}: does not fit this model "
+            f"({type(cause).__name__}: {first[0] if first else ''})"
         ) from e
     path = folder / STATE_FILE
     if not path.is_file():
@@ -209,32 +223,61 @@ def load_sharded(
         raise CheckpointError(f"{path}: corrupt or truncated ({type(e).__name__})") from e
 
 
+def _first_failure(exc: BaseException) -> BaseException:
+    """The first rank's exception inside DCP's ``CheckpointException`` (else ``exc``)."""
+    if isinstance(exc, CheckpointException) and exc.failures:
+        return next(iter(exc.failures.values()))[0]
+    return exc
+
+
+CONSOLIDATED_FILE = "consolidated.json"
+"""Written by :func:`consolidate` into its output: ``{"source": checkpoint folder, "step": N}``."""
+
+
 def consolidate(folder: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
     """Convert a sharded checkpoint (or a run folder: its latest one) into a normal model folder
     (``config.json``, ``model.safetensors``, ``manifest.json``) in one process; with a run
     folder the tokenizer and ``run.json`` are copied too, so ``out`` is a normal run folder.
+    ``out`` also gets :data:`CONSOLIDATED_FILE`, naming the checkpoint and its step. The
+    folder is written as a whole under the output-folder rules
+    (:func:`moelab.utils.outdir.check_output_folder`).
 
     Raises:
-        CheckpointError: no sharded checkpoint there; FileExistsError: ``out`` is not empty.
+        CheckpointError: no sharded checkpoint there, or a finished run (its final model is
+            already a normal model folder: the run folder itself; its latest checkpoint may
+            be an earlier step); OutputFolderError: ``out`` is, surrounds or lies inside the
+            source, or is not empty (``OutputExistsError``, a FileExistsError).
     """
     folder, out = Path(folder), Path(out)
+    source = folder
     run_dir = None
     if (folder / "checkpoints").is_dir():
         run_dir = folder
+        if (folder / MANIFEST_FILE).is_file():
+            raise CheckpointError(
+                f"{folder}: the run finished, and its final model is this folder itself (load "
+                "it directly); to consolidate an earlier step, name its checkpoint folder "
+                f"({folder / 'checkpoints'}/step-N)"
+            )
         ckpt = latest_sharded_dir(folder)
         if ckpt is None:
             raise CheckpointError(f"{folder}: the run has no checkpoint")
         folder = ckpt
-    read_layout(folder)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise FileExistsError(f"{out}: exists and is not an empty folder")
+    layout = read_layout(folder)
+    check_output_folder(out, inputs=[source], flag=None)
     cfg: ModelConfig = load_config(folder)
     model = MoETransformer(cfg)
     load_sharded(folder, model, [], ParallelGroups())
-    save_model(model, out)
-    if run_dir is not None:
-        for name in os.listdir(run_dir):
-            src = run_dir / name
-            if src.is_file() and (name.startswith("tokenizer") or name == "run.json"):
-                shutil.copy2(src, out / name)
+
+    def fill(tmp: Path) -> None:
+        save_model(model, tmp)
+        if run_dir is not None:
+            for name in os.listdir(run_dir):
+                src = run_dir / name
+                if src.is_file() and (name.startswith("tokenizer") or name == "run.json"):
+                    shutil.copy2(src, tmp / name)
+        record = {"source": str(folder.resolve()), "step": layout.get("step")}
+        atomic_write_json(tmp / CONSOLIDATED_FILE, record)
+
+    write_folder_atomically(out, fill, inputs=[source], flag=None)
     return out

@@ -15,6 +15,13 @@ and runs an iteration loop (Orca, Yu et al. OSDI 2022: "iteration-level scheduli
    sequence's own generator and settings; finished rows leave and the last row moves into
    the hole.
 
+Failures are contained to the requests they concern, and the engine carries on: a row whose
+logits are not finite or whose sampling raises ends alone with ``finish_reason="error"``; a
+prefill that raises is retried one request at a time, so only the requests that fail alone
+end with an error; a decode forward that raises ends every running request (one batched
+forward cannot say which row caused it) and clears the cache. No request is ever dropped
+without a :class:`FinishEvent`, so no client waits forever.
+
 Our choices, labelled: prefill runs as its own forward pass before the decode step (not
 chunked, not fused with decode), so a long prompt delays the running batch by one pass; the queue is FIFO without
 preemption; a sequence that reaches the context length ends with ``finish_reason="length"``.
@@ -84,7 +91,8 @@ class TokenEvent:
 @dataclass
 class FinishEvent:
     """The sequence ended. ``reason`` is ``"stop"``, ``"length"``, ``"cancelled"`` or
-    ``"timeout"`` or ``"error"`` (the forward pass failed); ``text`` is any held-back text released at the end."""
+    ``"timeout"`` or ``"error"`` (the forward pass or the sampling failed:
+    :attr:`Sequence.error` says why); ``text`` is any held-back text released at the end."""
 
     reason: str
     text: str = ""
@@ -101,6 +109,8 @@ class Sequence:
         prompt_ids: the prompt tokens. output_ids: tokens generated so far.
         finish_reason: set once the sequence ended. text: the generated text (when the
             engine has a tokenizer). arrival, first_token_at, finished_at: ``time.monotonic``.
+        error: with ``finish_reason == "error"``, one line saying why. exception: the
+            exception that ended it, when one did (None for non-finite logits).
     """
 
     prompt_ids: list[int]
@@ -113,6 +123,7 @@ class Sequence:
     finished_at: float | None = None
     done: threading.Event = field(default_factory=threading.Event)
     error: str | None = None
+    exception: BaseException | None = None
     _cancelled: bool = False
     _generator: torch.Generator | None = None
     _detok: Detokenizer | None = None
@@ -300,6 +311,12 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
 
+    @property
+    def alive(self) -> bool:
+        """False when :meth:`start` ran but the loop thread is gone while the engine is not
+        stopped (nothing would ever finish the queued requests)."""
+        return self._thread is None or self._thread.is_alive()
+
     # ------------------------------------------------------------ threading
     def start(self) -> None:
         """Run the iteration loop on a daemon thread."""
@@ -318,18 +335,33 @@ class Engine:
                     return
             try:
                 self.step()
-            except Exception:  # a failing forward must not hang every client: fail them
-                logger.exception("engine: iteration failed; failing the affected sequences")
-                self._fail_all()
+            except Exception as e:  # step() contains forward failures; this is the last resort
+                logger.exception("engine: iteration failed; failing every request")
+                self._fail_all(e)
 
-    def _fail_all(self) -> None:
+    def _fail_all(self, exc: BaseException) -> None:
+        """End every running and waiting request with an error and clear the rows (without
+        touching the cache rows one by one: after an unexpected failure they may be stale)."""
         with self._lock:
             seqs = list(self.running) + list(self.waiting)
             self.waiting.clear()
-        for row in range(len(self.running) - 1, -1, -1):
-            self._remove_row(row)
+        self.running.clear()
+        self._clear_rows()
+        self._fail(seqs, exc)
+
+    @torch.inference_mode()  # _fail_all() reaches here outside step()
+    def _clear_rows(self) -> None:
+        """Free every cache row at once (after the running list was emptied)."""
+        self.cache.reset()
+
+    def _fail(self, seqs: list[Sequence], exc: BaseException, error: str | None = None) -> None:
+        """Finish each still-unfinished ``seqs`` with ``"error"``, recording ``exc`` and the
+        one-line ``error`` (default: the exception's type and first line); their rows must
+        already be gone from :attr:`running`."""
         for seq in seqs:
             if not seq.done.is_set():
+                seq.exception = exc
+                seq.error = error or f"engine: {_one_line(exc)}"
                 self._finish(seq, "error")
 
     def drain(self, timeout: float | None = None) -> bool:
@@ -363,12 +395,24 @@ class Engine:
     # ------------------------------------------------------------ iteration
     @torch.inference_mode()
     def step(self) -> None:
-        """One iteration: reap, admit (prefill), then one batched decode step."""
+        """One iteration: reap, admit (prefill), then one batched decode step. An exception
+        in a prefill or decode ends the requests it concerns with ``"error"`` (module
+        docstring) and is logged with its traceback; ``step`` itself does not raise for it."""
         self._reap()
         self._admit()
         if self.running:
-            self._decode()
+            try:
+                self._decode()
+            except Exception as e:
+                logger.exception("engine: decode step failed; failing the running requests")
+                self._fail_all_running(e)
         self.stats.steps += 1
+
+    def _fail_all_running(self, exc: BaseException) -> None:
+        seqs = list(self.running)
+        self.running.clear()
+        self._clear_rows()
+        self._fail(seqs, exc)
 
     def _reap(self) -> None:
         now = time.monotonic()
@@ -401,9 +445,34 @@ class Engine:
                     break
                 batch.append(self.waiting.popleft())
                 longest = max(longest, n)
-        if not batch:
+        if batch:
+            self._prefill_contained(batch)
+
+    def _prefill_contained(self, batch: list[Sequence]) -> None:
+        """:meth:`_prefill` ``batch``; when that raises, undo its rows and prefill its
+        requests one at a time, so only those that fail alone end with an error (a request
+        that already emitted a token is not replayed: it ends with the error)."""
+        lo = len(self.running)
+        try:
+            self._prefill(batch)
             return
-        self._prefill(batch)
+        except Exception as e:
+            exc = e
+        for row in range(len(self.running) - 1, lo - 1, -1):
+            if self.running[row] in batch:
+                self._remove_row(row)
+        if self.cache is not None:
+            for row in range(len(self.running), min(lo + len(batch), self.max_batch)):
+                self.cache.release(row)
+        if len(batch) == 1:
+            logger.error("engine: prefill failed; failing its request", exc_info=exc)
+            self._fail(batch, exc)
+            return
+        logger.warning("engine: a batched prefill failed (%s); retrying alone", _one_line(exc))
+        retry = [s for s in batch if not s.done.is_set() and not s.output_ids]
+        self._fail([s for s in batch if s not in retry], exc)
+        for seq in retry:
+            self._prefill_contained([seq])
 
     def _prefill(self, batch: list[Sequence]) -> None:
         """One forward pass over the new prompts, right-padded to the longest, each into its
@@ -464,9 +533,16 @@ class Engine:
     def _sample(self, logits: Tensor, seqs: list[Sequence]) -> list[int]:
         """Next token per row ``logits [n, V]``: batched argmax for greedy rows, each other
         row with its own settings and generator (so a row's draws do not depend on its
-        neighbours)."""
+        neighbours). A row that cannot be sampled (non-finite logits, or its sampling
+        raised) gets -1 and its :attr:`Sequence.error`; the other rows are unaffected."""
         finite = torch.isfinite(logits).all(dim=-1).tolist()
         if not all(finite):  # NaN/inf weights: those rows fail instead of sampling garbage
+            for s, ok in zip(seqs, finite, strict=True):
+                if not ok:
+                    s.error = (
+                        f"position {len(s.prompt_ids) + len(s.output_ids)}: the model's logits "
+                        "are not finite; its weights or activations hold NaN or inf"
+                    )
             out = self._sample(logits.nan_to_num(), seqs)
             return [t if ok else -1 for t, ok in zip(out, finite, strict=True)]
         out = [0] * len(seqs)
@@ -480,14 +556,20 @@ class Engine:
         for i, s in enumerate(seqs):
             if not s.params.greedy:
                 p = s.params
-                tok = sample_next(
-                    logits[i : i + 1],
-                    temperature=p.temperature,
-                    top_k=p.top_k,
-                    top_p=p.top_p,
-                    generator=s._generator,
-                )
-                out[i] = int(tok.item())
+                try:  # one request's settings must not fail its neighbours
+                    tok = sample_next(
+                        logits[i : i + 1],
+                        temperature=p.temperature,
+                        top_k=p.top_k,
+                        top_p=p.top_p,
+                        generator=s._generator,
+                    )
+                    out[i] = int(tok.item())
+                except Exception as e:
+                    logger.exception("engine: sampling failed for one request")
+                    s.exception = e
+                    s.error = f"sampling: {_one_line(e)}"
+                    out[i] = -1
         return out
 
     def _routing(
@@ -521,11 +603,7 @@ class Engine:
         if seq.first_token_at is None:
             seq.first_token_at = now
         p = seq.params
-        if token < 0:
-            seq.error = (
-                f"position {len(seq.prompt_ids) + len(seq.output_ids)}: the model's logits are "
-                "not finite; its weights or activations hold NaN or inf"
-            )
+        if token < 0:  # _sample set seq.error
             self._remove_row(row)
             self._finish(seq, "error")
             return
@@ -551,7 +629,7 @@ class Engine:
             self._remove_row(row)
             self._finish(seq, reason)
 
-    @torch.inference_mode()  # stop() and _fail_all() reach here outside step()
+    @torch.inference_mode()  # stop() reaches here outside step()
     def _remove_row(self, row: int) -> None:
         last = len(self.running) - 1
         if row < last:
@@ -576,3 +654,9 @@ class Engine:
         if seq.sink is not None:
             seq.sink(FinishEvent(reason, tail))
         seq.done.set()
+
+
+def _one_line(exc: BaseException) -> str:
+    """``"Type: first line of the message"`` of an exception."""
+    text = str(exc).splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

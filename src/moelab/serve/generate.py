@@ -43,6 +43,8 @@ def generate_ids(
             router that looks at future tokens, or expert-choice routing.
         NonFiniteOutputError: the model's logits are not finite (NaN/inf weights); raised
             before any token is sampled from them.
+        Exception: whatever a forward pass or the sampling raised inside the engine (after
+            the tokens generated before it were yielded).
     """
     if not prompt_ids:
         raise InvalidValueError("prompt: must encode to at least one token")
@@ -76,6 +78,8 @@ def generate_ids(
                 sent += 1
         yield from out[sent:]
         if seq.finish_reason == "error":
+            if seq.exception is not None:  # the engine contained it; here it is ours to raise
+                raise seq.exception
             raise NonFiniteOutputError(seq.error or "engine: generation failed")
     finally:
         model.train(was_training)

@@ -16,6 +16,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
+from moelab.serve.sampling import check_sampling
+from moelab.utils.fields import check_seed
+
 
 class APIError(Exception):
     """An error answered as ``{"error": {"message", "type", "param", "code"}}``."""
@@ -76,14 +79,12 @@ class _Common(BaseModel):
             raise APIError(
                 400, f"max_tokens: must be >= 1, got {self.max_tokens}", param="max_tokens"
             )
-        if not self.temperature >= 0 or self.temperature != self.temperature:
-            raise APIError(
-                400, f"temperature: must be >= 0, got {self.temperature}", param="temperature"
-            )
-        if not 0 < self.top_p <= 1:
-            raise APIError(400, f"top_p: must be in (0, 1], got {self.top_p}", param="top_p")
-        if self.top_k is not None and self.top_k < 1:
-            raise APIError(400, f"top_k: must be >= 1, got {self.top_k}", param="top_k")
+        try:  # the engine's own rules (float32 ranges, 64-bit seeds), answered as 400s
+            check_sampling(self.temperature, self.top_k, self.top_p)
+            if self.seed is not None:
+                check_seed(self.seed)
+        except ValueError as e:
+            raise APIError(400, str(e), param=str(e).split(":")[0]) from None
         if not 1 <= self.n <= max_n:
             raise APIError(400, f"n: must be in [1, {max_n}], got {self.n}", param="n")
         if self.logprobs not in (None, False):

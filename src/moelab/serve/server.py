@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import secrets
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -33,8 +34,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from moelab.data import Tokenizer
+from moelab.errors import InvalidValueError
 from moelab.serve.chat import ChatTemplate
 from moelab.serve.engine import (
     Engine,
@@ -48,6 +51,10 @@ from moelab.serve.metrics import ServeMetrics
 from moelab.serve.page import render_page
 from moelab.serve.params import SamplingParams
 from moelab.serve.protocol import APIError, ChatRequest, CompletionRequest
+from moelab.utils.fields import SEED_MAX
+
+_WATCH_S = 1.0
+"""How often a waiting request checks its deadline and the engine thread (seconds)."""
 
 _ENDPOINTS = {
     "/",
@@ -65,7 +72,8 @@ class ServerConfig:
 
     Attributes:
         model_name: the only ``model`` value requests may name (others get 404).
-        api_key: when set, every request but ``GET /`` must send ``Authorization: Bearer KEY``.
+        api_key: when set, every request but ``GET /`` must send ``Authorization: Bearer KEY``
+            (:func:`check_api_key`: an empty key is refused, never read as "no key").
         max_body_bytes: larger request bodies get 413.
         request_timeout_s: a request still unfinished after this many seconds is cancelled
             and answered 504 (None = no limit).
@@ -79,6 +87,30 @@ class ServerConfig:
     request_timeout_s: float | None = 600.0
     max_n: int = 8
     shutdown_grace_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.api_key is not None:
+            check_api_key(self.api_key)
+
+
+def check_api_key(key: str) -> str:
+    """``key`` when it can authenticate anyone: non-empty printable ASCII (what an HTTP
+    header carries) without surrounding spaces. An empty key (typically an unset
+    ``$VARIABLE``) is refused rather than read as "no authentication".
+
+    Raises:
+        InvalidValueError: naming the problem (never echoing the key).
+    """
+    if not key.strip():
+        raise InvalidValueError(
+            "api_key: empty (an unset environment variable?); give a key, or leave the "
+            "option out to serve without authentication"
+        )
+    if key != key.strip() or not (key.isascii() and key.isprintable()):
+        raise InvalidValueError(
+            "api_key: must be printable ASCII without leading or trailing spaces"
+        )
+    return key
 
 
 class _Guard:
@@ -178,16 +210,24 @@ def build_app(
         if length is not None and length.isdigit() and int(length) > config.max_body_bytes:
             raise APIError(413, f"body: {length} bytes exceed the limit of {config.max_body_bytes}")
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > config.max_body_bytes:
-                raise APIError(413, f"body: exceeds the limit of {config.max_body_bytes} bytes")
+        try:
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > config.max_body_bytes:
+                    raise APIError(413, f"body: exceeds the limit of {config.max_body_bytes} bytes")
+        except ClientDisconnect:  # nobody reads the answer; it keeps the log clean
+            raise APIError(400, "body: the client disconnected before sending all of it") from None
         try:
             obj = json.loads(body)
+        except RecursionError:
+            raise APIError(400, f"body: JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise APIError(400, f"body: malformed JSON ({e})") from None
         if not isinstance(obj, dict):
             raise APIError(400, "body: must be a JSON object")
+        problem = json_problem(obj)
+        if problem is not None:
+            raise APIError(400, problem[1], param=problem[0])
         try:
             req = schema.model_validate(obj)
         except ValidationError as e:
@@ -313,6 +353,32 @@ def build_app(
         c = sum(len(s.output_ids) for s in seqs)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
+    def engine_error(seqs: list[Sequence]) -> APIError:
+        why = next((s.error for s in seqs if s.finish_reason == "error" and s.error), None)
+        return APIError(500, why or "engine: generation failed", type="server_error")
+
+    async def next_event(
+        queue: asyncio.Queue[tuple[int, Event]], seqs: list[Sequence], deadline: float | None
+    ) -> tuple[int, Event]:
+        """The next engine event. Past ``deadline`` (the request timeout plus a second) it
+        answers 504 and while the engine thread is gone 503, by itself: a request the
+        engine never finishes must still end, whatever went wrong in the engine."""
+        while True:
+            try:
+                return await asyncio.wait_for(queue.get(), _WATCH_S)
+            except TimeoutError:
+                if not engine.alive:
+                    for s in seqs:
+                        s.cancel()
+                    raise APIError(
+                        503, "engine: its thread stopped; restart the server",
+                        type="server_error", code="engine_stopped",
+                    ) from None  # fmt: skip
+                if deadline is not None and time.monotonic() > deadline:
+                    for s in seqs:
+                        s.cancel()
+                    raise timeout_error() from None
+
     def timeout_error() -> APIError:
         return APIError(
             504,
@@ -347,9 +413,12 @@ def build_app(
             prompt_lens.append(len(ids))
             base = make_params(req, len(ids), extra_ids, extra_stop)
             for j in range(req.n):
-                seed = None if base.seed is None else base.seed + j
+                seed = None if base.seed is None else (base.seed + j) % (SEED_MAX + 1)
                 jobs.append((ids, _with_seed(base, seed)))
         queue, seqs = submit_all(jobs)
+        deadline = None
+        if config.request_timeout_s is not None:
+            deadline = time.monotonic() + config.request_timeout_s + 1.0
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         head = {
             "id": rid,
@@ -360,7 +429,7 @@ def build_app(
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(
-                _stream(request, queue, seqs, head, chat, include_usage, prompt_lens),
+                _stream(request, queue, seqs, head, chat, include_usage, prompt_lens, deadline),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
@@ -370,7 +439,7 @@ def build_app(
         try:
             left = len(seqs)
             while left:
-                i, ev = await queue.get()
+                i, ev = await next_event(queue, seqs, deadline)
                 texts[i].append(ev.text)
                 if isinstance(ev, TokenEvent):
                     if ev.experts is not None:
@@ -387,7 +456,7 @@ def build_app(
         if "timeout" in reasons:
             raise timeout_error()
         if "error" in reasons:
-            raise APIError(500, "engine: generation failed", type="server_error")
+            raise engine_error(seqs)
         choices = []
         for i, s in enumerate(seqs):
             text = "".join(texts[i])
@@ -406,7 +475,7 @@ def build_app(
         head["object"] = "chat.completion" if chat else "text_completion"
         return JSONResponse({**head, "choices": choices, "usage": usage(seqs, prompt_lens)})
 
-    async def _stream(request, queue, seqs, head, chat, include_usage, prompt_lens):
+    async def _stream(request, queue, seqs, head, chat, include_usage, prompt_lens, deadline):
         def chunk(choices: list[dict], **extra) -> str:
             return "data: " + json.dumps({**head, "choices": choices, **extra}) + "\n\n"
 
@@ -432,7 +501,11 @@ def build_app(
                 )  # fmt: skip
             left = len(seqs)
             while left:
-                i, ev = await queue.get()
+                try:
+                    i, ev = await next_event(queue, seqs, deadline)
+                except APIError as err:
+                    yield "data: " + json.dumps(err.body()) + "\n\n"
+                    break
                 if isinstance(ev, TokenEvent):
                     routing = [routing_token(ev)] if ev.experts is not None else None
                     if ev.text or routing:
@@ -441,11 +514,7 @@ def build_app(
                 left -= 1
                 metrics.observe(seqs[i])
                 if ev.reason in ("timeout", "error"):
-                    err = (
-                        timeout_error()
-                        if ev.reason == "timeout"
-                        else APIError(500, "engine: generation failed", type="server_error")
-                    )
+                    err = timeout_error() if ev.reason == "timeout" else engine_error([seqs[i]])
                     yield "data: " + json.dumps(err.body()) + "\n\n"
                     for s in seqs:
                         s.cancel()
@@ -493,6 +562,8 @@ def build_app(
     @app.get("/health")
     async def health():
         body = {"status": "ok", "running": engine.num_running, "waiting": engine.num_waiting}
+        if not engine.alive:
+            return JSONResponse({**body, "status": "engine stopped"}, status_code=503)
         if engine.closed:
             return JSONResponse({**body, "status": "draining"}, status_code=503)
         return body
@@ -509,8 +580,73 @@ def build_app(
     return app
 
 
+MAX_JSON_DEPTH = 32
+"""Deepest nesting of a request body (OpenAI bodies need 5: messages, parts, ...)."""
+
+
+def json_problem(obj: dict[str, Any]) -> tuple[str | None, str] | None:
+    """``(top-level field, message)`` for a parsed body that nests deeper than
+    :data:`MAX_JSON_DEPTH` or holds a string that is not valid Unicode (a lone UTF-16
+    surrogate such as ``"\\ud800"``, which JSON can spell but no tokenizer can encode);
+    None when it has neither. Walks without recursion."""
+    stack: list[tuple[Any, int, str | None]] = [(obj, 1, None)]
+    while stack:
+        node, depth, field = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return None, f"body: JSON nested deeper than {MAX_JSON_DEPTH} levels"
+        if isinstance(node, dict):
+            items = list(node.items())
+        elif isinstance(node, list):
+            items = [(None, v) for v in node]
+        else:
+            items = [(None, node)]
+        for key, value in items:
+            top = key if depth == 1 else field
+            for text in (key, value):
+                if isinstance(text, str) and not _is_unicode(text):
+                    name = top or "body"
+                    return top, f"{name}: holds a lone surrogate (not valid Unicode text)"
+            if isinstance(value, (dict, list)):
+                stack.append((value, depth + 1, top))
+    return None
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _with_seed(params: SamplingParams, seed: int | None) -> SamplingParams:
     return replace(params, seed=seed)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (``port`` 0 = any free port), for
+    ``uvicorn_server(...).run(sockets=[sock])``: binding first lets a caller report a busy
+    port or an unknown address before it announces the server.
+
+    Raises:
+        InvalidValueError: the address cannot be resolved or bound (naming it and why).
+    """
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as e:
+        raise InvalidValueError(f"host: cannot listen on {host!r} ({e.strerror or e})") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise InvalidValueError(
+            f"port: cannot listen on {host}:{port} ({e.strerror or e})"
+        ) from None
+    return sock
 
 
 def uvicorn_server(

@@ -36,6 +36,7 @@ from moelab.train.loop import RUN_FILE, prepare_data, read_run_info
 from moelab.train.metrics import MetricsLog
 from moelab.train.optim import build_optimizer
 from moelab.utils.atomic import atomic_write_json, write_folder_atomically
+from moelab.utils.outdir import check_output_folder
 
 
 @dataclass
@@ -74,13 +75,12 @@ def expand_run(
     Raises:
         ConfigError: not a run folder, a finished run, the checkpoint at or past the last step,
             an in-loop expansion still pending, bad factors; CheckpointError: no checkpoint
-            (so no optimizer state) or a corrupt one; FileExistsError: ``out_dir`` not empty.
+            (so no optimizer state) or a corrupt one; OutputFolderError
+            (:func:`~moelab.utils.outdir.check_output_folder`): ``out_dir`` is, surrounds or lies
+            inside the run, or is not empty (``OutputExistsError``, a FileExistsError).
     """
     run_dir, out_dir = Path(run_dir), Path(out_dir)
-    if out_dir.resolve() == run_dir.resolve():
-        raise ConfigError(f"--out: {out_dir} is the source run; choose a new folder")
-    if out_dir.exists() and not (out_dir.is_dir() and not any(out_dir.iterdir())):
-        raise FileExistsError(f"{out_dir}: exists and is not empty; choose a new --out")
+    check_output_folder(out_dir, inputs=[run_dir], flag=None)  # not in/around the source
     info = read_run_info(run_dir)
     cfg = TrainConfig.from_dict(info["train"])
     ckpt = load_checkpoint(run_dir)
@@ -130,5 +130,5 @@ def expand_run(
         log.write(expansion_record(step, grown.model.cfg, spec))
         save_checkpoint(tmp, grown.model, trainer_state, step)
 
-    write_folder_atomically(out_dir, fill)
+    write_folder_atomically(out_dir, fill, inputs=[run_dir], flag=None)
     return ExpandRunResult(out_dir, step, ckpt.model.cfg, grown.model.cfg, spec)

@@ -1,6 +1,10 @@
 """Atomic file writes: write a temp file in the target folder, fsync, ``os.replace``, fsync the
 folder. A crash leaves either the old file or the new one, never a partial file.
 
+While a write is under way, SIGTERM interrupts it as SIGINT does (:func:`sigterm_as_interrupt`),
+so the temporaries are removed on either signal; a folder write also removes the hidden
+temporaries an earlier killed write (SIGKILL, a power cut) left beside its output.
+
 A full disk (``ENOSPC``/``EDQUOT``) becomes :class:`DiskFullError`, one line naming the file,
 the free space and (where the caller knows it, :func:`ensure_free_space`) the space needed;
 the temp file is removed, so nothing partial is left.
@@ -12,8 +16,11 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -104,6 +111,29 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """For the ``with`` block, SIGTERM raises ``KeyboardInterrupt`` as SIGINT does, so that
+    cleanup code (``except BaseException`` / ``finally``) runs instead of the process dying
+    with its temporaries in place. Only in the main thread, and only while SIGTERM has its
+    default action (a server or the training loop that handles it keeps its own handler)."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def interrupt(signum, frame) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -122,6 +152,11 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], Any]) -> P
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    with sigterm_as_interrupt():
+        return _write_file(path, write)
+
+
+def _write_file(path: Path, write: Callable[[str], Any]) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
@@ -160,6 +195,17 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any, **dumps_kwargs: An
     return atomic_write_text(path, json.dumps(obj, **dumps_kwargs) + "\n")
 
 
+def _normalise_modes(folder: Path) -> None:
+    """Give every file under ``folder`` the mode a new file gets under the umask: writers
+    such as safetensors create their files 0600."""
+    mode = 0o666 & ~_current_umask()
+    for root, _, files in os.walk(folder):
+        for name in files:
+            p = Path(root) / name
+            if not p.is_symlink():
+                os.chmod(p, mode)
+
+
 def _fsync_tree(folder: Path) -> None:
     for root, _, files in os.walk(folder):
         for name in files:
@@ -176,7 +222,7 @@ def write_folder_atomically(
     overwrite: bool = False,
     *,
     inputs: Iterable[str | os.PathLike[str]] = (),
-    flag: str = "--overwrite",
+    flag: str | None = "--overwrite",
     known_outputs: Iterable[str] = (),
 ) -> Any:
     """Create ``out_dir`` by ``fill(tmp)`` in a sibling temp folder, fsync, then rename.
@@ -185,8 +231,9 @@ def write_folder_atomically(
     input or a folder around/inside one, never replace files moelab did not write); the
     output folder is locked (:func:`moelab.utils.locking.folder_lock`) while it is written, and
     the written folder carries the :data:`moelab.utils.outdir.MARKER` listing its files.
-    A failure (or a kill) leaves nothing at ``out_dir`` (or the previous folder untouched),
-    at worst a hidden ``.NAME.*.tmp`` sibling.
+    A failure, SIGINT or SIGTERM leaves nothing at ``out_dir`` (or the previous folder
+    untouched); a SIGKILL at worst a hidden ``.NAME.*.tmp`` sibling, which the next write of
+    ``out_dir`` removes.
 
     Args:
         out_dir: the folder to write.
@@ -206,6 +253,11 @@ def write_folder_atomically(
         inputs=list(inputs), overwrite=overwrite, flag=flag, known_outputs=tuple(known_outputs)
     )
     check_output_folder(out_dir, **rules)
+    with sigterm_as_interrupt():
+        return _write_folder(out_dir, fill, rules)
+
+
+def _write_folder(out_dir: Path, fill: Callable[[Path], Any], rules: dict[str, Any]) -> Any:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     created = not out_dir.exists()
     out_dir.mkdir(exist_ok=True)
@@ -222,12 +274,23 @@ def write_folder_atomically(
         raise
 
 
+def _remove_stale_temporaries(out_dir: Path) -> None:
+    """Remove the ``.NAME.XXXXXXXX.tmp`` siblings of ``out_dir`` that killed writes left
+    (call with ``out_dir`` locked: a live writer of it would hold the lock)."""
+    pattern = re.compile(rf"\.{re.escape(out_dir.name)}\.[A-Za-z0-9_]{{8}}\.tmp")
+    for p in out_dir.parent.iterdir():
+        if pattern.fullmatch(p.name) and p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+
+
 def _swap_in(out_dir: Path, fill: Callable[[Path], Any]) -> Any:
+    _remove_stale_temporaries(out_dir)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     os.chmod(tmp, 0o777 & ~_current_umask())
     old = None
     try:
         result = fill(tmp)
+        _normalise_modes(tmp)
         write_marker(tmp)
         _fsync_tree(tmp)
         if any(out_dir.iterdir()):

@@ -22,6 +22,20 @@ from moelab.errors import InvalidValueError
 MAX_INT = 2**53
 """Largest magnitude accepted for an int field (exactly representable as a float)."""
 
+SEED_MAX = 2**64 - 1
+"""Largest seed: ``torch.Generator.manual_seed`` takes 64 bits."""
+
+
+def check_seed(value: Any, name: str = "seed") -> int:
+    """``value`` when it is an int in ``[0, SEED_MAX]`` (what a torch generator can take).
+
+    Raises:
+        InvalidValueError: naming ``name``, for a non-int, a negative or a too-large seed.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SEED_MAX:
+        raise InvalidValueError(f"{name}: must be an integer in [0, 2**64 - 1], got {value!r}")
+    return value
+
 
 def _describe(value: Any) -> str:
     return f"{value!r} ({type(value).__name__})"

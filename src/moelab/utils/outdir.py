@@ -82,7 +82,7 @@ def check_output_folder(
     *,
     inputs: Iterable[str | os.PathLike[str]] = (),
     overwrite: bool = False,
-    flag: str = "--overwrite",
+    flag: str | None = "--overwrite",
     known_outputs: Iterable[str] = (),
 ) -> Path:
     """Check that writing the folder ``out`` as a whole can lose nothing (see module rules).
@@ -94,7 +94,8 @@ def check_output_folder(
         out: the output folder (may not exist yet).
         inputs: every file or folder the command reads (model folder, calibration file...).
         overwrite: the user allowed replacing a non-empty ``out`` written by moelab.
-        flag: the CLI flag that sets ``overwrite``, for the message (``--force``...).
+        flag: the CLI flag that sets ``overwrite``, for the message (``--force``...); None
+            for a command that never replaces a folder.
         known_outputs: top-level names the command writes; a marker-less folder holding
             only these is treated as an earlier output of the command.
     Returns:
@@ -117,7 +118,8 @@ def check_output_folder(
     if not out.exists() or not any(out.iterdir()):
         return out
     if not overwrite:
-        raise OutputExistsError(f"{out}: exists and is not empty (pass {flag} to replace it)")
+        fix = f"pass {flag} to replace it" if flag else "choose a new or empty folder"
+        raise OutputExistsError(f"{out}: exists and is not empty ({fix})")
     foreign = _foreign_files(out)
     known = set(known_outputs)
     if foreign is None and known and all(p.name in known for p in out.iterdir()):

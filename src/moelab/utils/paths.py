@@ -25,13 +25,21 @@ def is_within(path: str | os.PathLike[str], folder: str | os.PathLike[str]) -> b
     return p == f or f in p.parents
 
 
-def confined(folder: str | os.PathLike[str], name: object, *, what: str = "file") -> Path:
-    """``folder / name`` after checking that it stays inside ``folder``.
+def confined(
+    folder: str | os.PathLike[str],
+    name: object,
+    *,
+    what: str = "file",
+    within: str | os.PathLike[str] | None = None,
+) -> Path:
+    """``folder / name`` after checking that it stays inside ``folder`` (or ``within``).
 
     Args:
         folder: the folder the name was read from (or belongs to).
         name: a relative name such as ``"model.safetensors"`` or ``"step-000200"``.
         what: how the error message calls the entry (``"manifest entry"``, ...).
+        within: a folder around ``folder`` the name may lead into instead (a Hugging Face
+            hub snapshot's files are links into its repository's ``blobs/``).
     Returns:
         ``Path(folder) / name`` (not resolved, so messages keep the user's spelling).
     Raises:
@@ -46,7 +54,7 @@ def confined(folder: str | os.PathLike[str], name: object, *, what: str = "file"
             f"{folder}: {what} {name!r} is an absolute path; only names inside the folder are read"
         )
     target = folder / name
-    if not is_within(target, folder):
+    if not is_within(target, folder if within is None else within):
         raise UnsafePathError(
             f"{folder}: {what} {name!r} leads outside the folder (to {target.resolve()})"
         )

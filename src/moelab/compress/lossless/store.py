@@ -33,6 +33,11 @@ Bandwidth cap (this project's emulation, not the paper's): with ``storage_mbps``
 are timed as if the pack sat on a single-queue device of that bandwidth (MB = 10^6 bytes):
 a read of ``n`` bytes issued at ``t`` completes at ``max(t, busy_until) + n / bw`` and the
 reader sleeps until then. Reads are still real file reads.
+
+What the checksums cover: ``index_sha256`` (over the rest of ``store.json``) catches
+corruption, not edits: whoever edits the index can recompute it, so it does not bind an
+entry to its expert (two experts' entries swapped, with the checksum recomputed, read as
+each other). The pack's name is confined to the store folder.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from moelab.errors import InvalidValueError
 from moelab.models.io import CheckpointError
 from moelab.utils.atomic import atomic_write_json
 from moelab.utils.jsonfile import read_json
+from moelab.utils.paths import UnsafePathError, confined
 
 FORMAT_VERSION = 3
 PACK_FILE = "experts.pack"
@@ -170,7 +176,10 @@ class ExpertPack:
                 f"{ipath}: checksum mismatch (edited or corrupt; write the store again)"
             )
         self.index = index
-        self.path = self.folder / index.get("pack", PACK_FILE)
+        try:  # a name read from a file stays inside its folder (the rule run folders follow)
+            self.path = confined(self.folder, index.get("pack", PACK_FILE), what="pack")
+        except UnsafePathError as e:
+            raise StoreError(f"{ipath}: {e}") from None
         if not self.path.is_file():
             raise StoreError(f"{self.path}: missing (listed in {INDEX_FILE})")
         for key in ("pack_bytes", "experts", "num_layers", "num_experts"):

@@ -18,7 +18,7 @@ from the saved input projection.
 Measured by ``benchmarks/layer_speed.py``; the table is in docs/benchmarks/layer.md.
 
 The kernel is compiled on first use with ``torch.utils.cpp_extension.load`` (C++ compiler and
-ninja required, 30-40 s once per torch installation; cached in ``<TORCH_EXTENSIONS_DIR or
+ninja required, 30-40 s once per torch installation (and path to it); cached in ``<TORCH_EXTENSIONS_DIR or
 torch's default>/moelab_experts_cpu-py<XY>-torch<version>-<hash>``; a build killed half-way is
 redone by the next process). Where it cannot be built,
 or with ``MOELAB_CPU_KERNEL=0``, :func:`kernel` returns None, and the experts run the PyTorch
@@ -58,13 +58,16 @@ def build_directory() -> Path:
     The hash covers the source's content and the torch installation's path, not the
     checkout's: checkouts sharing a virtual environment share one build. ninja rebuilds
     whenever the compile command changes, and the command names torch's include and library
-    folders, so two environments sharing one folder would rebuild over each other in turn.
+    folders as torch's import path spells them (``os.path.abspath``, symlinks kept), so the
+    key takes that spelling too: one environment reached through two paths (a symlinked
+    ``.venv``) gets one build per path, each built once, instead of two spellings that
+    rebuild over each other in turn.
     """
     from torch.utils.cpp_extension import get_default_build_root
 
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
     py = f"py{sys.version_info.major}{sys.version_info.minor}"
-    key = _SOURCE.read_bytes() + str(Path(torch.__file__).resolve().parent).encode()
+    key = _SOURCE.read_bytes() + os.path.dirname(os.path.abspath(torch.__file__)).encode()
     digest = hashlib.sha256(key).hexdigest()[:12]
     return Path(root) / f"moelab_experts_cpu-{py}-torch{torch.__version__}-{digest}"
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from moelab.errors import InvalidValueError
+from moelab.errors import InvalidValueError, NonFiniteOutputError
 from moelab.models import ModelConfig, MoETransformer
 from moelab.models.block_diffusion import (
     PrefixKV,
@@ -251,7 +251,7 @@ class BlockDecoder:
         ValueError: a causal model (decode it with ``moelab.serve.generate``), an empty
             prompt, ``max_new_tokens < 1``, ids out of range, a prompt that fills the context,
             a router TEAM cannot drive.
-        FloatingPointError: (from :meth:`next_block`) NaN or inf logits.
+        NonFiniteOutputError: (from :meth:`next_block`; a FloatingPointError) NaN or inf logits.
     """
 
     def __init__(
@@ -335,7 +335,7 @@ class BlockDecoder:
             logits = branch_forward(self.model, branches, s, self.prefix, hook).float()
             logits[..., mask_id] = float("-inf")
             if not math.isfinite(float(logits.amax())):  # NaN propagates through amax
-                raise FloatingPointError(
+                raise NonFiniteOutputError(
                     f"block at position {s}: the model's logits are not finite; its weights "
                     "or activations hold NaN or inf"
                 )

@@ -19,6 +19,8 @@ the experts of its position in the forward that accepted it.
 
 from __future__ import annotations
 
+import logging
+
 from moelab.models import MoETransformer
 from moelab.models.block_diffusion import check_diffusion_model
 from moelab.serve.diffusion.decode import (
@@ -29,6 +31,8 @@ from moelab.serve.diffusion.decode import (
 )
 from moelab.serve.diffusion.experts import check_team_router
 from moelab.serve.engine import Engine, Sequence
+
+logger = logging.getLogger(__name__)
 
 
 class DiffusionEngine(Engine):
@@ -82,10 +86,11 @@ class DiffusionEngine(Engine):
             seq, dec = self.running[i], self.decoders[i]
             try:
                 block = dec.next_block()
-            except FloatingPointError as e:  # broken weights fail this sequence, not the batch
-                seq.error = str(e)
+            except Exception as e:  # one sequence's forward: it fails alone, not the batch
+                if not isinstance(e, FloatingPointError):  # broken weights are no bug
+                    logger.exception("engine: a block-diffusion step failed for one request")
                 self._remove_row(i)
-                self._finish(seq, "error")
+                self._fail([seq], e, str(e) if isinstance(e, FloatingPointError) else None)
                 continue
             if block.expert_counts is not None:
                 self._count_experts(block.expert_counts)
@@ -96,6 +101,9 @@ class DiffusionEngine(Engine):
             if seq.finish_reason is None and dec.done:  # the context is full
                 self._remove_row(i)
                 self._finish(seq, "length")
+
+    def _clear_rows(self) -> None:
+        self.decoders.clear()
 
     def _remove_row(self, row: int) -> None:
         self.decoders[row] = self.decoders[-1]

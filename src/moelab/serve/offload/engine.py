@@ -176,7 +176,7 @@ class OffloadEngine:
         if budget < need:
             raise InvalidValueError(
                 f"cache_mb: {config.cache_mb} MiB is smaller than one layer's top-{self.k} "
-                f"experts ({need / MIB:.2f} MiB); accepted: >= {need / MIB:.2f}"
+                f"experts ({need / MIB:.4g} MiB); accepted: >= {_ceil2(need / MIB):.2f}"
             )
         self.slots_per_layer = self._single_tier_slots(budget)
         self.layer_bytes = budget / self.L
@@ -473,3 +473,8 @@ class OffloadEngine:
             started = self.scheduler.submit(tasks, PREFETCH)
             self.prefetching[(li, e)] = _Loading({t.name: f for t, f in started}, None)
             self.stats.prefetch_issued += 1
+
+
+def _ceil2(x: float) -> float:
+    """``x`` rounded up to 2 decimals: a minimum shown rounded down would be refused too."""
+    return math.ceil(x * 100) / 100
