@@ -51,7 +51,7 @@ def test_store_round_trips_the_model_bit_exactly(store):
     assert 0 < k.exponent < k.elements  # coded exponent below one byte per element
     s = open_store(folder)
     assert s.trace.shape == (2, model.cfg.num_moe_layers, 4)
-    assert json.loads((folder / INDEX_FILE).read_text())["format_version"] == 3
+    assert json.loads((folder / INDEX_FILE).read_text())["format_version"] == 4
 
 
 def test_fp32_store_and_unsupported_dtype(tmp_path):
@@ -234,3 +234,51 @@ def test_a_store_missing_an_expert_is_never_reported_written(tmp_path, monkeypat
         StoreError, match=r"incomplete or inconsistent index \(no entry for layer 0 expert 0\)"
     ):
         open_store(tmp_path / "s")
+
+
+def test_tokenizer_and_run_files_are_recorded(tmp_path):
+    from moelab.compress.lossless.store import _index_digest
+
+    def extras(tmp):
+        (tmp / "tokenizer.json").write_text('{"model": "bpe-a"}')
+        (tmp / "tokenizer_meta.json").write_text('{"kind": "bpe"}')
+
+    folder = tmp_path / "s"
+    compress_model(tiny(), folder, codec="zstd", save_extras=extras)
+    index = json.loads((folder / INDEX_FILE).read_text())
+    assert set(index["files"]) == {"tokenizer.json", "tokenizer_meta.json"}
+    open_store(folder)
+    good = (folder / "tokenizer.json").read_text()
+    # a tokenizer swapped in from another run fails at open, before any score is computed
+    (folder / "tokenizer.json").write_text('{"model": "bpe-b"}')
+    with pytest.raises(StoreError, match=r"tokenizer\.json: missing or altered"):
+        open_store(folder)
+    (folder / "tokenizer.json").unlink()
+    with pytest.raises(StoreError, match=r"tokenizer\.json: missing or altered"):
+        open_store(folder)
+    (folder / "tokenizer.json").write_text(good)
+    # a run.json added after the store was written was not checked when it was written
+    (folder / "run.json").write_text("{}")
+    with pytest.raises(StoreError, match=r"run\.json: not written with the store"):
+        open_store(folder)
+    # a format-3 store (no "files") still opens, unchecked as it always was
+    body = {k: v for k, v in index.items() if k not in ("index_sha256", "files")}
+    body["format_version"] = 3
+    (folder / INDEX_FILE).write_text(json.dumps({**body, "index_sha256": _index_digest(body)}))
+    open_store(folder)
+
+
+@pytest.mark.parametrize("edit", ["top_k", "codec", "entry"])
+def test_an_index_missing_a_field_is_named_even_with_its_checksum_recomputed(store, tmp_path, edit):
+    from moelab.compress.lossless.store import _index_digest
+
+    folder = copy_store(store, tmp_path)
+    body = json.loads((folder / INDEX_FILE).read_text())
+    del body["index_sha256"]
+    if edit == "entry":
+        del body["experts"][3]["tensors"]
+    else:
+        del body[edit]
+    (folder / INDEX_FILE).write_text(json.dumps({**body, "index_sha256": _index_digest(body)}))
+    with pytest.raises(StoreError, match=r"store\.json: (no '\w+' entry|an 'experts' entry lacks)"):
+        open_store(folder)

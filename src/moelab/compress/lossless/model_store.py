@@ -9,7 +9,8 @@ A store folder (written atomically as a whole) holds::
     store.json         the index; it also records the model fingerprint and the sha256 of
                        dense.safetensors, so a pack from another model is refused
     profile.json       optional routing trace ``counts [P, L, E]`` for the cache planner
-    tokenizer files, and run.json when the source was a run folder (for ``moelab eval``)
+    tokenizer files, and run.json when the source was a run folder (for ``moelab eval``);
+                       the index records their sha256 (:data:`RECORDED_FILES`)
 
 Expert ``e`` of MoE layer ``l`` stores ``w_gate_up[e] [D, 2F]`` (or ``w_up[e] [D, F]``) and
 ``w_down[e] [F, D]``: the slices of the bank's stacked tensors, bit for bit. Layers may hold
@@ -65,6 +66,9 @@ from moelab.utils.atomic import atomic_write_json, write_folder_atomically
 from moelab.utils.jsonfile import read_json
 
 DENSE_FILE = "dense.safetensors"
+RECORDED_FILES = ("tokenizer_meta.json", "tokenizer.json", "run.json")
+"""Files beside the experts whose SHA-256 the index records (format 4): they change how the
+model's text is read, so a swapped one must fail at open rather than change scores silently."""
 PROFILE_FILE = "profile.json"
 MAX_CHUNKS = 64
 """Most exponent chunks per tensor: each is one decode task and one index entry, so more
@@ -269,6 +273,9 @@ def compress_model(
                     entries.append({"layer": li, "expert": e, "tensors": specs})
                     if on_expert is not None:
                         on_expert()
+        if save_extras is not None:
+            save_extras(tmp)
+        files = {n: sha256_file(tmp / n) for n in RECORDED_FILES if (tmp / n).is_file()}
         dense_sha = sha256_file(tmp / DENSE_FILE)
         profile = {}
         if trace is not None:
@@ -292,12 +299,11 @@ def compress_model(
                 "top_k": cfg.moe.router.top_k,
                 "block_of_layer": [i for i, _ in layers],
                 "experts": entries,
+                "files": files,
                 **profile,
             },
         )
         check_written(tmp, per_layer, names)
-        if save_extras is not None:
-            save_extras(tmp)
         return StoreReport(
             Path(out), kinds, (tmp / DENSE_FILE).stat().st_size, time.perf_counter() - t0,
             dname, codec,
@@ -347,7 +353,7 @@ def copy_run_files(source: Path) -> Callable[[Path], None]:
     """A ``save_extras`` that copies the tokenizer files and run.json of ``source``."""
 
     def copy(tmp: Path) -> None:
-        for name in ("tokenizer_meta.json", "tokenizer.json", "run.json"):
+        for name in RECORDED_FILES:
             if (source / name).is_file():
                 shutil.copyfile(source / name, tmp / name)
 
@@ -425,7 +431,32 @@ def open_store(folder: str | os.PathLike[str], storage_mbps: float | None = None
         dense = load_file(str(dpath))
     except (SafetensorError, OSError, ValueError) as e:
         raise StoreError(f"{dpath}: cannot read safetensors ({e})") from e
+    _check_recorded_files(folder, idx)
     return OpenStore(folder, cfg, pack, dense, _read_profile(folder, pack))
+
+
+def _check_recorded_files(folder: Path, idx: dict[str, Any]) -> None:
+    """The tokenizer files and run.json are the ones written with the store (format 4).
+
+    Raises:
+        StoreError: a recorded file is missing or altered, or one of :data:`RECORDED_FILES`
+            is present but was not written with the store (added or swapped in later).
+    """
+    if idx.get("format_version", 1) < 4:
+        return  # earlier stores recorded none
+    recorded = idx.get("files")
+    if not isinstance(recorded, dict):
+        raise StoreError(f"{folder / INDEX_FILE}: 'files' must map file names to sha256")
+    for name in RECORDED_FILES:
+        path = folder / name
+        if name not in recorded:
+            if path.exists():
+                raise StoreError(
+                    f"{path}: not written with the store (store.json records no {name})"
+                )
+            continue
+        if not path.is_file() or sha256_file(path) != recorded[name]:
+            raise StoreError(f"{path}: missing or altered (store.json records its sha256)")
 
 
 def _read_profile(folder: Path, pack: ExpertPack) -> np.ndarray | None:

@@ -1,16 +1,21 @@
 """The expert store: one pack file of encoded expert tensors plus a JSON index.
 
-Files (``FORMAT_VERSION = 3``)::
+Files (``FORMAT_VERSION = 4``)::
 
     experts.pack   segments of every expert tensor, back to back (exponent chunks, then
                    sign-mantissa bytes; or raw bit patterns)
-    store.json     {"format_version": 3, "pack": "experts.pack", "pack_bytes": N,
+    store.json     {"format_version": 4, "pack": "experts.pack", "pack_bytes": N,
                     "model_fingerprint": ..., "num_layers": L,
                     "experts_per_layer": [E_0, …, E_{L-1}], "num_experts": max E_l,
                     "dtype": ..., "codec": ...,
                     "experts": [{"layer": l, "expert": e,
                                  "tensors": {"w_gate_up": spec, "w_down": spec}}],
+                    "files": {"tokenizer.json": sha256, ...},
                     "index_sha256": ...}
+
+``files`` (version 4) records the SHA-256 of the files stored beside the experts that change
+what the model computes or how its text is read (the tokenizer files, ``run.json``): a
+swapped tokenizer would otherwise change every score silently.
 
 ``experts_per_layer`` (version 3) gives each MoE layer its own expert count (a pruned model
 keeps different numbers per layer); earlier stores have one count, ``num_experts``, for every
@@ -34,10 +39,12 @@ are timed as if the pack sat on a single-queue device of that bandwidth (MB = 10
 a read of ``n`` bytes issued at ``t`` completes at ``max(t, busy_until) + n / bw`` and the
 reader sleeps until then. Reads are still real file reads.
 
-What the checksums cover: ``index_sha256`` (over the rest of ``store.json``) catches
-corruption, not edits: whoever edits the index can recompute it, so it does not bind an
-entry to its expert (two experts' entries swapped, with the checksum recomputed, read as
-each other). The pack's name is confined to the store folder.
+What the checksums cover: ``index_sha256`` (over the rest of ``store.json``) and the
+recorded SHA-256s of ``dense.safetensors``, the profile and the ``files`` catch corruption and
+files swapped in from elsewhere, not deliberate edits: whoever edits the index can recompute
+every checksum, so none of them binds an entry to its expert (two experts' entries swapped,
+with the checksums recomputed, read as each other). A store is as trustworthy as the place it
+came from, like any checkpoint. The pack's name is confined to the store folder.
 """
 
 from __future__ import annotations
@@ -64,7 +71,7 @@ from moelab.utils.atomic import atomic_write_json
 from moelab.utils.jsonfile import read_json
 from moelab.utils.paths import UnsafePathError, confined
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 PACK_FILE = "experts.pack"
 INDEX_FILE = "store.json"
 
@@ -182,12 +189,17 @@ class ExpertPack:
             raise StoreError(f"{ipath}: {e}") from None
         if not self.path.is_file():
             raise StoreError(f"{self.path}: missing (listed in {INDEX_FILE})")
-        for key in ("pack_bytes", "experts", "num_layers", "num_experts"):
+        for key in ("pack_bytes", "experts", "num_layers", "num_experts", "top_k", "codec"):
             if key not in index:
                 raise StoreError(
                     f"{ipath}: no {key!r} entry (not a moelab store index, or damaged)"
                 )
-        self._entries = {(x["layer"], x["expert"]): x["tensors"] for x in index["experts"]}
+        try:
+            self._entries = {(x["layer"], x["expert"]): x["tensors"] for x in index["experts"]}
+        except (KeyError, TypeError):
+            raise StoreError(
+                f"{ipath}: an 'experts' entry lacks its layer, expert or tensors (damaged)"
+            ) from None
         self.experts_per_layer = _experts_per_layer(index, ipath)
         missing = [
             (li, e)
