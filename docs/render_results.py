@@ -20,159 +20,37 @@ As a script it prints the tables of result files::
 
     python docs/render_results.py docs/results/moe_vs_dense_380s.json
 
-Only :func:`read_result` knows the JSON layout: it is the adapter between the result format and
-the renderers, which see the small :class:`Result` view below.
+Files are read with :func:`moelab.utils.results.load_result` (which checks the schema and
+recomputes the summaries and paired differences from the per-seed metrics) and the tables are
+those of :mod:`moelab.utils.result_tables`; this module adds what is particular to the pages: a
+title over each per-seed table, the line of conditions under every table, and the plots.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import io
-import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-SCHEMA = "moelab.result/1"
+from moelab.utils import result_tables as tables
+from moelab.utils.results import BenchmarkResult, Stats, load_result
 
 
-class ResultFormatError(ValueError):
-    """A result file is missing, not JSON, or not of schema ``moelab.result/1``."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Stats:
-    """Mean, sample sd and two-sided t-interval of ``n`` values (sd and ci None when n = 1)."""
-
-    n: int
-    mean: float
-    sd: float | None
-    ci: tuple[float, float] | None
-
-
-@dataclasses.dataclass(frozen=True)
-class Paired:
-    """Per-seed differences ``arm - baseline`` of one metric and their statistics."""
-
-    arm: str
-    baseline: str
-    metric: str
-    diffs: tuple[float, ...]
-    stats: Stats
-
-
-@dataclasses.dataclass(frozen=True)
-class Result:
-    """What the renderers need of one result file."""
-
-    name: str
-    method: str
-    config: dict[str, Any]
-    seeds: tuple[int, ...]
-    arms: tuple[str, ...]
-    metrics: dict[str, dict[int, dict[str, float]]]  # arm -> seed -> metric -> value
-    summary: dict[str, dict[str, Stats]]  # arm -> metric -> stats
-    paired: tuple[Paired, ...]
-    confidence: float
-    commit: str | None
-    machine: dict[str, Any]
-    extra: dict[str, Any]
-
-    def metric_names(self) -> list[str]:
-        """Every metric of any arm, in first-seen order."""
-        seen: dict[str, None] = {}
-        for arm in self.arms:
-            for m in self.metrics[arm][self.seeds[0]]:
-                seen.setdefault(m)
-        return list(seen)
-
-
-# --- adapter: the JSON layout of schema moelab.result/1 --------------------------------------
-
-
-def _stats(obj: dict[str, Any]) -> Stats:
-    ci = obj.get("ci")
-    return Stats(
-        n=int(obj["n"]),
-        mean=float(obj["mean"]),
-        sd=obj.get("sd"),
-        ci=None if ci is None else (float(ci[0]), float(ci[1])),
-    )
-
-
-def read_result(path: str | Path) -> Result:
-    """Read one result file (schema ``moelab.result/1``) into a :class:`Result`.
-
-    The summaries and paired differences are taken as stored; the benchmark that wrote the
-    file computed them from the per-seed metrics it holds.
-
-    Raises:
-        ResultFormatError: the file is missing, not JSON, of another schema, or lacks a field.
-    """
-    path = Path(path)
-    try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ResultFormatError(f"{path}: not a readable JSON result file ({e})") from None
-    if not isinstance(obj, dict) or obj.get("schema") != SCHEMA:
-        found = obj.get("schema") if isinstance(obj, dict) else None
-        raise ResultFormatError(f"{path}: schema {found!r}, expected {SCHEMA!r}")
-    try:
-        provenance = obj["provenance"]
-        return Result(
-            name=obj["name"],
-            method=obj["method"],
-            config=obj["config"],
-            seeds=tuple(obj["seeds"]),
-            arms=tuple(obj["arms"]),
-            metrics={
-                arm: {int(seed): dict(values) for seed, values in per_seed.items()}
-                for arm, per_seed in obj["metrics"].items()
-            },
-            summary={
-                arm: {m: _stats(s) for m, s in per.items()} for arm, per in obj["summary"].items()
-            },
-            paired=tuple(
-                Paired(p["arm"], p["baseline"], p["metric"], tuple(p["diffs"]), _stats(p))
-                for p in obj["paired"]
-            ),
-            confidence=float(obj["confidence"]),
-            commit=provenance.get("git_commit"),
-            machine=provenance.get("machine", {}),
-            extra=obj.get("extra", {}),
-        )
-    except (KeyError, TypeError, ValueError, IndexError) as e:
-        raise ResultFormatError(f"{path}: missing or malformed field ({e!r})") from None
-
-
-# --- tables -----------------------------------------------------------------------------------
-
-
-def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|")
-
-
-def _num(value: float, fmt: str) -> str:
-    return format(value, fmt).replace("-", "−")
-
-
-def _interval(st: Stats, fmt: str) -> str:
-    return "" if st.ci is None else f"[{_num(st.ci[0], fmt)}, {_num(st.ci[1], fmt)}]"
-
-
-def conditions(results: Sequence[Result]) -> str:
+def conditions(results: Sequence[BenchmarkResult]) -> str:
     """One line with the conditions shared by ``results`` (seeds, command, machine, commit),
     stated once under a table; conditions that differ are listed per result."""
 
-    def parts(r: Result) -> dict[str, str]:
+    def parts(r: BenchmarkResult) -> dict[str, str]:
         out = {"seeds": ", ".join(map(str, r.seeds))}
         if r.extra.get("command"):
             out["command"] = f"`{r.extra['command']}`"
-        machine = ", ".join(f"{k} {v}" for k, v in r.machine.items() if v not in (None, ""))
+        machine = r.provenance.machine
+        machine = ", ".join(f"{k} {v}" for k, v in machine.items() if v not in (None, ""))
         if machine:
             out["machine"] = machine
-        out["commit"] = f"`{r.commit[:7]}`" if r.commit else "not recorded"
+        commit = r.provenance.git_commit
+        out["commit"] = f"`{commit[:7]}`" if commit else "not recorded"
         if r.extra.get("note"):
             out["note"] = str(r.extra["note"])
         return out
@@ -189,87 +67,40 @@ def conditions(results: Sequence[Result]) -> str:
     return f"*Conditions — {line}.*"
 
 
-def seeds_table(result: Result, metrics: Sequence[str] | None = None, fmt: str = ".4f") -> str:
-    """Markdown table of every per-seed value: one row per (arm, seed)."""
-    metrics = list(metrics or result.metric_names())
-    lines = [
-        f"**{_cell(result.name)}**",
-        "",
-        "| arm | seed | " + " | ".join(map(_cell, metrics)) + " |",
-        "|---|---:|" + "---:|" * len(metrics),
-    ]
-    for arm in result.arms:
-        for seed in result.seeds:
-            values = result.metrics[arm][seed]
-            cells = [_num(values[m], fmt) if m in values else "" for m in metrics]
-            lines.append(f"| {_cell(arm)} | {seed} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n\n" + conditions([result]) + "\n"
+def seeds_table(
+    result: BenchmarkResult, metrics: Sequence[str] | None = None, fmt: str = ".4f"
+) -> str:
+    """The result's name, its per-seed table (one row per arm and seed) and its conditions."""
+    table = tables.seeds_table(result, metrics, fmt=fmt)
+    return f"**{result.name}**\n\n{table}\n{conditions([result])}\n"
 
 
 def summary_table(
-    results: Sequence[Result], metrics: Sequence[str] | None = None, fmt: str = ".4f"
+    results: Sequence[BenchmarkResult], metrics: Sequence[str] | None = None, fmt: str = ".4f"
 ) -> str:
-    """Markdown table, one row per (result, arm): mean ± sd and the t-interval of each metric."""
-    if metrics is None:
-        metrics = list(dict.fromkeys(m for r in results for m in r.metric_names()))
-    level = f"{round(100 * results[0].confidence)} %"
-    head = ["result", "arm", "seeds"]
-    for m in metrics:
-        head += [f"{m} (mean ± sd)", f"{m} {level} interval"]
-    lines = [
-        "| " + " | ".join(map(_cell, head)) + " |",
-        "|---|---|---:|" + "---:|" * 2 * len(metrics),
-    ]
-    for r in results:
-        for arm in r.arms:
-            cells = [_cell(r.name), _cell(arm), str(len(r.seeds))]
-            for m in metrics:
-                st = r.summary[arm].get(m)
-                if st is None:
-                    cells += ["", ""]
-                    continue
-                sd = "" if st.sd is None else f" ± {_num(st.sd, fmt)}"
-                cells += [_num(st.mean, fmt) + sd, _interval(st, fmt)]
-            lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n\n" + conditions(results) + "\n"
+    """Mean ± sd and t-interval per (result, arm) and metric, then the conditions."""
+    return f"{tables.summary_table(results, metrics, fmt=fmt)}\n{conditions(results)}\n"
 
 
 def paired_table(
-    results: Sequence[Result], metrics: Sequence[str] | None = None, fmt: str = ".4f"
+    results: Sequence[BenchmarkResult], metrics: Sequence[str] | None = None, fmt: str = ".4f"
 ) -> str:
-    """Markdown table, one row per (result, pair, metric): per-seed differences, their mean ±
-    sd and t-interval (seeds are the pairing unit)."""
-    level = f"{round(100 * results[0].confidence)} %"
-    lines = [
-        f"| result | arm − baseline | metric | per seed | mean ± sd | {level} interval |",
-        "|---|---|---|---|---:|---:|",
-    ]
-    for r in results:
-        for p in r.paired:
-            if metrics is not None and p.metric not in metrics:
-                continue
-            st = p.stats
-            per_seed = ", ".join(_num(d, "+" + fmt) for d in p.diffs)
-            sd = "" if st.sd is None else f" ± {_num(st.sd, fmt)}"
-            lines.append(
-                f"| {_cell(r.name)} | {_cell(p.arm)} − {_cell(p.baseline)} | "
-                f"{_cell(p.metric)} | {per_seed} | **{_num(st.mean, '+' + fmt)}**{sd} "
-                f"| {_interval(st, fmt)} |"
-            )
-    return "\n".join(lines) + "\n\n" + conditions(results) + "\n"
+    """Per-seed differences arm − baseline, their mean ± sd and t-interval, then the
+    conditions."""
+    return f"{tables.paired_table(results, metrics, fmt=fmt)}\n{conditions(results)}\n"
 
 
 # --- plots ------------------------------------------------------------------------------------
 
 
-def _config_value(result: Result, key: str) -> float:
+def _config_value(result: BenchmarkResult, key: str) -> float:
     value: Any = result.config
     for part in key.split("."):
         value = value[part]
     return float(value)
 
 
-def plot_png(results: Sequence[Result], metric: str, x: str | None = None) -> bytes:
+def plot_png(results: Sequence[BenchmarkResult], metric: str, x: str | None = None) -> bytes:
     """A PNG: the metric's mean and t-interval per arm (against config key ``x`` when given,
     else one group of bars), and beside it each pair's mean difference with its interval.
 
@@ -289,12 +120,14 @@ def plot_png(results: Sequence[Result], metric: str, x: str | None = None) -> by
             [s.ci[1] - s.mean if s.ci else 0.0 for s in stats],
         ]
 
+    summaries = [r.summary() for r in results]
+    paired = [r.paired() for r in results]
     arms = list(dict.fromkeys(a for r in results for a in r.arms))
     for arm in arms:
         pts = [
-            (xv, r.summary[arm][metric])
-            for xv, r in zip(xs, results, strict=True)
-            if arm in r.summary and metric in r.summary[arm]
+            (xv, summary[arm][metric])
+            for xv, summary in zip(xs, summaries, strict=True)
+            if arm in summary and metric in summary[arm]
         ]
         if pts:
             stats = [s for _, s in pts]
@@ -309,13 +142,13 @@ def plot_png(results: Sequence[Result], metric: str, x: str | None = None) -> by
     left.set_ylabel(metric)
     left.set_title(f"{metric}: mean and {round(100 * results[0].confidence)} % interval")
     pairs = list(
-        dict.fromkeys((p.arm, p.baseline) for r in results for p in r.paired if p.metric == metric)
+        dict.fromkeys((p.arm, p.baseline) for ps in paired for p in ps if p.metric == metric)
     )
     for arm, base in pairs:
         pts = [
             (xv, p.stats)
-            for xv, r in zip(xs, results, strict=True)
-            for p in r.paired
+            for xv, ps in zip(xs, paired, strict=True)
+            for p in ps
             if (p.arm, p.baseline, p.metric) == (arm, base, metric)
         ]
         stats = [s for _, s in pts]
@@ -348,7 +181,7 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__)
         return 2
-    results = [read_result(p) for p in argv]
+    results = [load_result(p) for p in argv]
     for r in results:
         print(seeds_table(r))
     print(summary_table(results))

@@ -13,11 +13,12 @@ import importlib.util
 import posixpath
 import re
 import shlex
-import sys
 from pathlib import Path
 
 from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File, Files
+
+from moelab.utils.results import ResultFileError, load_result
 
 DOCS = Path(__file__).resolve().parents[1]
 RESULTS = DOCS / "results"
@@ -28,7 +29,6 @@ _KINDS = {"seeds", "summary", "paired", "plot"}
 def _renderer():
     spec = importlib.util.spec_from_file_location("render_results", DOCS / "render_results.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while building classes
     spec.loader.exec_module(module)
     return module
 
@@ -63,8 +63,8 @@ def load(names: list[str], where: str):
         if not path.is_file():
             raise PluginError(f"{where}: no result file docs/results/{name}.json")
         try:
-            out.append(render.read_result(path))
-        except render.ResultFormatError as e:
+            out.append(load_result(path))
+        except ResultFileError as e:
             raise PluginError(f"{where}: {e}") from None
     return out
 

@@ -1,4 +1,5 @@
-"""docs/render_results.py: result files (schema moelab.result/1) → Markdown tables and plots."""
+"""docs/render_results.py and the docs' result files: the files load with the library's checks,
+and the pages' tables and plots show their numbers and conditions."""
 
 from __future__ import annotations
 
@@ -6,10 +7,11 @@ import importlib.util
 import json
 import math
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
+
+from moelab.utils.results import load_result
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results"
@@ -18,7 +20,6 @@ RESULTS = ROOT / "docs" / "results"
 def _load(name: str, path: Path):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -29,26 +30,28 @@ render = _load("render_results", ROOT / "docs" / "render_results.py")
 T_975_2 = 4.302652729911275
 
 
-def test_every_result_file_reads():
+def test_every_result_file_passes_the_library_checks():
+    # load_result checks the schema and that the stored summaries and paired differences
+    # are those of the per-seed metrics.
     files = sorted(RESULTS.glob("*.json"))
-    assert files
+    assert len(files) == 7
     for path in files:
-        r = render.read_result(path)
-        assert r.seeds and r.arms and set(r.metrics) == set(r.arms), path.name
+        r = load_result(path)
+        assert len(r.seeds) == 3 and r.pairs, path.name
 
 
 def test_summary_and_paired_statistics_match_a_hand_computation():
-    r = render.read_result(RESULTS / "moe_vs_dense_bpe512_190s.json")
+    r = load_result(RESULTS / "moe_vs_dense_bpe512_190s.json")
     moe = [2.3629, 2.3253, 2.4847]  # the per-seed values as measured
     twin = [2.4120, 2.4190, 2.5367]
     assert [r.metrics["moe"][s]["val_bpb"] for s in (0, 1, 2)] == moe
-    st = r.summary["moe"]["val_bpb"]
+    st = r.summary()["moe"]["val_bpb"]
     assert st.n == 3
     assert math.isclose(st.mean, statistics.fmean(moe), rel_tol=1e-12)
     assert math.isclose(st.sd, statistics.stdev(moe), rel_tol=1e-12)
     half = T_975_2 * statistics.stdev(moe) / math.sqrt(3)
     assert st.ci[0] == pytest.approx(statistics.fmean(moe) - half, rel=1e-9)
-    (p,) = r.paired
+    (p,) = r.paired()
     diffs = [t - m for t, m in zip(twin, moe, strict=True)]
     assert (p.arm, p.baseline) == ("dense_twin", "moe")
     assert p.diffs == pytest.approx(diffs)
@@ -60,7 +63,7 @@ def test_summary_and_paired_statistics_match_a_hand_computation():
 
 
 def test_tables_show_the_numbers_and_the_conditions_once():
-    r = render.read_result(RESULTS / "moe_vs_dense_bpe512_190s.json")
+    r = load_result(RESULTS / "moe_vs_dense_bpe512_190s.json")
     seeds = render.seeds_table(r)
     assert "| moe | 0 | 2.3629 |" in seeds and "| dense_twin | 2 | 2.5367 |" in seeds
     assert seeds.count("*Conditions —") == 1 and "`0a90865`" in seeds
@@ -72,37 +75,28 @@ def test_tables_show_the_numbers_and_the_conditions_once():
 
 
 def test_conditions_shared_by_several_results_are_stated_once():
-    rs = [render.read_result(RESULTS / f"moe_vs_dense_bpe512_{b}s.json") for b in (190, 380, 760)]
+    rs = [load_result(RESULTS / f"moe_vs_dense_bpe512_{b}s.json") for b in (190, 380, 760)]
     line = render.conditions(rs)
     assert line.count("machine:") == 1  # the same machine for the three
     assert line.count("command: `") == 3  # one command per budget
     assert "`0a90865`" in line and "`56155a2`" in line
 
 
-def _write(tmp_path: Path, obj: dict) -> Path:
-    path = tmp_path / "r.json"
-    path.write_text(json.dumps(obj))
-    return path
+def test_a_bad_result_file_fails_the_build(tmp_path, monkeypatch):
+    pytest.importorskip("mkdocs")
+    from mkdocs.exceptions import PluginError
 
-
-def test_a_file_of_another_schema_is_refused(tmp_path):
+    hook = _load("moelab_docs_hook_results", ROOT / "docs" / "hooks" / "results.py")
     obj = json.loads((RESULTS / "moe_vs_dense_bytes_330s.json").read_text())
-    obj["schema"] = "moelab.result/2"
-    with pytest.raises(render.ResultFormatError, match=r"moelab\.result/2"):
-        render.read_result(_write(tmp_path, obj))
-    del obj["schema"]
-    with pytest.raises(render.ResultFormatError, match="schema None"):
-        render.read_result(_write(tmp_path, obj))
-    obj["schema"] = "moelab.result/1"
-    del obj["summary"]
-    with pytest.raises(render.ResultFormatError, match="summary"):
-        render.read_result(_write(tmp_path, obj))
-    with pytest.raises(render.ResultFormatError, match="not a readable"):
-        render.read_result(tmp_path / "missing.json")
+    obj["paired"][0]["mean"] += 0.01  # a hand-edited summary no longer matches the seeds
+    (tmp_path / "edited.json").write_text(json.dumps(obj))
+    monkeypatch.setattr(hook, "RESULTS", tmp_path)
+    with pytest.raises(PluginError, match=r"^p\.md: .*edited\.json: field 'paired': does not"):
+        hook.load(["edited"], "p.md")
 
 
 def test_plot_is_a_png_over_the_config_key():
     pytest.importorskip("matplotlib")
-    rs = [render.read_result(RESULTS / f"moe_vs_dense_bpe512_{b}s.json") for b in (760, 190, 380)]
+    rs = [load_result(RESULTS / f"moe_vs_dense_bpe512_{b}s.json") for b in (760, 190, 380)]
     png = render.plot_png(rs, "val_bpb", x="budget_s")
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000

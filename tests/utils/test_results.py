@@ -7,7 +7,7 @@ import pytest
 
 from moelab.errors import InvalidValueError
 from moelab.utils import results
-from moelab.utils.result_tables import paired_table, summary_table
+from moelab.utils.result_tables import paired_table, seeds_table, summary_table
 from moelab.utils.results import (
     SCHEMA,
     ResultFileError,
@@ -148,19 +148,40 @@ def test_truncated_or_missing_file(tmp_path):
 
 
 def test_tables(tmp_path):
+    # half-widths h = t_{0.975,2} * sd / sqrt(3) with t = 4.303: acc of "method" (sd 2)
+    # h = 4.969, of "baseline" (sd 1) h = 2.484; loss of "method" (mean 5/3, sd 0.764)
+    # h = 1.897; the paired acc differences [1, 2, 3] (sd 1) h = 2.484.
     path = write_result(_result(), tmp_path / "r.json")
     single = make_result("one|seed", "a", {}, {"a": {7: {"acc": 0.5}}})
     table = summary_table([path, single], metrics=["acc", "loss"], fmt=".1f")
     assert table.splitlines() == [
-        "| benchmark | arm | seeds | acc | loss |",
-        "|---|---|---|---|---|",
-        "| toy | method | 3 | 5.0 ± 2.0 | 1.7 ± 0.8 |",
-        "| toy | baseline | 3 | 3.0 ± 1.0 | 1.0 ± 0.0 |",
-        "| one\\|seed | a | 1 | 0.5 |  |",
+        "| result | arm | seeds | acc (mean ± sd) | acc 95 % interval "
+        "| loss (mean ± sd) | loss 95 % interval |",
+        "|---|---|---:|---:|---:|---:|---:|",
+        "| toy | method | 3 | 5.0 ± 2.0 | [0.0, 10.0] | 1.7 ± 0.8 | [−0.2, 3.6] |",
+        "| toy | baseline | 3 | 3.0 ± 1.0 | [0.5, 5.5] | 1.0 ± 0.0 | [1.0, 1.0] |",
+        "| one\\|seed | a | 1 | 0.5 |  |  |  |",
     ]
     rows = paired_table([path], metrics=["acc"], fmt=".2f").splitlines()
-    half = T_975_2 / math.sqrt(3)
-    assert rows[2] == (
-        f"| toy | method − baseline | acc | 3 | 2.00 | 1.00 | 95% [{2 - half:.2f}, {2 + half:.2f}] |"
-    )
-    assert len(rows) == 3
+    assert rows[0] == "| result | arm − baseline | metric | per seed | mean ± sd | 95 % interval |"
+    assert rows[2:] == [
+        "| toy | method − baseline | acc | +1.00, +2.00, +3.00 | **+2.00** ± 1.00 | [−0.48, 4.48] |"
+    ]
+    assert seeds_table(path, fmt=".1f").splitlines() == [
+        "| arm | seed | acc | loss |",
+        "|---|---:|---:|---:|",
+        "| method | 0 | 3.0 | 1.0 |",
+        "| method | 1 | 5.0 | 1.5 |",
+        "| method | 2 | 7.0 | 2.5 |",
+        "| baseline | 0 | 2.0 | 1.0 |",
+        "| baseline | 1 | 3.0 | 1.0 |",
+        "| baseline | 2 | 4.0 | 1.0 |",
+    ]
+
+
+def test_tables_refuse_mixed_confidence_levels(tmp_path):
+    # the interval column names one level, so results of another one cannot share it
+    with pytest.raises(InvalidValueError, match=r"one confidence, got confidences \[0\.9, 0\.95\]"):
+        summary_table([_result(), _result(confidence=0.9)])
+    with pytest.raises(InvalidValueError, match="got no result"):
+        paired_table([])
