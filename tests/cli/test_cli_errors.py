@@ -7,20 +7,13 @@ from moelab.cli import app
 from moelab.data import ByteTokenizer
 from moelab.models import ModelConfig, MoETransformer, save_model
 
+from ..cli_checks import cli_error
+
 runner = CliRunner()
 
 TINY = ["--d-model", "32", "--layers", "1", "--heads", "2", "--experts", "4", "--top-k", "2",
         "--expert-ffn", "32", "--steps", "1", "--batch-size", "2", "--seq-len", "16",
         "--eval-tokens", "32", "--no-progress"]  # fmt: skip
-
-
-def _err(result):
-    assert result.exit_code == 2, result.output
-    text = result.output.strip()
-    assert "Traceback" not in text
-    assert text.startswith("error:"), text
-    assert len(text.splitlines()) == 1, text
-    return text
 
 
 @pytest.fixture
@@ -32,7 +25,7 @@ def run_dir(tmp_path):
 
 
 def test_missing_corpus_path(tmp_path):
-    assert "nope" in _err(
+    assert "nope" in cli_error(
         runner.invoke(
             app, ["train", "--data", str(tmp_path / "nope"), "--out", str(tmp_path / "r"), *TINY]
         )
@@ -43,15 +36,17 @@ def test_missing_corpus_path(tmp_path):
 def test_empty_binary_and_short_corpora(tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
-    _err(runner.invoke(app, ["train", "--data", str(empty), "--out", str(tmp_path / "r1"), *TINY]))
+    cli_error(
+        runner.invoke(app, ["train", "--data", str(empty), "--out", str(tmp_path / "r1"), *TINY])
+    )
     binary = tmp_path / "bin.txt"
     binary.write_bytes(b"abc\x00\x01\x02" * 50)
-    assert "bin.txt" in _err(
+    assert "bin.txt" in cli_error(
         runner.invoke(app, ["train", "--data", str(binary), "--out", str(tmp_path / "r2"), *TINY])
     )
     short = tmp_path / "short.txt"
     short.write_text("tiny text")
-    assert "seq_len" in _err(
+    assert "seq_len" in cli_error(
         runner.invoke(app, ["train", "--data", str(short), "--out", str(tmp_path / "r3"), *TINY])
     )
 
@@ -59,12 +54,12 @@ def test_empty_binary_and_short_corpora(tmp_path):
 def test_invalid_hyperparameters_name_the_field(tmp_path):
     text = tmp_path / "t.txt"
     text.write_text("hello world " * 200)
-    assert "top_k" in _err(
+    assert "top_k" in cli_error(
         runner.invoke(
             app, ["train", "--data", str(text), "--out", str(tmp_path / "r"), *TINY, "--top-k", "9"]
         )
     )
-    assert "tokenizer" in _err(
+    assert "tokenizer" in cli_error(
         runner.invoke(
             app,
             [
@@ -81,7 +76,7 @@ def test_invalid_hyperparameters_name_the_field(tmp_path):
     )
     bad = tmp_path / "c.yaml"
     bad.write_text("train: {stepz: 3}\n")
-    assert "stepz" in _err(
+    assert "stepz" in cli_error(
         runner.invoke(app, ["train", "--config", str(bad), "--out", str(tmp_path / "r")])
     )
 
@@ -90,7 +85,7 @@ def test_existing_run_folder_is_not_overwritten(tmp_path, run_dir):
     before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
     text = tmp_path / "t.txt"
     text.write_text("hello world " * 200)
-    assert "not empty" in _err(
+    assert "not empty" in cli_error(
         runner.invoke(app, ["train", "--data", str(text), "--out", str(run_dir), *TINY])
     )
     assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
@@ -100,29 +95,29 @@ def test_corrupt_truncated_and_newer_run_folders(run_dir):
     weights = run_dir / "model.safetensors"
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) // 2])
-    assert "model.safetensors" in _err(
+    assert "model.safetensors" in cli_error(
         runner.invoke(app, ["generate", str(run_dir), "--prompt", "hi"])
     )
     weights.write_bytes(data)
     cfg = run_dir / "config.json"
     cfg.write_text(cfg.read_text().replace('"format_version": 1', '"format_version": 99'))
-    assert "config.json" in _err(runner.invoke(app, ["eval", str(run_dir)]))
+    assert "config.json" in cli_error(runner.invoke(app, ["eval", str(run_dir)]))
 
 
 def test_missing_run_and_bad_sampling(tmp_path, run_dir):
-    assert "not found" in _err(
+    assert "not found" in cli_error(
         runner.invoke(app, ["generate", str(tmp_path / "none"), "--prompt", "x"])
     )
-    assert "temperature" in _err(
+    assert "temperature" in cli_error(
         runner.invoke(app, ["generate", str(run_dir), "--temperature", "-1"])
     )
-    assert "prompt" in _err(runner.invoke(app, ["generate", str(run_dir), "--prompt", ""]))
+    assert "prompt" in cli_error(runner.invoke(app, ["generate", str(run_dir), "--prompt", ""]))
     # a non-UTF-8 byte reaches Python as a surrogate escape
     bad = b"caf\xff".decode("utf-8", "surrogateescape")
-    assert "UTF-8" in _err(runner.invoke(app, ["generate", str(run_dir), "--prompt", bad]))
+    assert "UTF-8" in cli_error(runner.invoke(app, ["generate", str(run_dir), "--prompt", bad]))
     # checked before the prompt is echoed: nothing but the error on the output
     for flags in (["--top-p", "0"], ["--top-k", "-2"], ["--max-new-tokens", "-3"]):
-        _err(runner.invoke(app, ["generate", str(run_dir), "--prompt", "ROMEO:", *flags]))
+        cli_error(runner.invoke(app, ["generate", str(run_dir), "--prompt", "ROMEO:", *flags]))
 
 
 def test_generate_streams_a_deterministic_sample(run_dir):
@@ -200,12 +195,12 @@ def test_config_values_of_the_wrong_type_name_the_field(tmp_path):
     ]:
         path = tmp_path / "c.yaml"
         path.write_text(text)
-        assert field in _err(
+        assert field in cli_error(
             runner.invoke(app, ["train", "--config", str(path), "--out", str(tmp_path / "r")])
         )
     binary = tmp_path / "b.json"
     binary.write_bytes(b"\xaa\xbb\x00")
-    assert "b.json" in _err(
+    assert "b.json" in cli_error(
         runner.invoke(app, ["train", "--config", str(binary), "--out", str(tmp_path / "r")])
     )
 
@@ -213,29 +208,29 @@ def test_config_values_of_the_wrong_type_name_the_field(tmp_path):
 def test_out_must_be_a_folder_and_resume_takes_no_settings(tmp_path, run_dir):
     afile = tmp_path / "file.txt"
     afile.write_text("hello world " * 200)
-    assert "not a folder" in _err(
+    assert "not a folder" in cli_error(
         runner.invoke(app, ["train", "--data", str(afile), "--out", str(afile), *TINY])
     )
     assert afile.read_text().startswith("hello")
-    assert "--steps" in _err(
+    assert "--steps" in cli_error(
         runner.invoke(app, ["train", "--out", str(run_dir), "--resume", "--steps", "9"])
     )
     (run_dir / "run.json").write_text('{"model": {}, "train": {}}')
-    assert "finished" in _err(runner.invoke(app, ["train", "--out", str(run_dir), "--resume"]))
+    assert "finished" in cli_error(runner.invoke(app, ["train", "--out", str(run_dir), "--resume"]))
     (run_dir / "run.json").write_text("{}")
-    assert "run.json" in _err(runner.invoke(app, ["eval", str(run_dir)]))
+    assert "run.json" in cli_error(runner.invoke(app, ["eval", str(run_dir)]))
 
 
 def test_sampling_and_analysis_settings_are_checked(run_dir):
-    assert "temperature" in _err(
+    assert "temperature" in cli_error(
         runner.invoke(app, ["generate", str(run_dir), "--temperature", "nan"])
     )
-    assert "--top-p" in _err(runner.invoke(app, ["generate", str(run_dir), "--top-p", "1.5"]))
+    assert "--top-p" in cli_error(runner.invoke(app, ["generate", str(run_dir), "--top-p", "1.5"]))
     tiny = runner.invoke(
         app, ["generate", str(run_dir), "--temperature", "1e-45", "--max-new-tokens", "3"]
     )
     assert tiny.exit_code == 0, tiny.output
-    assert "--batch-size" in _err(
+    assert "--batch-size" in cli_error(
         runner.invoke(app, ["analyze", str(run_dir), "--data", "shakespeare", "--batch-size", "0"])
     )
 
@@ -260,13 +255,13 @@ def test_decoder_must_fit_the_model(run_dir, tmp_path):
     save_model(to_block_diffusion(MoETransformer(ModelConfig.tiny(vocab_size=256)), 4), bd)
     ByteTokenizer().save(bd)
     for cmd in ("generate", "serve"):
-        assert "use --decoder vanilla" in _err(runner.invoke(app, [cmd, str(bd)]))
-        assert "causal" in _err(runner.invoke(app, [cmd, str(run_dir), "--decoder", "team"]))
-        assert "decoder" in _err(runner.invoke(app, [cmd, str(bd), "--decoder", "fast"]))
-        assert "must be causal, vanilla" in _err(
+        assert "use --decoder vanilla" in cli_error(runner.invoke(app, [cmd, str(bd)]))
+        assert "causal" in cli_error(runner.invoke(app, [cmd, str(run_dir), "--decoder", "team"]))
+        assert "decoder" in cli_error(runner.invoke(app, [cmd, str(bd), "--decoder", "fast"]))
+        assert "must be causal, vanilla" in cli_error(
             runner.invoke(app, [cmd, str(run_dir), "--decoder", "fast"])
         )
-        assert "threshold" in _err(
+        assert "threshold" in cli_error(
             runner.invoke(app, [cmd, str(bd), "--decoder", "team", "--threshold", "0"])
         )
     team = ["generate", str(bd), "--decoder", "team"]
@@ -277,7 +272,7 @@ def test_decoder_must_fit_the_model(run_dir, tmp_path):
         (["--temperature", "nan"], "temperature"),
         (["--temperature", "-1"], "temperature"),
     ):
-        assert word in _err(runner.invoke(app, [*team, *flags])), flags
+        assert word in cli_error(runner.invoke(app, [*team, *flags])), flags
     ok = runner.invoke(app, ["generate", str(bd), "--decoder", "team", "--max-new-tokens", "8"])
     assert ok.exit_code == 0, ok.output
     assert "NFE" in ok.output and "APT" in ok.output
@@ -288,7 +283,7 @@ def test_fit_to_budget_needs_a_time_budget(tmp_path):
     text.write_text("hello world " * 200)
     out = tmp_path / "r"
     args = ["train", "--data", str(text), "--out", str(out), *TINY, "--fit-to-budget"]
-    assert "--time-budget" in _err(runner.invoke(app, args))
+    assert "--time-budget" in cli_error(runner.invoke(app, args))
     assert not out.exists()
 
 
@@ -297,5 +292,5 @@ def test_block_size_needs_the_diffusion_objective(tmp_path):
     text.write_text("hello world " * 200)
     out = tmp_path / "r"
     args = ["train", "--data", str(text), "--out", str(out), *TINY, "--block-size", "5"]
-    assert "--objective block-diffusion" in _err(runner.invoke(app, args))
+    assert "--objective block-diffusion" in cli_error(runner.invoke(app, args))
     assert not out.exists()

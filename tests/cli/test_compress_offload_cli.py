@@ -11,14 +11,9 @@ from moelab.cli import app
 from moelab.data import ByteTokenizer
 from moelab.models import ModelConfig, MoETransformer, save_model
 
+from ..cli_checks import cli_error
+
 runner = CliRunner()
-
-
-def err_line(result):
-    assert result.exit_code == 2, result.output
-    text = result.output.strip()
-    assert "Traceback" not in text and text.startswith("error:"), text
-    return text
 
 
 @pytest.fixture(scope="module")
@@ -86,35 +81,35 @@ def test_offloaded_eval(run_and_store):
 def test_bad_inputs(run_and_store, tmp_path):
     root, _ = run_and_store
     store = str(root / "store")
-    assert "smaller than one layer" in err_line(
+    assert "smaller than one layer" in cli_error(
         runner.invoke(app, ["generate", store, "--offload", "--cache-mb", "0.01"])
     )
-    assert "cache_mb" in err_line(runner.invoke(app, ["generate", store, "--offload"]))
-    assert "need --offload" in err_line(runner.invoke(app, ["generate", store, "--cache-mb", "3"]))
-    assert "with --offload --cache-mb" in err_line(runner.invoke(app, ["generate", store]))
-    assert "store.json" in err_line(
+    assert "cache_mb" in cli_error(runner.invoke(app, ["generate", store, "--offload"]))
+    assert "need --offload" in cli_error(runner.invoke(app, ["generate", store, "--cache-mb", "3"]))
+    assert "with --offload --cache-mb" in cli_error(runner.invoke(app, ["generate", store]))
+    assert "store.json" in cli_error(
         runner.invoke(app, ["generate", str(root / "run"), "--offload", "--cache-mb", "3"])
     )
     out = tmp_path / "o"
-    assert "--lossless" in err_line(
+    assert "--lossless" in cli_error(
         runner.invoke(app, ["compress", str(root / "run"), "--out", str(out)])
     )
-    assert "codec" in err_line(
+    assert "codec" in cli_error(
         runner.invoke(
             app, ["compress", str(root / "run"), "--lossless", "--out", str(out), "--codec", "lz4"]
         )
     )
     assert not out.exists()
-    assert "already a lossless expert store" in err_line(
+    assert "already a lossless expert store" in cli_error(
         runner.invoke(app, ["compress", store, "--lossless", "--out", str(out)])
     )
     inside = root / "run" / "zip"
-    assert "inside the input" in err_line(
+    assert "inside the input" in cli_error(
         runner.invoke(app, ["compress", str(root / "run"), "--lossless", "--out", str(inside)])
     )
     assert not inside.exists()
     for n in ("0", "65"):
-        assert "chunks" in err_line(
+        assert "chunks" in cli_error(
             runner.invoke(
                 app, ["compress", str(root / "run"), "--lossless", "--out", str(out), "--chunks", n]
             )
@@ -124,7 +119,7 @@ def test_bad_inputs(run_and_store, tmp_path):
     half = tmp_path / "half"
     save_model(MoETransformer(ModelConfig.tiny(vocab_size=256)).to(torch.float16), half)
     ByteTokenizer().save(half)
-    assert "bfloat16 and float32" in err_line(
+    assert "bfloat16 and float32" in cli_error(
         runner.invoke(
             app, ["compress", str(half), "--lossless", "--out", str(out), "--profile-tokens", "0"]
         )
@@ -147,7 +142,7 @@ def test_tampered_pack_fails_before_any_output(run_and_store, tmp_path):
         f.write(bytes([b[0] ^ 1]))
     for cmd in (["generate", "--prompt", "hello"], ["eval"]):
         r = runner.invoke(app, [cmd[0], str(store), *cmd[1:], "--offload", "--cache-mb", "3"])
-        assert "checksum mismatch" in err_line(r) and "hello" not in r.output
-    assert "finite" in err_line(
+        assert "checksum mismatch" in cli_error(r) and "hello" not in r.output
+    assert "finite" in cli_error(
         runner.invoke(app, ["generate", str(root / "store"), "--offload", "--cache-mb", "inf"])
     )

@@ -23,15 +23,9 @@ from moelab.models import ModelConfig, MoETransformer, save_model
 from moelab.models.block_diffusion import to_block_diffusion
 from moelab.serve.offload.engine import _ceil2
 
+from ..cli_checks import cli_error
+
 runner = CliRunner()
-
-
-def _err(result) -> str:
-    assert result.exit_code == 2, result.output
-    text = result.output.strip()
-    assert "Traceback" not in text and text.startswith("error:"), text
-    assert len(text.splitlines()) == 1, text
-    return text
 
 
 def _base(hint):
@@ -66,7 +60,7 @@ def test_every_command_has_its_numeric_options_checked():
     }  # fmt: skip
     for command, required, flag, kind in OPTIONS:
         bad = "nan" if kind is float else str(2**64 + 1)
-        line = _err(runner.invoke(app, [command, *required, flag, bad]))
+        line = cli_error(runner.invoke(app, [command, *required, flag, bad]))
         assert line.startswith(f"error: {flag}: must be"), (command, line)
 
 
@@ -88,12 +82,12 @@ def test_every_command_has_its_numeric_options_checked():
     ],
 )
 def test_named_ranges(args, words):
-    assert words in _err(runner.invoke(app, args))
+    assert words in cli_error(runner.invoke(app, args))
 
 
 def test_the_largest_seed_is_accepted():
     # 2**64 - 1 passes the range; the command then fails on its missing run folder
-    line = _err(runner.invoke(app, ["generate", "nowhere", "--seed", str(2**64 - 1)]))
+    line = cli_error(runner.invoke(app, ["generate", "nowhere", "--seed", str(2**64 - 1)]))
     assert "nowhere" in line
 
 
@@ -161,7 +155,7 @@ def test_prune_and_quantize_refuse_models_they_cannot_take(folders, tmp_path, co
     out = tmp_path / "out"
     args = [command, str(folders[source]), "--out", str(out), "--calib-data",
             str(folders["corpus"]), *CALIB]  # fmt: skip
-    assert words.format(command=command) in _err(runner.invoke(app, args))
+    assert words.format(command=command) in cli_error(runner.invoke(app, args))
     assert not out.exists()
 
 
@@ -171,14 +165,14 @@ def test_prune_refuses_a_quantized_model(folders, tmp_path):
     done = runner.invoke(app, ["quantize", str(folders["uneven"]), "--out", str(q),
                                "--method", "rtn", "--group-size", "16", *common])  # fmt: skip
     assert done.exit_code == 0, done.output
-    line = _err(runner.invoke(app, ["prune", str(q), "--out", str(tmp_path / "p"), *common]))
+    line = cli_error(runner.invoke(app, ["prune", str(q), "--out", str(tmp_path / "p"), *common]))
     assert "is already quantized; prune the full-precision run" in line
 
 
 def test_tileq_grid_of_a_model_with_uneven_layers(folders, tmp_path):
     common = [str(folders["uneven"]), "--method", "rtn", "--bits", "2", "--group-size", "16",
               "--calib-data", str(folders["corpus"]), *CALIB]  # fmt: skip
-    line = _err(runner.invoke(app, ["quantize", *common, "--lowrank", "tileq-core",
+    line = cli_error(runner.invoke(app, ["quantize", *common, "--lowrank", "tileq-core",
                                     "--out", str(tmp_path / "c")]))  # fmt: skip
     assert "the MoE layers have 3, 4 experts; no single grid fits" in line
     done = runner.invoke(app, ["quantize", *common, "--lowrank", "tileq", "--rank", "2",
@@ -189,12 +183,12 @@ def test_tileq_grid_of_a_model_with_uneven_layers(folders, tmp_path):
 
 
 def test_upcycle_refuses_a_block_diffusion_source(folders, tmp_path):
-    line = _err(runner.invoke(app, ["upcycle", "--from", str(folders["dense_bd"]),
+    line = cli_error(runner.invoke(app, ["upcycle", "--from", str(folders["dense_bd"]),
                                     "--out", str(tmp_path / "u")]))  # fmt: skip
     assert "is a block_diffusion model; upcycling needs a causal one" in line
 
 
 def test_team_decoder_with_nan_weights_is_one_line(folders):
-    line = _err(runner.invoke(app, ["generate", str(folders["bd_nan"]), "--decoder", "team",
+    line = cli_error(runner.invoke(app, ["generate", str(folders["bd_nan"]), "--decoder", "team",
                                     "--max-new-tokens", "4"]))  # fmt: skip
     assert "logits are not finite" in line

@@ -14,6 +14,8 @@ from moelab.data import ByteTokenizer
 from moelab.models import ModelConfig, MoETransformer, load_model, save_model
 from moelab.train.config import TrainConfig
 
+from ..cli_checks import cli_error
+
 runner = CliRunner()
 
 
@@ -31,13 +33,6 @@ def run_dir(tmp_path):
     train = TrainConfig(data=str(data), val_fraction=0.5, seq_len=32).to_dict()
     (folder / "run.json").write_text(json.dumps({"model": cfg.to_dict(), "train": train}))
     return folder
-
-
-def _err(result):
-    assert result.exit_code == 2, result.output
-    text = result.output.strip()
-    assert text.startswith("error:") and len(text.splitlines()) == 1, text
-    return text
 
 
 @pytest.mark.parametrize("method", ["ragep", "naee"])
@@ -65,24 +60,24 @@ def test_prune_writes_a_run_that_reloads_and_evaluates(run_dir, tmp_path, method
 def test_bad_inputs_exit_2_and_write_nothing(run_dir, tmp_path):
     out = tmp_path / "p"
     base = ["prune", str(run_dir), "--out", str(out), "--calib-tokens", "64"]
-    assert "keep" in _err(runner.invoke(app, [*base, "--keep", "0"]))
-    assert "keep" in _err(runner.invoke(app, [*base, "--keep", "1.0"]))
-    assert "keep" in _err(runner.invoke(app, [*base, "--keep", "8"]))
-    assert "keep" in _err(runner.invoke(app, [*base, "--keep", "half"]))
-    assert "below" in _err(runner.invoke(app, [*base, "--keep", "3"]))
-    assert "method" in _err(runner.invoke(app, [*base, "--method", "magnitude"]))
-    assert "per_layer" in _err(runner.invoke(app, [*base, "--per-layer", "deep"]))
-    assert "calib_tokens" in _err(runner.invoke(app, [*base, "--calib-tokens", "99999999"]))
+    assert "keep" in cli_error(runner.invoke(app, [*base, "--keep", "0"]))
+    assert "keep" in cli_error(runner.invoke(app, [*base, "--keep", "1.0"]))
+    assert "keep" in cli_error(runner.invoke(app, [*base, "--keep", "8"]))
+    assert "keep" in cli_error(runner.invoke(app, [*base, "--keep", "half"]))
+    assert "below" in cli_error(runner.invoke(app, [*base, "--keep", "3"]))
+    assert "method" in cli_error(runner.invoke(app, [*base, "--method", "magnitude"]))
+    assert "per_layer" in cli_error(runner.invoke(app, [*base, "--per-layer", "deep"]))
+    assert "calib_tokens" in cli_error(runner.invoke(app, [*base, "--calib-tokens", "99999999"]))
     assert not out.exists()
     out.mkdir()  # an empty folder (what a killed write leaves) would be reused; a full one not
     (out / "mine.txt").write_text("x")
-    assert "exists and is not empty (choose a new or empty folder)" in _err(
+    assert "exists and is not empty (choose a new or empty folder)" in cli_error(
         runner.invoke(app, [*base])
     )
     dense = tmp_path / "dense"
     save_model(MoETransformer(ModelConfig(vocab_size=256, d_model=16, n_heads=2, moe=None)), dense)
     ByteTokenizer().save(dense)
-    assert "dense" in _err(
+    assert "dense" in cli_error(
         runner.invoke(
             app,
             [
@@ -98,10 +93,10 @@ def test_bad_inputs_exit_2_and_write_nothing(run_dir, tmp_path):
     bare = tmp_path / "bare"  # a model folder without run.json: no default calibration text
     save_model(MoETransformer(ModelConfig.tiny(vocab_size=256)), bare)
     ByteTokenizer().save(bare)
-    assert "calib_data" in _err(
+    assert "calib_data" in cli_error(
         runner.invoke(app, ["prune", str(bare), "--out", str(tmp_path / "q")])
     )
-    assert "calib_data" in _err(
+    assert "calib_data" in cli_error(
         runner.invoke(app, [*base[:3], str(tmp_path / "q"), "--calib-data", ""])
     )
     assert not (tmp_path / "q").exists()

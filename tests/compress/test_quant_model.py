@@ -19,6 +19,8 @@ from moelab.data import ByteTokenizer
 from moelab.models import CheckpointError, load_model, save_model
 from moelab.models.hooks import moe_layers
 
+from ..cli_checks import cli_error
+
 runner = CliRunner()
 
 
@@ -239,14 +241,6 @@ def test_router_is_untouched_and_first_layer_routing_kept(make_model, make_batch
 
 
 # ---------------------------------------------------------------------------------- CLI
-def _err(result):
-    assert result.exit_code == 2, result.output
-    text = result.output.strip()
-    assert "Traceback" not in text and text.startswith("error:"), text
-    assert len(text.splitlines()) == 1, text
-    return text
-
-
 @pytest.fixture
 def cli_model(tmp_path):
     from moelab.core.config import ExpertsConfig, MoEConfig, RouterConfig
@@ -284,7 +278,7 @@ def test_cli_quantizes_and_the_folder_evaluates(cli_model, tmp_path, rot):
     assert ev.exit_code == 0, ev.output
     # quantizing a quantized folder is refused, nothing written
     again = tmp_path / "q2"
-    msg = _err(runner.invoke(app, ["quantize", str(out), "--out", str(again),
+    msg = cli_error(runner.invoke(app, ["quantize", str(out), "--out", str(again),
                                    "--group-size", "16", "--calib-data", str(text)]))  # fmt: skip
     assert "already quantized" in msg and not again.exists()
 
@@ -308,7 +302,7 @@ def test_cli_bad_input_one_line_exit_2_nothing_written(cli_model, tmp_path, flag
     base = ["quantize", str(folder), "--out", str(out), "--group-size", "16",
             "--calib-data", str(text), "--calib-tokens", "256", "--seq-len", "32"]  # fmt: skip
     # later flags win in typer: the bad value overrides the base one
-    msg = _err(runner.invoke(app, base + flags))
+    msg = cli_error(runner.invoke(app, base + flags))
     assert needle in msg
     assert not out.exists()
 

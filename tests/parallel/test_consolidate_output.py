@@ -18,16 +18,10 @@ from moelab.models import load_model
 from moelab.parallel.checkpoint import CONSOLIDATED_FILE, latest_sharded_dir
 from moelab.parallel.launch import spawn_ranks
 
+from ..cli_checks import cli_error
+
 pytestmark = pytest.mark.slow
 runner = CliRunner()
-
-
-def _err(result) -> str:
-    assert result.exit_code == 2, result.output
-    text = result.output.strip()
-    assert "Traceback" not in text and text.startswith("error:"), text
-    assert len(text.splitlines()) == 1, text
-    return text
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +34,7 @@ def sharded_run(tmp_path_factory):
 
 def test_consolidate_names_the_step_and_keeps_out_of_the_source(sharded_run, tmp_path):
     run, weights = sharded_run
-    assert "lies inside the input" in _err(runner.invoke(app, ["consolidate", str(run),
+    assert "lies inside the input" in cli_error(runner.invoke(app, ["consolidate", str(run),
                                                               str(run / "model")]))  # fmt: skip
     out = tmp_path / "model"
     done = runner.invoke(app, ["consolidate", str(run), str(out)])
@@ -59,7 +53,7 @@ def test_a_finished_run_is_refused(sharded_run, tmp_path):
     finished = tmp_path / "finished"
     shutil.copytree(run, finished)
     (finished / "manifest.json").write_text("{}")
-    line = _err(runner.invoke(app, ["consolidate", str(finished), str(tmp_path / "m")]))
+    line = cli_error(runner.invoke(app, ["consolidate", str(finished), str(tmp_path / "m")]))
     assert "the run finished, and its final model is this folder itself" in line
 
 
@@ -70,6 +64,6 @@ def test_a_missing_shard_is_one_line(sharded_run, tmp_path):
     shards = sorted(latest_sharded_dir(broken).glob("*.distcp"))
     assert shards
     shards[-1].unlink()
-    line = _err(runner.invoke(app, ["consolidate", str(broken), str(tmp_path / "m")]))
+    line = cli_error(runner.invoke(app, ["consolidate", str(broken), str(tmp_path / "m")]))
     assert f"shard file {shards[-1].name} is missing" in line
     assert not (tmp_path / "m").exists()

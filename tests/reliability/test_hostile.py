@@ -32,6 +32,7 @@ from moelab.train.checkpoint import ResumeWarning
 from moelab.train.config import TrainConfig
 from moelab.train.loop import train
 
+from ..cli_checks import cli_error
 from .conftest import assert_same_run
 
 runner = CliRunner()
@@ -39,15 +40,6 @@ runner = CliRunner()
 
 def cli(*args: str):
     return runner.invoke(app, [str(a) for a in args])
-
-
-def err(result) -> str:
-    """The one ``error:`` line of a refused command."""
-    assert result.exit_code == 2, (result.exit_code, result.output)
-    text = result.output.strip()
-    assert "Traceback" not in text and text.startswith("error:"), text
-    assert len(text.splitlines()) == 1, text
-    return text
 
 
 def rewrite_manifest(folder, edit) -> None:
@@ -80,20 +72,20 @@ def untouched(outside) -> bool:
 # ------------------------------------------------------------ paths named inside files
 def test_manifest_entry_absolute_path(finished_run):
     rewrite_manifest(finished_run, lambda f: f.update({"/etc/shadow": {"sha256": "0"}}))
-    assert "absolute path" in err(cli("eval", finished_run))
+    assert "absolute path" in cli_error(cli("eval", finished_run))
 
 
 def test_manifest_entry_escapes_the_folder(finished_run, outside):
     rel = os.path.relpath(outside / "secret.txt", finished_run)
     rewrite_manifest(finished_run, lambda f: f.update({rel: entry(outside / "secret.txt")}))
-    assert "leads outside the folder" in err(cli("eval", finished_run))
+    assert "leads outside the folder" in cli_error(cli("eval", finished_run))
 
 
 def test_weights_symlinked_outside(finished_run, outside):
     real = outside / "model.safetensors"
     shutil.move(finished_run / "model.safetensors", real)
     (finished_run / "model.safetensors").symlink_to(real)
-    assert "leads outside the folder" in err(cli("eval", finished_run))
+    assert "leads outside the folder" in cli_error(cli("eval", finished_run))
     assert real.is_file()
 
 
@@ -105,7 +97,7 @@ def test_shard_index_entry_escapes(finished_run, tmp_path, outside):
     (hf / "model.safetensors").unlink()
     index = {"weight_map": {n: "../outside/x.safetensors" for n in names}}
     (hf / "model.safetensors.index.json").write_text(json.dumps(index))
-    assert "leads outside the folder" in err(cli("convert", hf, tmp_path / "back"))
+    assert "leads outside the folder" in cli_error(cli("convert", hf, tmp_path / "back"))
     assert not (tmp_path / "back").exists()
 
 
@@ -114,7 +106,7 @@ def test_tokenizer_symlinked_outside_is_not_copied(finished_run, tmp_path, outsi
     assert cli("convert", finished_run, hf, "--to", "hf").exit_code == 0
     (hf / "tokenizer.json").unlink(missing_ok=True)  # a BPE run's own tokenizer
     (hf / "tokenizer.json").symlink_to(outside / "secret.txt")
-    assert "leads outside the folder" in err(cli("convert", hf, tmp_path / "back"))
+    assert "leads outside the folder" in cli_error(cli("convert", hf, tmp_path / "back"))
     assert not (tmp_path / "back").exists() and untouched(outside)
 
 
@@ -208,13 +200,17 @@ def test_checkpoints_folder_symlink_is_refused(unfinished, tmp_path):
     moved = tmp_path / "elsewhere"
     shutil.move(ck, moved)
     ck.symlink_to(moved, target_is_directory=True)
-    assert "symbolic link" in err(cli("train", "--out", unfinished, "--resume", "--no-progress"))
+    assert "symbolic link" in cli_error(
+        cli("train", "--out", unfinished, "--resume", "--no-progress")
+    )
 
 
 def test_metrics_symlink_is_refused(unfinished, outside):
     (unfinished / "metrics.jsonl").unlink()
     (unfinished / "metrics.jsonl").symlink_to(outside / "secret.txt")
-    assert "symbolic link" in err(cli("train", "--out", unfinished, "--resume", "--no-progress"))
+    assert "symbolic link" in cli_error(
+        cli("train", "--out", unfinished, "--resume", "--no-progress")
+    )
     assert untouched(outside)
 
 
@@ -226,7 +222,7 @@ def test_corpus_edited_before_resume(unfinished, corpus, tmp_path):
     (unfinished / "run.json").write_text(json.dumps(info))
     with edited.open("a") as f:
         f.write("\n\nan extra document")
-    line = err(cli("train", "--out", unfinished, "--resume", "--no-progress"))
+    line = cli_error(cli("train", "--out", unfinished, "--resume", "--no-progress"))
     assert "corpus changed" in line and "--allow-data-change" in line
     res = cli("train", "--out", unfinished, "--resume", "--no-progress", "--allow-data-change")
     assert res.exit_code == 0, res.output
@@ -234,25 +230,25 @@ def test_corpus_edited_before_resume(unfinished, corpus, tmp_path):
 
 def test_tokenizer_swapped_after_training(finished_run):
     BPETokenizer.train(["some text to learn merges from " * 20], vocab_size=300).save(finished_run)
-    assert "tokenizer" in err(cli("eval", finished_run))
+    assert "tokenizer" in cli_error(cli("eval", finished_run))
 
 
 def test_run_json_missing(finished_run, corpus):
     (finished_run / "run.json").unlink()
-    assert "--data" in err(cli("eval", finished_run))
+    assert "--data" in cli_error(cli("eval", finished_run))
     assert cli("eval", finished_run, "--data", corpus, "--tokens", "256").exit_code == 0
 
 
 # ------------------------------------------------------- outputs overlapping inputs
 def test_convert_onto_its_source(finished_run):
     before = sorted(p.name for p in finished_run.iterdir())
-    assert "output is the input" in err(
+    assert "output is the input" in cli_error(
         cli("convert", finished_run, finished_run, "--to", "hf", "--overwrite")
     )
-    assert "lies inside the input" in err(
+    assert "lies inside the input" in cli_error(
         cli("convert", finished_run, finished_run / "hf", "--to", "hf")
     )
-    assert "contains the input" in err(
+    assert "contains the input" in cli_error(
         cli("convert", finished_run, finished_run.parent, "--to", "hf", "--overwrite")
     )
     assert sorted(p.name for p in finished_run.iterdir()) == before
@@ -266,7 +262,7 @@ def test_upcycle_into_a_parent_of_its_source(tmp_path):
     save_model(MoETransformer(ModelConfig.tiny(vocab_size=256, moe=None)), dense)
     ByteTokenizer().save(dense)
     (tmp_path / "models" / "notes.txt").write_text("mine")
-    line = err(cli("upcycle", "--from", dense, "--out", tmp_path / "models", "--force"))
+    line = cli_error(cli("upcycle", "--from", dense, "--out", tmp_path / "models", "--force"))
     assert "contains the input" in line
     assert (tmp_path / "models" / "notes.txt").is_file() and (dense / "model.safetensors").is_file()
 
@@ -275,7 +271,9 @@ def test_overwrite_never_deletes_foreign_files(finished_run, tmp_path):
     hf = tmp_path / "hf"
     assert cli("convert", finished_run, hf, "--to", "hf").exit_code == 0
     (hf / "my-notes.md").write_text("mine")
-    assert "did not write" in err(cli("convert", finished_run, hf, "--to", "hf", "--overwrite"))
+    assert "did not write" in cli_error(
+        cli("convert", finished_run, hf, "--to", "hf", "--overwrite")
+    )
     assert (hf / "my-notes.md").read_text() == "mine"
 
 
@@ -284,9 +282,9 @@ def test_analyze_out_is_not_overwritten_without_force(finished_run, tmp_path, co
     out.mkdir()
     (out / "report.html").write_text("an earlier report")
     args = ["analyze", finished_run, "--data", corpus, "--tokens", "256", "--out", out]
-    assert "--force" in err(cli(*args))
+    assert "--force" in cli_error(cli(*args))
     assert (out / "report.html").read_text() == "an earlier report"
-    assert "contains the input" in err(cli(*args[:-1], finished_run, "--force"))
+    assert "contains the input" in cli_error(cli(*args[:-1], finished_run, "--force"))
 
 
 # ------------------------------------------------------------ absurd config values
@@ -294,7 +292,9 @@ def test_analyze_out_is_not_overwritten_without_force(finished_run, tmp_path, co
     "flags", [["--capacity-factor", "inf"], ["--aux-coeff", "inf"], ["--lr", "nan"]]
 )
 def test_non_finite_flags(tmp_path, corpus, flags):
-    line = err(cli("train", "--data", corpus, "--out", tmp_path / "r", "--steps", "1", *flags))
+    line = cli_error(
+        cli("train", "--data", corpus, "--out", tmp_path / "r", "--steps", "1", *flags)
+    )
     assert line.startswith(f"error: {flags[0]}: must be a finite number")  # the flag typed
     assert not (tmp_path / "r").exists()
 
@@ -313,7 +313,7 @@ def test_absurd_config_file_values(tmp_path, corpus, section, body, field):
     cfg = tmp_path / "run.yaml"
     cfg.write_text(f"{section}:\n  {body}\n")
     t0 = time.perf_counter()
-    line = err(cli("train", "--config", cfg, "--data", corpus, "--out", tmp_path / "r"))
+    line = cli_error(cli("train", "--config", cfg, "--data", corpus, "--out", tmp_path / "r"))
     assert field in line and not (tmp_path / "r").exists()
     assert time.perf_counter() - t0 < 30  # refused before allocating anything
 
@@ -342,7 +342,7 @@ def _tamper_weights(folder, edit) -> None:
 
 def test_int32_weights(finished_run):
     _tamper_weights(finished_run, lambda t: {**t, "norm.weight": t["norm.weight"].to(torch.int32)})
-    assert "dtype torch.int32" in err(cli("eval", finished_run))
+    assert "dtype torch.int32" in cli_error(cli("eval", finished_run))
 
 
 # ------------------------------------------------------------- non-finite results
@@ -350,7 +350,7 @@ def test_nan_weights_are_an_error_not_a_number(finished_run):
     _tamper_weights(
         finished_run, lambda t: {**t, "norm.weight": torch.full_like(t["norm.weight"], math.nan)}
     )
-    assert "not finite" in err(cli("eval", finished_run))
+    assert "not finite" in cli_error(cli("eval", finished_run))
     res = cli("eval", finished_run, "--json")
     assert res.exit_code == 2 and "NaN" not in res.stdout.replace("error", "")
     res = cli("generate", finished_run, "--temperature", "0", "--prompt", "ab")
@@ -367,7 +367,7 @@ def test_files_follow_the_umask(finished_run):
 
 def test_analysis_folder_symlinked_outside(finished_run, corpus, outside):
     (finished_run / "analysis").symlink_to(outside, target_is_directory=True)
-    line = err(cli("analyze", finished_run, "--data", corpus, "--tokens", "256"))
+    line = cli_error(cli("analyze", finished_run, "--data", corpus, "--tokens", "256"))
     assert "symbolic link" in line and untouched(outside)
 
 
@@ -379,4 +379,4 @@ def test_imported_tokenizer_is_checksummed(finished_run, corpus, tmp_path):
     assert cli("convert", hf, back).exit_code == 0
     assert "tokenizer.json" in json.loads((back / "manifest.json").read_text())["files"]
     (back / "tokenizer.json").write_text('{"version": "1.0", "model": {"swapped": 1}}')
-    assert "tokenizer.json" in err(cli("eval", back, "--data", corpus))
+    assert "tokenizer.json" in cli_error(cli("eval", back, "--data", corpus))

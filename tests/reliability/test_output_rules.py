@@ -29,18 +29,11 @@ from moelab.models import ModelConfig, MoETransformer, save_model
 from moelab.models.block_diffusion import to_block_diffusion
 from moelab.models.lora import add_expert_lora
 
+from ..cli_checks import cli_error
 from .conftest import leftovers, moelab_proc
 
 runner = CliRunner()
 CALIB = ["--calib-tokens", "256", "--seq-len", "32", "--batch-size", "4"]
-
-
-def _err(result) -> str:
-    assert result.exit_code == 2, result.output
-    text = result.output.strip()
-    assert "Traceback" not in text and text.startswith("error:"), text
-    assert len(text.splitlines()) == 1, text
-    return text
 
 
 def _hidden(folder) -> list[str]:
@@ -83,7 +76,7 @@ def src(tmp_path_factory):
 )
 def test_no_writer_puts_its_output_inside_its_source(src, args):
     paths = {"run": src / "model", "lora": src / "lora"}
-    line = _err(runner.invoke(app, [a.format(**paths) for a in args]))
+    line = cli_error(runner.invoke(app, [a.format(**paths) for a in args]))
     assert "the output lies inside the input" in line
     assert sorted(p.name for p in (src / "model").iterdir()) == sorted(
         p.name for p in (src / "model").iterdir() if p.name in {
@@ -112,7 +105,9 @@ def test_merge_lora_writes_a_folder_atomically_with_the_umask_modes(src, tmp_pat
 )
 def test_a_store_is_never_an_unfinished_run(src, tmp_path, args):
     before = sorted(p.name for p in (src / "store").iterdir())
-    line = _err(runner.invoke(app, [a.format(store=src / "store", tmp=tmp_path) for a in args]))
+    line = cli_error(
+        runner.invoke(app, [a.format(store=src / "store", tmp=tmp_path) for a in args])
+    )
     assert "a lossless expert store, not a run" in line and "--resume" not in line
     assert sorted(p.name for p in (src / "store").iterdir()) == before
 
@@ -124,14 +119,14 @@ def test_a_quantized_model_is_refused_by_the_lossless_store(src, tmp_path):
                                "rtn", "--group-size", "16", "--calib-data",
                                str(src / "corpus.txt"), *CALIB])  # fmt: skip
     assert done.exit_code == 0, done.output
-    line = _err(runner.invoke(app, ["compress", str(q), "--lossless", "--out",
+    line = cli_error(runner.invoke(app, ["compress", str(q), "--lossless", "--out",
                                     str(tmp_path / "z"), "--profile-tokens", "0"]))  # fmt: skip
     assert "a quantized model cannot go into a lossless store" in line
     assert not (tmp_path / "z").exists()
 
 
 def test_a_block_diffusion_model_does_not_export_as_a_causal_lm(src, tmp_path):
-    line = _err(runner.invoke(app, ["convert", str(src / "bd"), str(tmp_path / "hf"),
+    line = cli_error(runner.invoke(app, ["convert", str(src / "bd"), str(tmp_path / "hf"),
                                     "--to", "hf"]))  # fmt: skip
     assert "objective: mixtral is a causal LM; a block_diffusion model has no" in line
     assert not (tmp_path / "hf").exists()
