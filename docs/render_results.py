@@ -100,6 +100,22 @@ def _config_value(result: BenchmarkResult, key: str) -> float:
     return float(value)
 
 
+def _errorbar(ax: Any, points: list[tuple[float, Stats]], label: str) -> None:
+    """Means at their x with the t-interval as error bars (none for a single seed)."""
+    stats = [s for _, s in points]
+    ax.errorbar(
+        [x for x, _ in points],
+        [s.mean for s in stats],
+        yerr=[
+            [s.mean - s.ci[0] if s.ci else 0.0 for s in stats],
+            [s.ci[1] - s.mean if s.ci else 0.0 for s in stats],
+        ],
+        marker="o",
+        capsize=3,
+        label=label,
+    )
+
+
 def plot_png(results: Sequence[BenchmarkResult], metric: str, x: str | None = None) -> bytes:
     """A PNG: the metric's mean and t-interval per arm (against config key ``x`` when given,
     else one group of bars), and beside it each pair's mean difference with its interval.
@@ -114,12 +130,6 @@ def plot_png(results: Sequence[BenchmarkResult], metric: str, x: str | None = No
     xs = [_config_value(r, x) for r in results] if x else list(range(len(results)))
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4), dpi=110)
 
-    def err(stats: list[Stats]) -> list[list[float]]:
-        return [
-            [s.mean - s.ci[0] if s.ci else 0.0 for s in stats],
-            [s.ci[1] - s.mean if s.ci else 0.0 for s in stats],
-        ]
-
     summaries = [r.summary() for r in results]
     paired = [r.paired() for r in results]
     arms = list(dict.fromkeys(a for r in results for a in r.arms))
@@ -130,15 +140,7 @@ def plot_png(results: Sequence[BenchmarkResult], metric: str, x: str | None = No
             if arm in summary and metric in summary[arm]
         ]
         if pts:
-            stats = [s for _, s in pts]
-            left.errorbar(
-                [p[0] for p in pts],
-                [s.mean for s in stats],
-                yerr=err(stats),
-                marker="o",
-                capsize=3,
-                label=arm,
-            )
+            _errorbar(left, pts, arm)
     left.set_ylabel(metric)
     left.set_title(f"{metric}: mean and {round(100 * results[0].confidence)} % interval")
     pairs = list(
@@ -151,15 +153,7 @@ def plot_png(results: Sequence[BenchmarkResult], metric: str, x: str | None = No
             for p in ps
             if (p.arm, p.baseline, p.metric) == (arm, base, metric)
         ]
-        stats = [s for _, s in pts]
-        right.errorbar(
-            [p[0] for p in pts],
-            [s.mean for s in stats],
-            yerr=err(stats),
-            marker="o",
-            capsize=3,
-            label=f"{arm} − {base}",
-        )
+        _errorbar(right, pts, f"{arm} − {base}")
     right.axhline(0.0, color="grey", linewidth=0.8)
     right.set_title("paired difference: mean and interval")
     for ax in (left, right):
