@@ -52,7 +52,7 @@ def train_steps(
     groups = [{"params": rest, "lr": lr}]
     if router:
         groups.append({"params": router, "lr": lr if router_lr is None else router_lr})
-    opt = torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
+    opt = torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, foreach=True)
     warmup = max(1, int(warmup_fraction * steps))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: linear_warmup_decay(s, steps, warmup))
     model.train()
