@@ -22,7 +22,7 @@ at 2 and 8 Euler steps. Claims checked here:
 
 Usage::
 
-    python benchmarks/molf.py                       # 3 seeds, full length (<= 60 min, 2 cores)
+    python benchmarks/molf.py                       # 3 seeds, full length (21 min, 2 shared cores)
     python benchmarks/molf.py --quick --seeds 0     # a quick look (a few minutes)
 
 Jobs (one per seed and part: expression, toy) run over ``--workers`` processes.
