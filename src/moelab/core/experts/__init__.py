@@ -3,5 +3,13 @@
 from moelab.core.experts.bank import ExpertBank, SharedExpert
 from moelab.core.experts.grouped_mm import grouped_mm
 from moelab.core.experts.quantized import QuantizedExpertBank, QuantSpec
+from moelab.core.experts.residual import ResidualMLPExpertBank
 
-__all__ = ["ExpertBank", "QuantSpec", "QuantizedExpertBank", "SharedExpert", "grouped_mm"]
+__all__ = [
+    "ExpertBank",
+    "QuantSpec",
+    "QuantizedExpertBank",
+    "ResidualMLPExpertBank",
+    "SharedExpert",
+    "grouped_mm",
+]
