@@ -38,8 +38,16 @@ def _base(hint):
 
 def _numeric_options():
     """``(command, required arguments, flag, type)`` for every int/float option."""
-    group = typer.main.get_command(app)
-    for name, cmd in group.commands.items():
+    stack = [("", typer.main.get_command(app))]
+    commands = []
+    while stack:  # command groups (moelab flow ...) nest their commands
+        prefix, group = stack.pop()
+        for name, cmd in group.commands.items():
+            if isinstance(cmd, typer.core.TyperGroup):
+                stack.append((f"{prefix}{name} ", cmd))
+            else:
+                commands.append((f"{prefix}{name}", cmd))
+    for name, cmd in commands:
         hints = typing.get_type_hints(cmd.callback, include_extras=True)
         required = []
         for p in cmd.params:
@@ -60,7 +68,7 @@ def test_every_command_has_its_numeric_options_checked():
     }  # fmt: skip
     for command, required, flag, kind in OPTIONS:
         bad = "nan" if kind is float else str(2**64 + 1)
-        line = cli_error(runner.invoke(app, [command, *required, flag, bad]))
+        line = cli_error(runner.invoke(app, [*command.split(), *required, flag, bad]))
         assert line.startswith(f"error: {flag}: must be"), (command, line)
 
 

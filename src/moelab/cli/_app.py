@@ -49,6 +49,15 @@ app = _App(
     no_args_is_help=True,
     help="moelab: train, evaluate, analyse and serve Mixture-of-Experts language models.",
 )
+
+
+def command_group(name: str, help: str) -> _App:
+    """A ``moelab NAME SUBCOMMAND`` group whose commands get the same numeric-option checks."""
+    group = _App(no_args_is_help=True, help=help)
+    app.add_typer(group, name=name)
+    return group
+
+
 console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, soft_wrap=True, highlight=False)
 Opt = typer.Option

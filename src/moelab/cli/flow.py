@@ -12,13 +12,11 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from moelab.cli._app import Opt, app, console, fail, guarded
+from moelab.cli._app import Opt, command_group, console, fail, guarded
 
-flow_app = typer.Typer(
-    no_args_is_help=True,
-    help="MoLF: conditional flow matching with an MoE velocity field (expression prediction).",
+flow_app = command_group(
+    "flow", "MoLF: conditional flow matching with an MoE velocity field (expression prediction)."
 )
-app.add_typer(flow_app, name="flow")
 
 
 @flow_app.command("train")
