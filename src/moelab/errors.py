@@ -35,12 +35,19 @@ class TrainingDivergedError(UserError, FloatingPointError):
     """The training loss became NaN/Inf (lower the learning rate, raise warmup or clipping)."""
 
 
+class DistributedTimeoutError(UserError, TimeoutError):
+    """A rank of a distributed run got no answer from another rank within the process-group
+    timeout (that rank is stopped, hung or gone). Unlike other user errors it concerns one
+    rank, so every rank that raises it reports it, not only rank 0."""
+
+
 class NonFiniteOutputError(UserError, FloatingPointError):
     """A model's logits or loss are NaN/Inf at evaluation or generation (its weights or
     activations hold NaN/Inf); raised instead of printing ``nan`` or sampling from it."""
 
 
 __all__ = [
+    "DistributedTimeoutError",
     "InvalidTypeError",
     "InvalidValueError",
     "MissingDependencyError",

@@ -12,7 +12,8 @@ callers look it up; ``MODULE:CLASS.METHOD`` patches a method on its class) trigg
 - ``term`` / ``int``: send SIGTERM / SIGINT to this process and carry on;
 - ``stop``: SIGSTOP this process (the test continues it with SIGCONT);
 - ``enospc``: raise ``OSError(ENOSPC)`` (a full disk, where mounting a tmpfs is not allowed);
-- ``raise``: raise ``RuntimeError("injected fault")`` (a bug at that point).
+- ``raise``: raise ``RuntimeError("injected fault")`` (a bug at that point);
+- ``sleep:SECONDS``: sleep that long (slow work at that point).
 
 ``ACTION none`` runs the CLI unchanged. Used by tests/reliability only.
 """
@@ -24,6 +25,7 @@ import importlib
 import os
 import signal
 import sys
+import time
 
 
 def _fault(action: str) -> None:
@@ -39,6 +41,8 @@ def _fault(action: str) -> None:
         raise OSError(errno.ENOSPC, "No space left on device (injected)")
     elif action == "raise":
         raise RuntimeError("injected fault")
+    elif action.startswith("sleep:"):
+        time.sleep(float(action.removeprefix("sleep:")))
     else:
         raise SystemExit(f"inject.py: unknown action {action!r}")
 

@@ -21,7 +21,7 @@ from rich.console import Console
 
 from moelab.cli._ranges import check_numeric, numeric_options
 from moelab.core import checks
-from moelab.errors import UserError
+from moelab.errors import DistributedTimeoutError, UserError
 
 
 class _App(typer.Typer):
@@ -90,10 +90,11 @@ def _main(
 
 def fail(exc: BaseException) -> None:
     """Print ``exc``'s first line as an error and exit with code 2 (with ``--debug``, raise
-    it instead; under torchrun every rank exits, only rank 0 prints)."""
+    it instead; under torchrun every rank exits, only rank 0 prints, except a
+    :class:`DistributedTimeoutError`, which concerns the rank that raises it)."""
     if _DEBUG:
         raise exc
-    if os.environ.get("RANK", "0") == "0":
+    if os.environ.get("RANK", "0") == "0" or isinstance(exc, DistributedTimeoutError):
         err_console.print(
             f"[bold red]error:[/] {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
         )

@@ -15,6 +15,8 @@ from moelab.cli._ranges import Range
 from moelab.errors import InvalidValueError
 from moelab.models import ModelConfig
 from moelab.train.config import TrainConfig
+from moelab.train.distributed import DEFAULT_DIST_TIMEOUT_S, MAX_DIST_TIMEOUT_S
+from moelab.train.stopping import DEFAULT_STOP_GRACE_S
 
 # One line per option: flag name, the config field it sets, help. Types come from the field.
 MODEL_OPTIONS = [
@@ -210,6 +212,22 @@ def train(
             "Not a run setting: --resume may change it."
         ),
     ] = "auto",
+    dist_timeout: Annotated[
+        float,
+        Opt(
+            help="torchrun: seconds a rank waits for another before it stops with an error "
+            "(a stopped or hung rank). Not a run setting."
+        ),
+        Range(min=0, min_open=True, max=MAX_DIST_TIMEOUT_S),
+    ] = DEFAULT_DIST_TIMEOUT_S,
+    stop_grace: Annotated[
+        float,
+        Opt(
+            help="torchrun: seconds a rank blocked in a collective may stay stuck after "
+            "SIGTERM/Ctrl-C before it exits without a new checkpoint. Not a run setting."
+        ),
+        Range(min=0, min_open=True),
+    ] = DEFAULT_STOP_GRACE_S,
     **flags: Any,
 ) -> None:
     """Train an MoE language model on real text.
@@ -226,6 +244,7 @@ def train(
       torchrun --nproc-per-node 2 -m moelab.cli train --steps 100
       moelab train --steps 1000 --expand-at 450 --expand hidden=2x,expert=2x
       torchrun --nproc-per-node 4 -m moelab.cli train --expert-parallel 2 --fsdp
+      torchrun --nproc-per-node 2 -m moelab.cli train --expert-parallel 2 --dist-timeout 120
       moelab train --device cuda --steps 5000     # one GPU
     """
     from moelab.train.expand import parse_expand
@@ -274,6 +293,7 @@ def train(
     result = guarded(
         train_run, model_cfg, train_cfg, run_dir, resume=resume, progress=progress,
         allow_data_change=allow_data_change, parallel=parallel, device=device,
+        dist_timeout_s=dist_timeout, stop_grace_s=stop_grace,
     )  # fmt: skip
     if result is None:
         return

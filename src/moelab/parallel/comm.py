@@ -10,11 +10,12 @@ describes the same layout for FSDP2 and Distributed Checkpoint.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 
 from moelab.errors import InvalidValueError
 
@@ -66,10 +67,14 @@ def check_expert_parallel(ep: int, world_size: int) -> None:
         )
 
 
-def build_groups(ep: int) -> ParallelGroups:
+def build_groups(ep: int, timeout: timedelta | None = None) -> ParallelGroups:
     """The groups for EP size ``ep`` in the initialised default process group (or a
     single-process layout when ``torch.distributed`` is not initialised and ``ep == 1``).
 
+    Args:
+        timeout: the limit of every collective on the EP and DP groups (None: torch's
+            default, 30 minutes for gloo). A group spanning the whole world is the default
+            group, with the timeout it was made with.
     Raises:
         ValueError: ``ep`` does not divide the world size.
     """
@@ -79,8 +84,25 @@ def build_groups(ep: int) -> ParallelGroups:
     world = dist.get_world_size()
     check_expert_parallel(ep, world)
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    mesh = init_device_mesh(device, (world // ep, ep), mesh_dim_names=("dp", "ep"))
+    layout = torch.arange(world).view(world // ep, ep)  # r = d·EP + e
+    # init_device_mesh would make its subgroups with torch's default timeout, whatever the
+    # default group's: the groups are made here with ``timeout`` and wrapped in a mesh
+    groups = [_own_group(layout.t(), timeout), _own_group(layout, timeout)]
+    mesh = DeviceMesh.from_group(groups, device, mesh=layout, mesh_dim_names=("dp", "ep"))
     return ParallelGroups(world_size=world, rank=dist.get_rank(), ep=ep, dp=world // ep, mesh=mesh)
+
+
+def _own_group(rows: Tensor, timeout: timedelta | None) -> dist.ProcessGroup:
+    """This rank's group among the groups ``rows`` (one per row of global ranks). Every rank
+    makes every group, in the same order, as ``new_group`` requires."""
+    if rows.shape[1] == dist.get_world_size():
+        return dist.group.WORLD
+    mine = None
+    for ranks in rows.tolist():
+        group = dist.new_group(ranks, timeout=timeout)
+        if dist.get_rank() in ranks:
+            mine = group
+    return mine
 
 
 @dataclass

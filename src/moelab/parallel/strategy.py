@@ -20,6 +20,7 @@ their DP group (:mod:`moelab.parallel.head_parallel`).
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +58,11 @@ class ExpertParallel:
         self._sharded_set: set[str] = set()
 
     # ------------------------------------------------------------------ setup
-    def prepare(self, model: MoETransformer) -> MoETransformer:
+    def prepare(self, model: MoETransformer, timeout: timedelta | None = None) -> MoETransformer:
         """Validate and shard ``model`` in place for this rank; call on every rank before any
-        file is written. Raises ValueError for a layout that does not fit."""
+        file is written. ``timeout`` limits each collective of the EP and DP groups (None:
+        torch's default; :func:`moelab.train.loop.train` passes its ``dist_timeout_s``).
+        Raises ValueError for a layout that does not fit."""
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         check_expert_parallel(self.ep, world)
         check_shardable(model, self.ep)
@@ -67,7 +70,7 @@ class ExpertParallel:
             raise InvalidValueError(
                 "--fsdp: needs a distributed run (torchrun with 2 or more processes)"
             )
-        self.groups = build_groups(self.ep)
+        self.groups = build_groups(self.ep, timeout)
         self.sharded = shard_model(model, self.groups)
         self._sharded_set = set(self.sharded)
         if self.fsdp:

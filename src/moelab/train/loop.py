@@ -14,6 +14,12 @@ Reliability (what a kill, a second process or a changed input can and cannot do)
   states are rolled back to the step's start), writes a checkpoint of the last finished
   step and exits; resuming reproduces the uninterrupted run bit for bit. A second signal
   aborts at once (the last checkpoint stays valid).
+- Distributed runs (:mod:`moelab.train.distributed`): every collective has a timeout
+  (``dist_timeout_s``), so a stopped or hung rank ends its peers with one line
+  (:class:`~moelab.errors.DistributedTimeoutError`) instead of holding them; rank 0's work
+  alone is waited for through its heartbeat (:mod:`moelab.train.main_rank`), which does not
+  count against the timeout; a rank blocked in a collective when SIGINT/SIGTERM arrives exits
+  ``stop_grace_s`` seconds later (:mod:`moelab.train.stopping`).
 - Finishing writes a checkpoint of the final step, then the model at the run root with the
   manifest last (covering the tokenizer files too): a run is finished exactly when
   ``RUN/manifest.json`` exists. A kill during the finish leaves an unfinished run that
@@ -27,10 +33,9 @@ Reliability (what a kill, a second process or a changed input can and cannot do)
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import functools
 import math
-import signal
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -79,7 +84,14 @@ from moelab.train.checkpoint import checkpoint_dirs, load_checkpoint, save_check
 from moelab.train.config import ConfigError, TrainConfig
 from moelab.train.device import device_rng_state, resolve_device, set_device_rng_state
 from moelab.train.diffusion import batch_elbo_nats, diffusion_loss_terms
-from moelab.train.distributed import DistInfo, barrier, init_distributed, shutdown
+from moelab.train.distributed import (
+    DEFAULT_DIST_TIMEOUT_S,
+    DistInfo,
+    barrier,
+    init_distributed,
+    shutdown,
+    timeout_error,
+)
 from moelab.train.evaluate import EvalResult, evaluate
 from moelab.train.expand import (
     ExpandSpec,
@@ -87,10 +99,12 @@ from moelab.train.expand import (
     expand_in_training,
     expansion_record,
 )
+from moelab.train.main_rank import MainRankWork
 from moelab.train.metrics import MetricsLog
 from moelab.train.optim import PlainAdamW, build_optimizer
 from moelab.train.progress import TrainProgress
 from moelab.train.schedule import scheduled_lr
+from moelab.train.stopping import DEFAULT_STOP_GRACE_S, StopFlag, check_stop_grace
 from moelab.utils.atomic import atomic_write_json
 from moelab.utils.jsonfile import read_json
 from moelab.utils.locking import folder_lock
@@ -262,32 +276,6 @@ def _eval_record(step: int, result: EvalResult) -> dict[str, Any]:
     return rec
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-class _StopFlag:
-    """SIGINT/SIGTERM set a flag checked before every micro-batch; a second one aborts at once."""
-
-    def __init__(self) -> None:
-        self.stop = False
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> _StopFlag:
-        for sig in STOP_SIGNALS:
-            with contextlib.suppress(ValueError):  # not the main thread
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        if self.stop:
-            raise KeyboardInterrupt
-        self.stop = True
-
-    def __exit__(self, *exc) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-
-
 def train(
     model_cfg: ModelConfig | None,
     cfg: TrainConfig | None,
@@ -300,6 +288,8 @@ def train(
     parallel: Any = None,
     on_step: Callable[[int, MoETransformer], dict[str, Any] | None] | None = None,
     device: str | torch.device | None = "auto",
+    dist_timeout_s: float = DEFAULT_DIST_TIMEOUT_S,
+    stop_grace_s: float = DEFAULT_STOP_GRACE_S,
 ) -> TrainResult:
     """Train (or resume) a run in ``run_dir``.
 
@@ -327,6 +317,11 @@ def train(
         device: ``auto`` (CUDA when present), ``cpu``, ``cuda`` or ``cuda:N``
             (:func:`moelab.train.device.resolve_device`; under torchrun each rank takes
             ``cuda:$LOCAL_RANK``). Not part of the run's settings: a resume may change it.
+        dist_timeout_s: distributed runs: the limit of every collective, and of the wait for
+            a silent rank 0 (:mod:`moelab.train.distributed`). Not a run setting either.
+        stop_grace_s: distributed runs: after SIGINT/SIGTERM, a rank whose main thread makes
+            no progress for this long (blocked in a collective) exits with code 128 + the
+            signal (:mod:`moelab.train.stopping`). Not a run setting either.
     Returns:
         :class:`TrainResult`.
     Raises:
@@ -334,12 +329,15 @@ def train(
             (a ``device`` torch cannot use is a ConfigError).
         FolderBusyError: another process is writing into ``run_dir``.
         DiskFullError: the disk filled up (the last complete checkpoint stays valid).
+        DistributedTimeoutError: another rank did not answer within ``dist_timeout_s``.
+        InvalidValueError: ``dist_timeout_s`` or ``stop_grace_s`` is not a finite number > 0.
     """
     run_dir = Path(run_dir)
+    check_stop_grace(stop_grace_s)
     device = resolve_device(device)
-    dist_info = init_distributed(device)
+    dist_info = init_distributed(device, dist_timeout_s)
     args = (model_cfg, cfg, run_dir, resume, progress, stop_after, allow_data_change, dist_info)
-    args = (*args, parallel, on_step, device)
+    args = (*args, parallel, on_step, device, stop_grace_s)
     try:
         if not dist_info.is_main:
             return _train(*args)
@@ -354,6 +352,10 @@ def train(
             if created and not any(run_dir.iterdir()):
                 run_dir.rmdir()
             raise
+    except RuntimeError as exc:  # a collective's timeout is one line, not a traceback
+        if (err := timeout_error(exc, dist_info)) is not None:
+            raise err from exc
+        raise
     finally:
         shutdown(dist_info)
 
@@ -433,6 +435,7 @@ def _train(
     parallel,
     on_step,
     device: torch.device,
+    stop_grace_s: float,
 ) -> TrainResult:
     ckpt = None
     if resume:
@@ -502,7 +505,7 @@ def _train(
     if parallel is not None:  # validate the layout on every rank before anything is written
         if resume:
             parallel.check_resume(run_dir)
-        model = parallel.prepare(model)
+        model = parallel.prepare(model, dist_info.timeout)
     if dist_info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         if not resume:
@@ -519,6 +522,7 @@ def _train(
             info["tokenizer_sha256"] = tokenizer_fingerprint(run_dir)
             atomic_write_json(run_dir / RUN_FILE, info)
     barrier(dist_info)
+    on_main = MainRankWork(dist_info).run
 
     layers = moe_layers(model)
     module = _LossModule(model)
@@ -596,20 +600,24 @@ def _train(
             "tokens_seen": tokens_seen,
             "elapsed_s": elapsed_before + time.perf_counter() - t0,
         }
-        if parallel is not None:
+        if parallel is not None:  # collective: every rank writes its shard
             parallel.save_checkpoint(run_dir, model, optimizer, state, step)
-        elif dist_info.is_main:
-            save_checkpoint(run_dir, model, {**state, "optimizer": optimizer.state_dict()}, step)
-        barrier(dist_info)
+        else:
+            on_main(
+                lambda: save_checkpoint(
+                    run_dir, model, {**state, "optimizer": optimizer.state_dict()}, step
+                ),
+                "writing the checkpoint",
+            )
         last_s["checkpoint"] = time.perf_counter() - t
 
     def validate(step: int) -> EvalResult | None:
         """Score the validation streams on rank 0 (on every rank when the model is sharded:
-        its forward is collective) and log them."""
+        its forward is collective) and log them; the result on rank 0, else None."""
         t = time.perf_counter()
-        result = None
-        if dist_info.is_main or parallel is not None:
-            result = evaluate(
+
+        def score() -> EvalResult:
+            return evaluate(
                 model,
                 val_streams,
                 seq_len=cfg.seq_len,
@@ -618,13 +626,24 @@ def _train(
                 doc_masks=cfg.doc_masks,
                 nats_fn=batch_elbo_nats if model.cfg.objective == "block_diffusion" else None,
             )
-        if dist_info.is_main:
-            rec = _eval_record(step, result)
-            metrics.write(rec)
+
+        def log(result: EvalResult) -> EvalResult:
+            metrics.write(_eval_record(step, result))
             bar.set_val(result.overall.bits_per_byte)
-        barrier(dist_info)
+            return result
+
+        if parallel is not None:
+            scored = score()
+            result = on_main(lambda: log(scored), "logging the validation")
+        else:
+            result = on_main(lambda: log(score()), "validating")
         last_s["eval"] = time.perf_counter() - t
-        return result if dist_info.is_main else None
+        return result
+
+    def run_probe(step: int) -> None:
+        probe = on_step(step, model)
+        if probe:
+            metrics.write({"step": step, "split": "probe", **probe})
 
     tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * dist_info.world_size
     bar = TrainProgress(cfg.steps, enabled=progress and dist_info.is_main, start=start_step)
@@ -638,7 +657,8 @@ def _train(
     last_loss = math.nan
     interrupted = False
     final_eval: EvalResult | None = None
-    with _StopFlag() as stop, bar:
+    grace = stop_grace_s if dist_info.enabled else None
+    with StopFlag(grace, dist_info.rank) as stop, bar:
         if start_step == 0:  # the starting point of the validation curve
             validate(0)
         while step < cfg.steps:
@@ -764,10 +784,8 @@ def _train(
                     "load": [(c.float() / max(int(c.sum()), 1)).tolist() for c in counts],
                 }
                 metrics.write(rec)
-            if on_step is not None and dist_info.is_main:
-                probe = on_step(step, model)
-                if probe:
-                    metrics.write({"step": step, "split": "probe", **probe})
+            if on_step is not None:
+                on_main(functools.partial(run_probe, step), "running on_step")
             over_budget = cfg.time_budget_s is not None and (
                 elapsed_before + time.perf_counter() - t0 >= cfg.time_budget_s
             )
@@ -788,8 +806,10 @@ def _train(
         elif not interrupted:
             if saved_step["step"] != step:
                 checkpoint(step)  # lets --resume complete a finish that is interrupted below
-            if dist_info.is_main:  # the manifest, written last, marks the run finished
-                save_model(model, run_dir, extra_files=tokenizer_files(run_dir))
+            on_main(  # the manifest, written last, marks the run finished
+                lambda: save_model(model, run_dir, extra_files=tokenizer_files(run_dir)),
+                "writing the final model",
+            )
     barrier(dist_info)
     return TrainResult(
         run_dir=run_dir,
