@@ -13,6 +13,7 @@ import torch
 import typer
 from typer.testing import CliRunner
 
+from moelab.cli.convert import convert_command
 from moelab.core.config import ExpertsConfig, MoEConfig, RouterConfig
 from moelab.core.latent_moe import LatentMoEConfig
 from moelab.data.tokenizer import BPETokenizer, ByteTokenizer
@@ -192,6 +193,28 @@ def test_metadata_reads_back(tmp_path, tok):
     assert gtok.encode(TEXT) == tok.encode(TEXT) and tok.eot_id in tok.encode(TEXT)
 
 
+def test_chat_tokens_become_bos_and_eos(tmp_path, tok):
+    from tokenizers import AddedToken
+
+    hf = type(tok.hf_tokenizer).from_str(tok.hf_tokenizer.to_str())
+    hf.add_special_tokens([AddedToken("<|im_start|>", special=True), AddedToken("<|im_end|>", special=True)])  # fmt: skip
+    chat = BPETokenizer(hf)
+    V = chat.vocab_size
+    path = tmp_path / "c.gguf"
+    export_gguf(_model(V), path, tokenizer=chat, bos_token="<|im_start|>", eos_token="<|im_end|>")
+    meta = read_gguf_metadata(path)
+    assert (meta["tokenizer.ggml.bos_token_id"], meta["tokenizer.ggml.eos_token_id"]) == (
+        V - 2,
+        V - 1,
+    )
+    assert meta["tokenizer.ggml.token_type"][-2:] == [3, 3]
+    _, gtok = load_gguf(path)
+    text = "<|im_start|>user the cat<|im_end|>"
+    assert gtok.encode(text) == chat.encode(text) and chat.encode(text)[0] == V - 2
+    with pytest.raises(UnsupportedConfigError, match=r"^eos_token: '<\|eot\|>' is not a token"):
+        export_gguf(_model(V), tmp_path / "x.gguf", tokenizer=chat, eos_token="<|eot|>")
+
+
 def test_plain_chat_template_renders_like_moelab():
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi\nyou"}]
     assert ChatTemplate(PLAIN_TEMPLATE).render(msgs) == ChatTemplate().render(msgs)
@@ -335,13 +358,11 @@ def test_existing_file_and_atomic_write(tmp_path, tok, monkeypatch):
 
 
 app = typer.Typer()
+app.command("convert")(convert_command)
+app.command("noop")(lambda: None)  # keep "convert" a subcommand
 
 
 def test_cli_convert_to_gguf(tmp_path, tok):
-    from moelab.cli.convert import convert_command
-
-    app.command("convert")(convert_command)
-    app.command("noop")(lambda: None)
     run = tmp_path / "run"
     model = _model(tok.vocab_size)
     save_model(model, run)
@@ -399,9 +420,11 @@ def test_llama_cpp_greedy_tokens_equal_moelab(tmp_path, tok, arch):
     model = _model(tokenizer.vocab_size, seed=5, **ARCH_MODELS.get(arch, {}))
     path = tmp_path / "m.gguf"
     export_gguf(model, path, tokenizer=tokenizer, outtype="f32")
+    # float32 K/V cache (llama.cpp's default is F16) and no flash attention: the F32 maths
     llm = llama_cpp.Llama(
-        str(path), n_ctx=96, n_batch=96, n_threads=2, logits_all=True, verbose=False
-    )
+        str(path), n_ctx=96, n_batch=96, n_threads=2, logits_all=True, verbose=False,
+        type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32, flash_attn=False,
+    )  # fmt: skip
     text = "the cat sat on 4567 mats"
     assert llm.tokenize(text.encode(), add_bos=False, special=True) == tokenizer.encode(text)
     prompt = tokenizer.encode(text)

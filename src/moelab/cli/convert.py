@@ -95,6 +95,8 @@ def _to_gguf(
             arch=arch,
             outtype=outtype,
             chat_template=template.jinja,
+            bos_token=template.bos_token or None,
+            eos_token=template.eos_token or None,
             name=src.resolve().name if src.is_dir() else str(src),
             overwrite=overwrite,
         )

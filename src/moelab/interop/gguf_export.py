@@ -116,7 +116,7 @@ def _keeps_f32(name: str, ndim: int) -> bool:
     )
 
 
-def encode_tensor(name: str, t: torch.Tensor, outtype: str) -> tuple[np.ndarray, Any]:
+def _encode_tensor(name: str, t: torch.Tensor, outtype: str) -> tuple[np.ndarray, Any]:
     """``(data, ggml type)`` of tensor ``name`` in a file of type ``outtype``: float32,
     float16 or the packed bytes of BF16/Q8_0 as ``gguf.quants.quantize`` returns them."""
     gguf = _gguf()
@@ -160,7 +160,7 @@ def gguf_tensors(
     fallback = 0
     for r in rules:
         for name, piece in zip(r.sources, to_gguf(r, state[r.target]), strict=True):
-            data, qtype = encode_tensor(name, piece, outtype)
+            data, qtype = _encode_tensor(name, piece, outtype)
             fallback += outtype == "q8_0" and qtype.name == "F16"
             out.append((name, data, qtype))
     if fallback:
@@ -210,6 +210,8 @@ def export_gguf(
     arch: str | None = None,
     outtype: str = "auto",
     chat_template: str | None = None,
+    bos_token: str | None = None,
+    eos_token: str | None = None,
     name: str | None = None,
     overwrite: bool = False,
 ) -> GGUFExportReport:
@@ -220,6 +222,8 @@ def export_gguf(
             HF names ``mixtral``, ...); None = inferred (dense → ``llama``).
         outtype: ``auto`` (the model's dtype), ``f32``, ``f16``, ``bf16`` or ``q8_0``.
         chat_template: Jinja chat template for ``tokenizer.chat_template`` (None = none).
+        bos_token, eos_token: the BOS/EOS tokens the chat template uses, when not
+            ``<|endoftext|>`` (BPE tokenizers).
         name: ``general.name`` (None = the file's stem).
         overwrite: replace an existing file.
     Returns:
@@ -248,7 +252,9 @@ def export_gguf(
             "the full-precision model with --outtype q8_0 instead"
         )
     check_gguf_config(cfg, spec)
-    vocab: GGUFVocab = gguf_vocab(tokenizer, cfg.vocab_size)
+    vocab: GGUFVocab = gguf_vocab(
+        tokenizer, cfg.vocab_size, bos_token=bos_token, eos_token=eos_token
+    )
     tensors, notes = gguf_tensors(model, spec, outtype)
 
     def write(tmp: str) -> None:

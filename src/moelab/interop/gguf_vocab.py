@@ -28,6 +28,7 @@ whitespace) raises :class:`~moelab.interop.errors.UnsupportedConfigError` naming
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -168,12 +169,22 @@ def _bpe_vocab(tok: BPETokenizer) -> GGUFVocab:
     return GGUFVocab("gpt2", pre, tokens, types, merges, bos_id=eot, eos_id=eot)
 
 
-def gguf_vocab(tokenizer: Tokenizer, vocab_size: int) -> GGUFVocab:
+def gguf_vocab(
+    tokenizer: Tokenizer,
+    vocab_size: int,
+    *,
+    bos_token: str | None = None,
+    eos_token: str | None = None,
+) -> GGUFVocab:
     """``tokenizer`` as llama.cpp vocabulary metadata, for a model of ``vocab_size`` ids.
 
+    Args:
+        bos_token, eos_token: tokens to record as BOS/EOS instead of ``<|endoftext|>`` (e.g.
+            an instruct model's ``<|im_start|>``/``<|im_end|>``); BPE only.
     Raises:
         UnsupportedConfigError: a tokenizer llama.cpp cannot reproduce exactly (names the
-            part), or one whose size differs from the model's ``vocab_size``.
+            part), one whose size differs from the model's ``vocab_size``, or a BOS/EOS token
+            it does not hold.
     """
     if isinstance(tokenizer, ByteTokenizer):
         tokens = byte_vocab_tokens()
@@ -184,6 +195,15 @@ def gguf_vocab(tokenizer: Tokenizer, vocab_size: int) -> GGUFVocab:
         raise UnsupportedConfigError(
             f"tokenizer: {type(tokenizer).__name__} has no llama.cpp vocabulary type"
         )
+    ids = {t: i for i, t in enumerate(v.tokens)}
+    for role, token in (("bos", bos_token), ("eos", eos_token)):
+        if token is None:
+            continue
+        if v.model != "gpt2" or token not in ids:
+            raise UnsupportedConfigError(
+                f"{role}_token: {token!r} is not a token of the {v.model} vocabulary"
+            )
+        v = dataclasses.replace(v, **{f"{role}_id": ids[token]})
     if len(v.tokens) != vocab_size:
         raise UnsupportedConfigError(
             f"vocab_size: the model has {vocab_size} ids, its tokenizer {len(v.tokens)} tokens; "
