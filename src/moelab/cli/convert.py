@@ -21,7 +21,10 @@ from moelab.interop.hf import convert
 @app.command("convert")
 def convert_command(
     src: Annotated[Path, typer.Argument(help="Folder to read (HF checkpoint or moelab model).")],
-    dst: Annotated[Path, typer.Argument(help="Folder to write (must not exist or be empty).")],
+    dst: Annotated[
+        Path,
+        typer.Argument(help="Folder to write (must not exist or be empty); --to gguf: a file."),
+    ],
     to: Annotated[str, typer.Option(help="Target format: 'moelab', 'hf' or 'gguf'.")] = "moelab",
     arch: Annotated[
         str | None,
@@ -43,7 +46,8 @@ def convert_command(
     overwrite: Annotated[bool, typer.Option(help="Replace a non-empty DST.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON report.")] = False,
 ) -> None:
-    """Convert a Hugging Face MoE checkpoint to a moelab model folder, or back.
+    """Convert a Hugging Face MoE checkpoint to a moelab model folder, or back; or write a
+    moelab model as one GGUF file for llama.cpp / Ollama (docs/gguf.md).
 
     Examples:
 
