@@ -42,8 +42,8 @@ def _model(
     ex = dict(hidden_size=64, ffn_hidden_size=32) | (experts or {})
     moe = kw.pop("moe", MoEConfig(RouterConfig(**(dict(num_experts=4, top_k=2) | (router or {}))), ExpertsConfig(**ex)))  # fmt: skip
     cfg = ModelConfig(
-        vocab_size=vocab, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=96,
-        rope_theta=5e4, norm_eps=1e-6, moe=moe, **kw,
+        vocab_size=vocab, d_model=64, n_layers=2, n_heads=4, n_kv_heads=kw.pop("n_kv_heads", 2),
+        max_seq_len=96, rope_theta=5e4, norm_eps=1e-6, moe=moe, **kw,
     )  # fmt: skip
     torch.manual_seed(seed)
     model = MoETransformer(cfg)
@@ -66,7 +66,7 @@ ARCH_MODELS = {
         experts=dict(shared_expert_size=32, shared_expert_gate=True),
     ),
     "qwen3moe": dict(qk_norm="head", tie_embeddings=True, head_dim=32),
-    "olmoe": dict(qk_norm="full", router=dict(norm_topk_prob=False)),
+    "olmoe": dict(qk_norm="full", n_kv_heads=4, router=dict(norm_topk_prob=False)),
 }
 
 
@@ -298,6 +298,7 @@ REFUSALS = {
     "moe.router.force_uniform": lambda V: _model(V, router=dict(force_uniform=True)),
     "first_dense_layers": lambda V: _model(V, first_dense_layers=1, **ARCH_MODELS["qwen2moe"]),
     "moe_layers": lambda V: _model(V, moe_layers=(1,), **ARCH_MODELS["qwen2moe"]),
+    "n_kv_heads": lambda V: _model(V, qk_norm="full", router=dict(norm_topk_prob=False)),
     "moe.router.norm_topk_prob": lambda V: _model(
         V, qk_norm="head", router=dict(norm_topk_prob=False)
     ),
@@ -438,4 +439,5 @@ def test_llama_cpp_greedy_tokens_equal_moelab(tmp_path, tok, arch):
             f"(logits {a[ours[i]]:.5f} / {a[theirs[i]]:.5f}), llama.cpp {theirs[i]} "
             f"(logits {b[ours[i]]:.5f} / {b[theirs[i]]:.5f}); max |Δ| {np.abs(a - b).max():.2e}"
         )
-    assert np.abs(our_logits[0].numpy() - their_logits[0]).max() < 1e-3
+    worst = max(float(np.abs(a.numpy() - b).max()) for a, b in zip(our_logits, their_logits, strict=True))  # fmt: skip
+    assert worst < 1e-4, worst  # float32 rounding only (measured ~1e-6)

@@ -19,7 +19,8 @@ an MoE layer with one ``expert_count`` for the whole file, and load q/k/v biases
 file has them. ``llama`` uses the interleaved-pair ("normal") RoPE, so its Q/K rows are
 permuted (:func:`permute_rope_rows`); the other three use rotate-half ("neox") RoPE, as moelab
 does. qwen2moe and olmoe size the attention output ``n_embd × n_embd``, so they need
-``head_dim · n_heads == d_model``. A dense moelab model (``moe=None``) is a dense ``llama``
+``head_dim · n_heads == d_model``; olmoe also sizes ``attn_k_norm`` ``n_embd``, so it has no
+grouped-query attention. A dense moelab model (``moe=None``) is a dense ``llama``
 file (no ``expert_count``).
 
 Which moelab configs an architecture can hold reuses the Hugging Face export's refusals
@@ -167,6 +168,13 @@ def check_gguf_config(cfg: ModelConfig, arch: GGUFArch) -> None:
         _dense_layer_field(cfg),
         arch,
         "makes every layer an MoE layer (no dense layers between them)",
+    )
+    _require(
+        arch.name != "olmoe" or cfg.n_kv_heads == cfg.n_heads,
+        "n_kv_heads",
+        arch,
+        f"sizes attn_k_norm by d_model, so needs n_kv_heads == n_heads ({cfg.n_kv_heads} != "
+        f"{cfg.n_heads})",
     )
     _require(
         arch.name not in ("qwen2moe", "olmoe") or cfg.head_dim * cfg.n_heads == cfg.d_model,
