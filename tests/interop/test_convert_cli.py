@@ -82,7 +82,7 @@ def test_cli_errors_exit_nonzero(tmp_path):
     res = runner.invoke(app, ["convert", str(tmp_path), str(tmp_path / "x"), "--to", "onnx"])
     assert (
         res.exit_code == 2
-        and res.output.strip() == "error: --to: must be 'moelab' or 'hf', got 'onnx'"
+        and res.output.strip() == "error: --to: must be 'moelab', 'hf' or 'gguf', got 'onnx'"
     )
 
 

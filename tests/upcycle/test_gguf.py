@@ -9,12 +9,11 @@ import torch
 from moelab.data.tokenizer import BPETokenizer, load_tokenizer
 from moelab.interop.gguf import (
     build_gguf_tokenizer,
-    llama_config_from_gguf,
+    config_from_gguf,
     load_gguf,
-    permute_rope_rows,
     read_gguf,
-    unpermute_rope_rows,
 )
+from moelab.interop.gguf_layout import permute_rope_rows, unpermute_rope_rows
 from moelab.models.rope import apply_rope, rope_cos_sin
 
 from .conftest import make_dense
@@ -135,7 +134,7 @@ def test_tiny_gguf_round_trip(tmp_path, tie):
     _write_tiny_gguf(path, model, tok)
 
     ckpt = read_gguf(path)
-    cfg = llama_config_from_gguf(ckpt)
+    cfg = config_from_gguf(ckpt)
     assert cfg.moe is None and cfg.tie_embeddings == tie
     assert (cfg.n_heads, cfg.n_kv_heads, cfg.dense_ffn_size) == (4, 2, 48)
     assert cfg.rope_theta == 5e4 and cfg.norm_eps == pytest.approx(1e-6)
@@ -180,4 +179,4 @@ def test_unsupported_tokenizer_and_arch(tmp_path):
         build_gguf_tokenizer(ck)
     ck = GGUFCheckpoint(tmp_path / "x.gguf", {"general.architecture": "qwen2"}, {})
     with pytest.raises(ValueError, match=r"general\.architecture"):
-        llama_config_from_gguf(ck)
+        config_from_gguf(ck)

@@ -140,7 +140,9 @@ def test_smollm2_rope_unpermute_lowers_perplexity(monkeypatch):
             return float(model.loss(ids[:, :-1], ids[:, 1:]).ce.exp())
 
     good = ppl(gg.load_gguf_model(ckpt, max_seq_len=128))
-    monkeypatch.setattr(gg, "unpermute_rope_rows", lambda w, n: w)
+    import moelab.interop.gguf_layout as layout
+
+    monkeypatch.setattr(layout, "unpermute_rope_rows", lambda w, n: w)
     bad = ppl(gg.load_gguf_model(ckpt, max_seq_len=128))
     assert good < 12, good
     assert bad > 2 * good, (good, bad)

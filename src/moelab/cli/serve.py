@@ -9,51 +9,12 @@ from typing import Annotated
 import typer
 
 from moelab.cli._app import Opt, app, console, guarded
+from moelab.cli._chat import chat_template_for
 from moelab.cli._compile import CompileFlag, check_compile
 from moelab.cli._diffusion import Decoder, Threshold, decode_options
 from moelab.cli._offload import CacheMb, OffloadFlag, Policy, StorageMbps, load_for_inference
 from moelab.cli._ranges import Range
 from moelab.errors import InvalidValueError
-
-
-def _chat_template(run: Path):
-    """The run folder's chat template; else, for a pretrained name (``smollm2``) or a run
-    upcycled from one (``upcycle.json`` names its ``source``), the template stored in that
-    model's GGUF file; else the plain role-prefixed template."""
-    from moelab.interop.pretrained import PRETRAINED, pretrained_available, pretrained_path
-    from moelab.serve.chat import ChatTemplate, load_chat_template
-    from moelab.utils.jsonfile import read_json
-
-    folder = run if run.is_dir() else None
-    template = load_chat_template(folder)
-    if not template.is_plain:
-        return template
-    source = str(run) if folder is None else None
-    if folder is not None and (folder / "upcycle.json").is_file():
-        source = read_json(folder / "upcycle.json", InvalidValueError).get("source")
-    if (
-        source not in PRETRAINED
-        or PRETRAINED[source].kind != "causal_lm"
-        or not pretrained_available(source)
-    ):
-        return template
-    from moelab.interop.gguf import read_gguf_metadata
-
-    meta = read_gguf_metadata(pretrained_path(source))
-    jinja = meta.get("tokenizer.chat_template")
-    if not isinstance(jinja, str):
-        return template
-    tokens = meta.get("tokenizer.ggml.tokens") or []
-
-    def special(key: str) -> str:
-        i = meta.get(key)
-        return str(tokens[i]) if isinstance(i, int) and 0 <= i < len(tokens) else ""
-
-    return ChatTemplate(
-        jinja,
-        bos_token=special("tokenizer.ggml.bos_token_id"),
-        eos_token=special("tokenizer.ggml.eos_token_id"),
-    )
 
 
 def _offload_stats(model):
@@ -149,7 +110,7 @@ def serve(
     model, tokenizer = guarded(load_for_inference, run, offload, cache_mb, policy, storage_mbps)
     offload_stats = _offload_stats(model) if offload else None
     name = model_name or run.resolve().name
-    template = guarded(_chat_template, run)
+    template = guarded(chat_template_for, run)
     options = guarded(decode_options, model, decoder, threshold)
     limits = {"max_batch": max_batch, "max_queue": max_queue}
     if options is None:

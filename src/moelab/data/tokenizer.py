@@ -160,6 +160,11 @@ class BPETokenizer(Tokenizer):
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def hf_tokenizer(self):
+        """The underlying ``tokenizers.Tokenizer`` (read it; changing it changes this one)."""
+        return self._tok
+
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 

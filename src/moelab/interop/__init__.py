@@ -1,6 +1,7 @@
 """Hugging Face interop: import/export Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE checkpoints and
-DeepSeek-V3 MoE blocks (see :mod:`moelab.interop.hf`), and BERT encoder folders
-(:mod:`moelab.interop.bert`)."""
+DeepSeek-V3 MoE blocks (see :mod:`moelab.interop.hf`), BERT encoder folders
+(:mod:`moelab.interop.bert`); GGUF export for llama.cpp (:mod:`moelab.interop.gguf_export`)
+and GGUF reading (:mod:`moelab.interop.gguf`)."""
 
 from moelab.interop.bert import load_bert, save_bert
 from moelab.interop.deepseek_v3 import (
@@ -17,6 +18,8 @@ from moelab.interop.errors import (
     UnexpectedTensorError,
     UnsupportedConfigError,
 )
+from moelab.interop.gguf_export import GGUFExportReport, export_gguf
+from moelab.interop.gguf_layout import GGUF_ARCHS
 from moelab.interop.hf import (
     HF_SOURCE_FILE,
     ConvertReport,
@@ -32,10 +35,12 @@ from moelab.interop.hf_weights import LAYOUTS, detect_layout
 
 __all__ = [
     "ARCHS",
+    "GGUF_ARCHS",
     "HF_SOURCE_FILE",
     "LAYOUTS",
     "ConfigMismatchError",
     "ConvertReport",
+    "GGUFExportReport",
     "HFMeta",
     "InteropError",
     "MissingTensorError",
@@ -48,6 +53,7 @@ __all__ = [
     "deepseek_v3_config_fields",
     "detect_layout",
     "export_deepseek_v3_moe",
+    "export_gguf",
     "export_hf",
     "hf_state",
     "import_deepseek_v3_moe",

@@ -1,33 +1,16 @@
-"""Read a llama-architecture GGUF file (llama.cpp's format) into a dense moelab model.
+"""Read a GGUF file (llama.cpp's format) into a moelab model and tokenizer.
 
 Every tensor is dequantised to float32 with the ``gguf`` package (``gguf.GGUFReader`` and
-``gguf.quants.dequantize``; ``pip install gguf``), the llama tensor names are mapped onto a
-dense :class:`moelab.models.MoETransformer` (``ModelConfig(moe=None)``), and the byte-level BPE
-vocabulary stored in the file's metadata becomes a :class:`moelab.data.tokenizer.BPETokenizer`.
+``gguf.quants.dequantize``; ``pip install gguf``). The architectures read are the ones
+:mod:`moelab.interop.gguf_export` writes and llama.cpp runs: ``llama`` (dense, or with experts
+as Mixtral), ``qwen2moe``, ``qwen3moe`` and ``olmoe``; their tensor layout and maths are in
+:mod:`moelab.interop.gguf_layout` (which also holds :func:`permute_rope_rows`: llama.cpp's
+``llama`` architecture stores Q/K rows permuted for its interleaved-pair RoPE, undone here).
 
-Tensor mapping (GGUF name → moelab name; GGUF stores each matrix as ``[out, in]`` once
-dequantised, i.e. the ``nn.Linear`` layout)::
-
-    token_embd.weight           embed.weight  (and the LM head when there is no output.weight)
-    output.weight               lm_head.weight (absent = tied embeddings)
-    output_norm.weight          norm.weight
-    blk.N.attn_norm.weight      blocks.N.attn_norm.weight
-    blk.N.attn_q.weight         blocks.N.attn.q_proj.weight  (RoPE row permutation undone)
-    blk.N.attn_k.weight         blocks.N.attn.k_proj.weight  (RoPE row permutation undone)
-    blk.N.attn_v.weight         blocks.N.attn.v_proj.weight
-    blk.N.attn_output.weight    blocks.N.attn.o_proj.weight
-    blk.N.ffn_norm.weight       blocks.N.ffn_norm.weight
-    blk.N.ffn_gate/up/down.weight  blocks.N.ffn.w_gate/w_up/w_down.weight
-
-RoPE layout: llama.cpp's ``convert_hf_to_gguf.py`` permutes the rows of every head of the Q and
-K projections (``LlamaModel.permute``: ``w.reshape(H, 2, hd/2, D).swapaxes(1, 2)``) so that its
-interleaved-pair ("normal") RoPE, which rotates adjacent pairs ``(x[2i], x[2i+1])``, computes
-what Hugging Face's rotate-half RoPE computes on the original rows (pairs ``(x[i],
-x[i+hd/2])``). moelab uses rotate-half (:mod:`moelab.models.rope`), so :func:`unpermute_rope_rows`
-applies the inverse permutation ``w.reshape(H, hd/2, 2, D).swapaxes(1, 2)``.
-
-Only what a llama-architecture file needs is supported: ``general.architecture == "llama"``,
-no attention/FFN biases, GPT-2-style byte-level BPE (``tokenizer.ggml.model == "gpt2"``).
+The vocabulary in the metadata becomes a moelab tokenizer: byte-level BPE
+(``tokenizer.ggml.model == "gpt2"``) a :class:`moelab.data.tokenizer.BPETokenizer`, the
+256-byte ``rwkv`` vocabulary moelab writes for its byte tokenizer a
+:class:`moelab.data.tokenizer.ByteTokenizer` (:mod:`moelab.interop.gguf_vocab`).
 Anything else raises ``ValueError`` naming the key and the file.
 """
 
@@ -41,7 +24,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from moelab.errors import InvalidValueError
+from moelab.core.config import ExpertsConfig, MoEConfig, RouterConfig
+from moelab.errors import InvalidValueError, MissingDependencyError
+from moelab.interop.gguf_layout import (
+    GGUF_ARCHS,
+    GGUFArch,
+    from_gguf,
+    gguf_rules,
+)
+from moelab.interop.gguf_vocab import byte_vocab_tokens, unescape_rwkv
 from moelab.models.config import ModelConfig
 from moelab.models.transformer import MoETransformer
 
@@ -58,7 +49,7 @@ def _import_gguf() -> Any:
     try:
         import gguf
     except ImportError as e:  # pragma: no cover - exercised only without gguf
-        raise ImportError(
+        raise MissingDependencyError(
             f"reading GGUF files needs the 'gguf' package: {GGUF_INSTALL_HINT}"
         ) from e
     return gguf
@@ -139,130 +130,134 @@ def _metadata(reader: Any) -> dict[str, Any]:
     return metadata
 
 
-# ----------------------------------------------------------------------- RoPE rows
-def permute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """llama.cpp's Q/K row permutation (``convert_hf_to_gguf.py`` ``LlamaModel.permute``).
-
-    Within each head, rows ``[x_0..x_{hd/2-1}, y_0..y_{hd/2-1}]`` (rotate-half pairs
-    ``(x_i, y_i)``) become ``[x_0, y_0, x_1, y_1, ...]`` (interleaved pairs).
-
-    Args:
-        w: ``[n_heads·hd, D]`` projection weight (``nn.Linear`` layout).
-        n_heads: heads of this projection (query heads for Q, key/value heads for K).
-    """
-    out_dim = w.shape[0]
-    if out_dim % (2 * n_heads):
-        raise InvalidValueError(
-            f"n_heads: {n_heads} heads with even head_dim must divide {out_dim} rows"
-        )
-    hd = out_dim // n_heads
-    return w.reshape(n_heads, 2, hd // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def unpermute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Inverse of :func:`permute_rope_rows`: interleaved-pair rows back to rotate-half rows."""
-    out_dim = w.shape[0]
-    if out_dim % (2 * n_heads):
-        raise InvalidValueError(
-            f"n_heads: {n_heads} heads with even head_dim must divide {out_dim} rows"
-        )
-    hd = out_dim // n_heads
-    return w.reshape(n_heads, hd // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 # ------------------------------------------------------------------------- model
-def llama_config_from_gguf(ckpt: GGUFCheckpoint, max_seq_len: int | None = None) -> ModelConfig:
-    """The dense :class:`ModelConfig` (``moe=None``) of a llama-architecture GGUF file.
+def _arch(ckpt: GGUFCheckpoint) -> GGUFArch:
+    arch = ckpt.meta("general.architecture")
+    if arch not in GGUF_ARCHS:
+        raise InvalidValueError(
+            f"{ckpt.path}: general.architecture is {arch!r}; supported: {sorted(GGUF_ARCHS)}"
+        )
+    return GGUF_ARCHS[arch]
+
+
+def _int_meta(ckpt: GGUFCheckpoint, key: str, default: Any = ...) -> int:
+    v = ckpt.meta(key, default)
+    if isinstance(v, list):
+        raise InvalidValueError(
+            f"{ckpt.path}: {key} is per layer ({v[:4]}...); moelab models use one value"
+        )
+    return int(v)
+
+
+def _tensor(ckpt: GGUFCheckpoint, name: str) -> np.ndarray:
+    if name not in ckpt.tensors:
+        raise InvalidValueError(f"{ckpt.path}: tensor {name!r} is missing")
+    return ckpt.tensors[name]
+
+
+def config_from_gguf(ckpt: GGUFCheckpoint, max_seq_len: int | None = None) -> ModelConfig:
+    """The :class:`ModelConfig` of a GGUF file of one of llama.cpp's architectures that moelab
+    computes (:mod:`moelab.interop.gguf_layout`: ``llama`` dense or with experts, ``qwen2moe``,
+    ``qwen3moe``, ``olmoe``).
+
+    Routers are softmax-then-top-k with the architecture's fixed renormalisation; expert
+    widths come from the expert tensors' shapes; the head is tied when ``output.weight`` is
+    absent or equal to ``token_embd.weight``.
 
     Args:
-        max_seq_len: positions the model supports; ``None`` = ``llama.context_length``.
+        max_seq_len: positions the model supports; ``None`` = ``{arch}.context_length``.
     Raises:
-        ValueError: not a llama file, missing metadata, or an unsupported variant.
+        ValueError: another architecture, missing metadata, or an unsupported variant
+            (partial or scaled RoPE, per-layer head or expert counts), naming the key.
     """
-    arch = ckpt.meta("general.architecture")
-    if arch != "llama":
+    spec = _arch(ckpt)
+    p = spec.name + "."
+    d_model = _int_meta(ckpt, p + "embedding_length")
+    n_heads = _int_meta(ckpt, p + "attention.head_count")
+    n_kv = _int_meta(ckpt, p + "attention.head_count_kv", n_heads)
+    head_dim = _int_meta(ckpt, p + "attention.key_length", d_model // n_heads)
+    if _int_meta(ckpt, p + "attention.value_length", head_dim) != head_dim:
         raise InvalidValueError(
-            f"{ckpt.path}: general.architecture is {arch!r}; only 'llama' files are supported"
+            f"{ckpt.path}: {p}attention.value_length differs from key_length={head_dim}"
         )
-    p = "llama."
-    d_model = int(ckpt.meta(p + "embedding_length"))
-    n_heads = int(ckpt.meta(p + "attention.head_count"))
-    n_kv = int(ckpt.meta(p + "attention.head_count_kv", n_heads))
-    head_dim = d_model // n_heads
-    rope_dim = int(ckpt.meta(p + "rope.dimension_count", head_dim))
+    rope_dim = _int_meta(ckpt, p + "rope.dimension_count", head_dim)
     if rope_dim != head_dim:
         raise InvalidValueError(
-            f"{ckpt.path}: llama.rope.dimension_count={rope_dim} differs from head_dim={head_dim} "
+            f"{ckpt.path}: {p}rope.dimension_count={rope_dim} differs from head_dim={head_dim} "
             "(partial rotary embeddings are not supported)"
         )
     if ckpt.meta(p + "rope.scaling.type", "none") not in ("none", None):
-        raise InvalidValueError(f"{ckpt.path}: RoPE scaling is not supported")
-    emb = ckpt.tensors.get("token_embd.weight")
-    if emb is None:
-        raise InvalidValueError(f"{ckpt.path}: tensor 'token_embd.weight' is missing")
-    vocab = int(ckpt.meta(p + "vocab_size", emb.shape[0]))
-    ctx = int(ckpt.meta(p + "context_length"))
+        raise InvalidValueError(f"{ckpt.path}: {p}rope.scaling.type: RoPE scaling is not supported")
+    emb = _tensor(ckpt, "token_embd.weight")
+    out = ckpt.tensors.get("output.weight")
+    tied = out is None or (out.shape == emb.shape and np.array_equal(out, emb))
+    n_experts = _int_meta(ckpt, p + "expert_count", 0)
+    ffn = ckpt.meta(p + "feed_forward_length", None)
+    moe = None
+    if n_experts:
+        gate = _tensor(ckpt, "blk.0.ffn_gate_exps.weight")  # [E, F, D]
+        shared = ckpt.tensors.get("blk.0.ffn_gate_shexp.weight")  # [Fs, D]
+        shared_size = int(shared.shape[0]) if spec.shared_expert and shared is not None else 0
+        moe = MoEConfig(
+            router=RouterConfig(
+                num_experts=n_experts,
+                top_k=_int_meta(ckpt, p + "expert_used_count"),
+                score_func="softmax",
+                softmax_before_topk=True,
+                norm_topk_prob=spec.norm_topk_prob,
+            ),
+            experts=ExpertsConfig(
+                hidden_size=d_model,
+                ffn_hidden_size=int(gate.shape[1]),
+                shared_expert_size=shared_size,
+                shared_expert_gate=shared_size > 0,
+            ),
+        )
+    elif spec.name != "llama":
+        raise InvalidValueError(f"{ckpt.path}: {p}expert_count is missing; {spec.name} is MoE")
+    ctx = _int_meta(ckpt, p + "context_length")
     return ModelConfig(
-        vocab_size=vocab,
+        vocab_size=int(emb.shape[0]),
         d_model=d_model,
-        n_layers=int(ckpt.meta(p + "block_count")),
+        n_layers=_int_meta(ckpt, p + "block_count"),
         n_heads=n_heads,
         n_kv_heads=n_kv,
         head_dim=head_dim,
         max_seq_len=ctx if max_seq_len is None else max_seq_len,
         rope_theta=float(ckpt.meta(p + "rope.freq_base", 10000.0)),
         norm_eps=float(ckpt.meta(p + "attention.layer_norm_rms_epsilon")),
-        tie_embeddings="output.weight" not in ckpt.tensors,
-        dense_ffn_size=int(ckpt.meta(p + "feed_forward_length")),
-        moe=None,
+        tie_embeddings=tied,
+        attention_bias="blk.0.attn_q.bias" in ckpt.tensors,
+        qk_norm={"qwen3moe": "head", "olmoe": "full"}.get(spec.name, "none"),
+        dense_ffn_size=None if ffn is None or isinstance(ffn, list) else int(ffn),
+        moe=moe,
     )
 
 
-def llama_state_dict_from_gguf(ckpt: GGUFCheckpoint, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """moelab state dict (float32) of a llama GGUF checkpoint, Q/K rows un-permuted.
+def state_dict_from_gguf(ckpt: GGUFCheckpoint, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """moelab state dict (float32) of a GGUF checkpoint (:func:`gguf_rules`, inverted: Q/K
+    rows un-permuted for ``llama``, expert halves joined and transposed).
 
     Raises:
-        ValueError: a tensor is missing, unexpected, or has the wrong shape (names it).
+        ValueError: a tensor is missing or unexpected (names it).
     """
-    t = ckpt.tensors
-
-    def get(name: str) -> torch.Tensor:
-        if name not in t:
-            raise InvalidValueError(f"{ckpt.path}: tensor {name!r} is missing")
-        return torch.from_numpy(t[name].copy())
-
-    sd: dict[str, torch.Tensor] = {
-        "embed.weight": get("token_embd.weight"),
-        "norm.weight": get("output_norm.weight"),
-    }
-    sd["lm_head.weight"] = sd["embed.weight"] if cfg.tie_embeddings else get("output.weight")
-    used = {"token_embd.weight", "output_norm.weight", "output.weight"}
-    for i in range(cfg.n_layers):
-        b, m = f"blk.{i}.", f"blocks.{i}."
-        names = {
-            "attn_norm.weight": "attn_norm.weight",
-            "attn_q.weight": "attn.q_proj.weight",
-            "attn_k.weight": "attn.k_proj.weight",
-            "attn_v.weight": "attn.v_proj.weight",
-            "attn_output.weight": "attn.o_proj.weight",
-            "ffn_norm.weight": "ffn_norm.weight",
-            "ffn_gate.weight": "ffn.w_gate.weight",
-            "ffn_up.weight": "ffn.w_up.weight",
-            "ffn_down.weight": "ffn.w_down.weight",
-        }
-        for g_name, m_name in names.items():
-            w = get(b + g_name)
-            if g_name == "attn_q.weight":
-                w = unpermute_rope_rows(w, cfg.n_heads)
-            elif g_name == "attn_k.weight":
-                w = unpermute_rope_rows(w, cfg.n_kv_heads)
-            sd[m + m_name] = w
-            used.add(b + g_name)
-    extra = sorted(n for n in t if n not in used and not n.endswith("rope_freqs.weight"))
+    spec = _arch(ckpt)
+    sd: dict[str, torch.Tensor] = {}
+    used = {"rope_freqs.weight"}
+    for rule in gguf_rules(cfg, spec):
+        if rule.target == "lm_head.weight" and cfg.tie_embeddings:
+            used.update(rule.sources)
+            continue
+        ts = [torch.from_numpy(_tensor(ckpt, n).copy()) for n in rule.sources]
+        sd[rule.target] = from_gguf(rule, ts)
+        used.update(rule.sources)
+    if cfg.tie_embeddings:
+        sd["lm_head.weight"] = sd["embed.weight"]
+    extra = sorted(set(ckpt.tensors) - used)
     if extra:
         raise InvalidValueError(
             f"{ckpt.path}: unsupported tensor(s) {extra[:5]}{'...' if len(extra) > 5 else ''} "
-            "(biases or a non-llama variant?)"
+            f"(not part of a moelab {spec.name} model)"
         )
     return sd
 
@@ -273,18 +268,20 @@ def load_gguf_model(
     max_seq_len: int | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> MoETransformer:
-    """A dense :class:`MoETransformer` holding the weights of a llama GGUF file.
+    """A :class:`MoETransformer` holding the weights of a GGUF file (see
+    :func:`config_from_gguf` for the architectures read).
 
     Args:
         path_or_ckpt: the ``.gguf`` file or an already read :class:`GGUFCheckpoint`.
-        max_seq_len: ``None`` = the file's ``llama.context_length``.
+        max_seq_len: ``None`` = the file's ``{arch}.context_length``.
         dtype: parameter dtype (weights are dequantised to float32 first).
     Raises:
-        ImportError: ``gguf`` is not installed. ValueError: unsupported or broken file.
+        MissingDependencyError: ``gguf`` is not installed. ValueError: unsupported or
+            broken file.
     """
     ckpt = path_or_ckpt if isinstance(path_or_ckpt, GGUFCheckpoint) else read_gguf(path_or_ckpt)
-    cfg = llama_config_from_gguf(ckpt, max_seq_len)
-    sd = llama_state_dict_from_gguf(ckpt, cfg)
+    cfg = config_from_gguf(ckpt, max_seq_len)
+    sd = state_dict_from_gguf(ckpt, cfg)
     with torch.device("meta"):
         model = MoETransformer(cfg)
     model = model.to_empty(device="cpu")
@@ -361,22 +358,31 @@ def build_gguf_tokenizer(ckpt: GGUFCheckpoint) -> Any:
 
 
 def load_gguf_tokenizer(path_or_ckpt: str | os.PathLike[str] | GGUFCheckpoint) -> Any:
-    """The GGUF vocabulary as a :class:`moelab.data.tokenizer.BPETokenizer` (saves with
-    ``tokenizer.save(folder)``, loads with ``load_tokenizer``).
+    """The GGUF vocabulary as a moelab tokenizer (saves with ``tokenizer.save(folder)``, loads
+    with ``load_tokenizer``): a :class:`~moelab.data.tokenizer.ByteTokenizer` for the 256-byte
+    ``rwkv`` vocabulary, else a :class:`~moelab.data.tokenizer.BPETokenizer`.
 
     Raises:
-        ValueError: see :func:`build_gguf_tokenizer`; the vocabulary has no ``<|endoftext|>``
-            token (moelab's BPE tokenizer needs one as its end-of-text id).
+        ValueError: see :func:`build_gguf_tokenizer`; an ``rwkv`` vocabulary other than the
+            256 single bytes in byte order.
     """
-    from moelab.data.tokenizer import BPETokenizer
+    from moelab.data.tokenizer import BPETokenizer, ByteTokenizer
 
     ckpt = path_or_ckpt if isinstance(path_or_ckpt, GGUFCheckpoint) else read_gguf(path_or_ckpt)
+    if ckpt.meta("tokenizer.ggml.model", None) == "rwkv":
+        tokens = [str(t) for t in ckpt.meta("tokenizer.ggml.tokens")]
+        if [unescape_rwkv(t) for t in tokens] != [bytes([b]) for b in range(256)]:
+            raise InvalidValueError(
+                f"{ckpt.path}: tokenizer.ggml.model 'rwkv' is read only as the 256 single bytes "
+                f"in byte order ({byte_vocab_tokens()[:2]}...), got {len(tokens)} tokens"
+            )
+        return ByteTokenizer()
     return BPETokenizer(build_gguf_tokenizer(ckpt))
 
 
 def load_gguf(
     path: str | os.PathLike[str], *, max_seq_len: int | None = None
 ) -> tuple[MoETransformer, Any]:
-    """``(dense model, BPETokenizer)`` of a llama GGUF file (read once)."""
+    """``(model, tokenizer)`` of a GGUF file (read once)."""
     ckpt = read_gguf(path)
     return load_gguf_model(ckpt, max_seq_len=max_seq_len), load_gguf_tokenizer(ckpt)

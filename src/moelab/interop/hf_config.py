@@ -332,6 +332,8 @@ def config_to_hf(cfg: ModelConfig, arch: str, base: dict[str, Any] | None = None
     if arch not in ARCHS:
         raise UnsupportedConfigError(f"arch: must be one of {sorted(ARCHS)}, got {arch!r}")
     spec = ARCHS[arch]
+    _require(cfg.objective == "causal", "objective", arch, f"is a causal LM, got {cfg.objective!r}")
+    _require(cfg.latent_moe is None, "latent_moe", arch, "has no Multi-Head LatentMoE layers")
     moe = cfg.moe
     if moe is None:
         raise UnsupportedConfigError(f"moe: {arch} needs MoE layers (got a dense model)")
@@ -361,6 +363,7 @@ def config_to_hf(cfg: ModelConfig, arch: str, base: dict[str, Any] | None = None
     _require(r.capacity_factor is None, "moe.router.capacity_factor", arch, "is dropless")
     _require(r.input_size is None, "moe.router.input_size", arch, "routes on the tokens")
     _require(r.logit_noise_std == 0, "moe.router.logit_noise_std", arch, "has no logit noise")
+    _require(not r.force_uniform, "moe.router.force_uniform", arch, "routes on the router's scores")
     _require(ex.activation == "swiglu", "moe.experts.activation", arch, "needs swiglu")
     _require(not ex.bias, "moe.experts.bias", arch, "has no expert biases")
     _require(not ex.lora_rank, "moe.experts.lora_rank", arch, "has no adapters (merge them first)")

@@ -20,6 +20,11 @@ from moelab.errors import InvalidValueError
 from moelab.utils.jsonfile import read_json
 
 PLAIN_STOP = "\nuser:"
+PLAIN_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] + ': ' + message['content'] + '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}"
+)
+"""The plain template as Jinja (what a GGUF file carries for a model without a template)."""
 
 
 class ChatTemplate:
@@ -56,6 +61,11 @@ class ChatTemplate:
     @property
     def is_plain(self) -> bool:
         return self._compiled is None
+
+    @property
+    def jinja(self) -> str:
+        """The template's Jinja source (:data:`PLAIN_TEMPLATE` for the plain one)."""
+        return PLAIN_TEMPLATE if self.source is None else self.source
 
     @property
     def default_stop(self) -> list[str]:

@@ -1,0 +1,283 @@
+"""moelab against llama.cpp on the same weights: greedy tokens, prefill, decode at batch 1 and
+aggregate decode at 4 and 8 parallel sequences, at F32 and at 8-bit.
+
+For each run (default: the ``make run`` model and the upcycled SmolLM2-MoE) the model is
+exported with ``moelab.interop.export_gguf`` (what ``moelab convert RUN OUT --to gguf`` does)
+at F32 and at Q8_0, and llama.cpp runs the files through llama-cpp-python's low-level API
+(``llama_decode`` on a context holding up to 8 sequences: the high-level ``Llama`` class
+decodes one sequence at a time). moelab runs its serving engine (``moelab.serve.Engine``,
+continuous batching over a slotted KV cache). Both get the same number of threads.
+
+- **Greedy tokens at F32**: the same prompt, ``--tokens`` greedy tokens each; identical, or
+  the first divergence with both libraries' logits of both candidate tokens.
+- **Prefill**: a ``--prefill``-token prompt to its first sampled token; tokens/s.
+- **Decode**: ``B`` prompts of 16 tokens generate ``N`` tokens each, greedy; aggregate decode
+  tokens/s ``B·(N−1) / (T(N) − T(1))`` (prefill and first token cancel out), B = 1, 4, 8.
+- **8-bit**: llama.cpp runs the Q8_0 file (every matrix but the routers 8-bit); moelab runs its
+  own 8-bit experts (``quantize_model``, RTN, 8 bits, symmetric, groups of 64 columns: what
+  ``moelab quantize --method rtn --bits 8 --symmetric`` writes; attention and embeddings stay
+  float32). Not the same weights: only their speeds are compared.
+
+The token check runs llama.cpp with a float32 K/V cache and without flash attention (the
+F32 maths); the timings use llama.cpp's defaults (F16 K/V cache, flash attention where it
+picks it), what its users get; moelab's cache is float32.
+
+Timings: each measure's candidates interleaved round-robin, median of ``--repeats``
+(``benchmarks/_timing.py``). The table gives moelab / llama.cpp ratios (> 1: moelab faster).
+
+Usage::
+
+    pip install 'moelab[llamacpp]'          # compiles llama.cpp (10-20 minutes on 2 cores)
+    python benchmarks/llamacpp.py                                   # both models
+    python benchmarks/llamacpp.py --runs runs/main --threads 2 --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _hf import decode_rate
+from _timing import interleaved_medians
+from moelab.data import load_tokenizer
+from moelab.interop.gguf_export import export_gguf
+from moelab.models import MoETransformer, load_model
+from moelab.serve import Engine, SamplingParams
+
+PROMPT_TEXT = (
+    "ROMEO: But soft, what light through yonder window breaks? It is the east, and Juliet "
+    "is the sun. Arise, fair sun, and kill the envious moon, who is already sick and pale "
+    "with grief that thou her maid art far more fair than she. def main(argv):\n    import "
+    "sys\n    return 0\nAnd God said, Let there be light: and there was light. "
+)
+
+
+def ensure_gguf(run: Path, work: Path, outtype: str) -> Path:
+    """``work/<run>-<outtype>.gguf``: the run exported for llama.cpp (made once)."""
+    path = work / f"{run.resolve().name}-{outtype}.gguf"
+    if not path.is_file():
+        export_gguf(load_model(run), path, tokenizer=load_tokenizer(run), outtype=outtype)
+    return path
+
+
+def int8_experts(model: MoETransformer, calib: torch.Tensor) -> MoETransformer:
+    """``model`` with its experts quantized to 8 bits as ``moelab quantize --method rtn
+    --bits 8 --symmetric --group-size 64`` does (attention and embeddings stay float32)."""
+    from moelab.compress.quant.pipeline import QuantizeConfig, quantize_model
+    from moelab.core.experts.quantized import QuantSpec
+
+    spec = QuantSpec(method="rtn", bits=8, group_size=64, symmetric=True)
+    quantize_model(model, [calib], QuantizeConfig(spec=spec, sequential=False))
+    return model.eval()
+
+
+class LlamaCpp:
+    """One GGUF file in llama.cpp, decoded through ``llama_decode`` with up to ``n_seq``
+    sequences in one batch (each its own ``seq_id``), greedy argmax on the returned logits.
+    ``exact``: float32 K/V cache and no flash attention (for the token check); otherwise
+    llama.cpp's defaults (F16 K/V cache, flash attention where it chooses), what its users
+    get."""
+
+    def __init__(
+        self, path: Path, threads: int, n_seq: int, n_ctx: int, exact: bool = False
+    ) -> None:
+        import llama_cpp as L
+
+        logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+        self.L = L
+        L.llama_backend_init()
+        self.model = L.llama_model_load_from_file(
+            str(path).encode(), L.llama_model_default_params()
+        )
+        if not self.model:
+            raise SystemExit(f"{path}: llama.cpp could not load it")
+        p = L.llama_context_default_params()
+        p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = n_ctx, n_ctx, n_ctx, n_seq
+        p.n_threads = p.n_threads_batch = threads
+        if exact:
+            p.type_k = p.type_v = L.GGML_TYPE_F32
+            p.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        self.ctx = L.llama_init_from_model(self.model, p)
+        if not self.ctx:
+            raise SystemExit(f"{path}: llama.cpp could not create a context")
+        self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
+        self.batch = L.llama_batch_init(n_ctx, 0, n_seq)
+
+    def _decode(self, items: list[tuple[int, int, int, bool]]) -> list[np.ndarray]:
+        """Decode ``(token, position, seq_id, wants_logits)`` items in one batch; the logits of
+        the items that want them, in order."""
+        b = self.batch
+        b.n_tokens = len(items)
+        for i, (tok, pos, seq, out) in enumerate(items):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos, 1, out
+            b.seq_id[i][0] = seq
+        if self.L.llama_decode(self.ctx, b) != 0:
+            raise RuntimeError("llama_decode failed")
+        rows = []
+        for i, (_, _, _, out) in enumerate(items):
+            if out:
+                ptr = self.L.llama_get_logits_ith(self.ctx, i)
+                rows.append(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy())
+        return rows
+
+    def generate(self, prompts: list[list[int]], n: int) -> tuple[list[list[int]], list]:
+        """Greedy ``n`` tokens for each prompt, all in one batch; ``(tokens, logits of the
+        first prompt at each step)``."""
+        self.L.llama_memory_clear(self.L.llama_get_memory(self.ctx), True)
+        items = [
+            (t, pos, s, pos == len(p) - 1) for s, p in enumerate(prompts) for pos, t in enumerate(p)
+        ]
+        logits = self._decode(items)
+        out = [[int(row.argmax())] for row in logits]
+        trace = [logits[0]]
+        for step in range(1, n):
+            items = [(o[-1], len(p) + step - 1, s, True) for s, (p, o) in enumerate(zip(prompts, out, strict=True))]  # fmt: skip
+            logits = self._decode(items)
+            for o, row in zip(out, logits, strict=True):
+                o.append(int(row.argmax()))
+            trace.append(logits[0])
+        return out, trace
+
+    def close(self) -> None:
+        self.L.llama_batch_free(self.batch)
+        self.L.llama_free(self.ctx)
+        self.L.llama_model_free(self.model)
+
+
+def moelab_generate(model: MoETransformer, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """Greedy ``n`` tokens for each prompt with moelab's serving engine, all in one batch."""
+    engine = Engine(model, max_batch=len(prompts), track_experts=False)
+    seqs = [engine.submit(p, SamplingParams(max_tokens=n, temperature=0)) for p in prompts]
+    while engine.has_work():
+        engine.step()
+    return [s.output_ids for s in seqs]
+
+
+@torch.inference_mode()
+def moelab_trace(model: MoETransformer, prompt: list[int], tokens: list[int]) -> list[np.ndarray]:
+    """moelab's logits at each generated position of ``prompt + tokens``."""
+    logits = model(torch.tensor([prompt + tokens])).logits[0]
+    return [logits[len(prompt) - 1 + i].float().numpy() for i in range(len(tokens))]
+
+
+def compare_greedy(model, cpp: LlamaCpp, prompt: list[int], n: int) -> str:
+    """``"identical (n tokens)"`` or the first divergence with both libraries' logits."""
+    ours = moelab_generate(model, [prompt], n)[0]
+    theirs, their_logits = cpp.generate([prompt], n)
+    theirs = theirs[0]
+    if ours == theirs:
+        mine = moelab_trace(model, prompt, ours)
+        worst = max(float(np.abs(a - b).max()) for a, b in zip(mine, their_logits, strict=True))
+        return f"identical ({n} tokens, max |Δlogit| {worst:.1e})"
+    i = next(j for j, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b)
+    mine = moelab_trace(model, prompt, ours[: i + 1])[i]
+    cpp_row = their_logits[i]
+    a, b = ours[i], theirs[i]
+    return (
+        f"diverge at token {i}: moelab {a} ({mine[a]:.4f} vs {mine[b]:.4f}), "
+        f"llama.cpp {b} ({cpp_row[a]:.4f} vs {cpp_row[b]:.4f})"
+    )
+
+
+def bench_type(label, model, cpp: LlamaCpp, prompts, long_prompt, args) -> dict:
+    """Prefill and decode at B = 1, 4, 8: ``{measure: (moelab tok/s, llama.cpp tok/s)}``."""
+    N, S = args.tokens, len(long_prompt)
+    row = {}
+    t = interleaved_medians(
+        {
+            "ours": lambda: moelab_generate(model, [long_prompt], 1),
+            "cpp": lambda: cpp.generate([long_prompt], 1),
+        },
+        repeats=args.repeats,
+        budget_s=30,
+    )
+    row["prefill"] = (S / t["ours"], S / t["cpp"])
+    for B in (1, 4, 8):
+        ps = prompts[:B]
+        fns = {
+            "ours N": lambda ps=ps: moelab_generate(model, ps, N),
+            "ours 1": lambda ps=ps: moelab_generate(model, ps, 1),
+            "cpp N": lambda ps=ps: cpp.generate(ps, N),
+            "cpp 1": lambda ps=ps: cpp.generate(ps, 1),
+        }
+        t = interleaved_medians(fns, repeats=args.repeats, budget_s=60, min_repeats=args.repeats)
+        row[f"decode B={B}"] = (
+            decode_rate(B, N, t["ours N"], t["ours 1"]),
+            decode_rate(B, N, t["cpp N"], t["cpp 1"]),
+        )
+    for key, (a, b) in row.items():
+        print(f"  {label:5s} {key:11s} moelab {a:9.1f} tok/s  llama.cpp {b:9.1f} tok/s  {a / b:.2f}x", flush=True)  # fmt: skip
+    return row
+
+
+def bench_run(run: Path, args) -> dict:
+    model = load_model(run).eval()
+    tok = load_tokenizer(run)
+    ids = tok.encode(PROMPT_TEXT * 8)
+    g = torch.Generator().manual_seed(0)
+    V = model.cfg.vocab_size
+    prompts = [torch.randint(0, V, (16,), generator=g).tolist() for _ in range(8)]
+    long_prompt = ids[: args.prefill]
+    n_ctx = 8 * (16 + args.tokens) + args.prefill
+    params = sum(p.numel() for p in model.parameters())
+    print(f"{run.name}: {params / 1e6:.1f}M params, vocab {V}", flush=True)
+    out = {"run": run.name, "params_M": params / 1e6}
+    exact = LlamaCpp(ensure_gguf(run, args.work, "f32"), args.threads, 1, n_ctx, exact=True)
+    out["greedy"] = compare_greedy(model, exact, ids[:32], args.tokens)
+    exact.close()
+    print(f"  greedy at F32: {out['greedy']}", flush=True)
+    f32 = LlamaCpp(ensure_gguf(run, args.work, "f32"), args.threads, 8, n_ctx)
+    out["f32"] = bench_type("f32", model, f32, prompts, long_prompt, args)
+    f32.close()
+    q8 = LlamaCpp(ensure_gguf(run, args.work, "q8_0"), args.threads, 8, n_ctx)
+    calib = torch.tensor([ids[i : i + 64] for i in range(0, 8 * 64, 64)])
+    start = time.perf_counter()
+    int8 = int8_experts(load_model(run), calib)
+    print(f"  moelab int8 experts in {time.perf_counter() - start:.0f} s", flush=True)
+    out["8-bit"] = bench_type("8-bit", int8, q8, prompts, long_prompt, args)
+    q8.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", nargs="+", type=Path,
+                    default=[Path("runs/main"), Path("runs/smollm2-moe")])  # fmt: skip
+    ap.add_argument("--work", type=Path, default=Path("/tmp/moelab-llamacpp"),
+                    help="where the GGUF exports are written (reused when present)")  # fmt: skip
+    ap.add_argument("--threads", type=int, default=2, help="threads for each library")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=33, help="greedy tokens per sequence")
+    ap.add_argument("--prefill", type=int, default=128, help="prefill prompt tokens")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    args.work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    rows = [bench_run(run, args) for run in args.runs]
+    import llama_cpp
+
+    print(
+        f"\ntorch {torch.__version__}, llama-cpp-python {llama_cpp.__version__}, "
+        f"{args.threads} threads each, {args.repeats} interleaved repeats, "
+        f"total {time.perf_counter() - t0:.0f} s\n"
+    )
+    print("| model | weights | measure | moelab tok/s | llama.cpp tok/s | moelab / llama.cpp |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        for kind in ("f32", "8-bit"):
+            weights = "F32 both" if kind == "f32" else "moelab int8 experts / llama.cpp Q8_0"
+            for key, (a, b) in r[kind].items():
+                print(f"| {r['run']} | {weights} | {key} | {a:.1f} | {b:.1f} | {a / b:.2f}× |")
+    for r in rows:
+        print(f"\n{r['run']}: greedy tokens at F32: {r['greedy']}")
+
+
+if __name__ == "__main__":
+    main()
