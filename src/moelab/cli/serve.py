@@ -14,7 +14,6 @@ from moelab.cli._compile import CompileFlag, check_compile
 from moelab.cli._diffusion import Decoder, Threshold, decode_options
 from moelab.cli._offload import CacheMb, OffloadFlag, Policy, StorageMbps, load_for_inference
 from moelab.cli._ranges import Range
-from moelab.errors import InvalidValueError
 
 
 def _offload_stats(model):
