@@ -332,17 +332,16 @@ def config_to_hf(cfg: ModelConfig, arch: str, base: dict[str, Any] | None = None
     if arch not in ARCHS:
         raise UnsupportedConfigError(f"arch: must be one of {sorted(ARCHS)}, got {arch!r}")
     spec = ARCHS[arch]
-    _require(cfg.objective == "causal", "objective", arch, f"is a causal LM, got {cfg.objective!r}")
-    _require(cfg.latent_moe is None, "latent_moe", arch, "has no Multi-Head LatentMoE layers")
-    moe = cfg.moe
-    if moe is None:
-        raise UnsupportedConfigError(f"moe: {arch} needs MoE layers (got a dense model)")
     _require(  # HF would load it as a causal LM: a checkpoint that loads and is wrong
         cfg.objective == "causal",
         "objective",
         arch,
         f"is a causal LM; a {cfg.objective} model has no Hugging Face architecture",
     )
+    _require(cfg.latent_moe is None, "latent_moe", arch, "has no Multi-Head LatentMoE layers")
+    moe = cfg.moe
+    if moe is None:
+        raise UnsupportedConfigError(f"moe: {arch} needs MoE layers (got a dense model)")
     moe_layer_ids = [i for i in range(cfg.n_layers) if cfg.is_moe_layer(i)]
     for j, n in enumerate(cfg.experts_per_layer or ()):
         _require(
