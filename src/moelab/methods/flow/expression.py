@@ -25,7 +25,7 @@ from torch import nn
 from moelab.data.expression import ExpressionTable, load_expression
 from moelab.data.singlecell import SlideData, Slides, build_slides, load_pbmc68k_reduced
 from moelab.methods.flow.config import FlowConfig
-from moelab.methods.flow.loop import train_steps
+from moelab.methods.flow.loop import train_flow_steps
 from moelab.methods.flow.metrics import majority_share, routing_purity, slide_pearson
 from moelab.methods.flow.model import LatentFlow
 from moelab.methods.flow.simplemlp import SimpleMLP, condition_features
@@ -187,16 +187,7 @@ def train_expression(
             genes, view, tissue = batch()
             return model.loss(genes, view, tissue, gen)[0]
 
-    train_steps(
-        model,
-        loss,
-        steps=config.flow_steps,
-        lr=config.lr,
-        router_lr=config.router_lr,
-        weight_decay=config.weight_decay,
-        warmup_fraction=config.warmup_fraction,
-        grad_clip=config.grad_clip,
-    )
+    train_flow_steps(model, loss, config)
     return ExpressionRun(config, seed, data, vae, model)
 
 

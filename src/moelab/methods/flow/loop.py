@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from moelab.errors import TrainingDivergedError
+from moelab.methods.flow.config import FlowConfig
 
 
 def linear_warmup_decay(step: int, steps: int, warmup: int) -> float:
@@ -71,3 +72,20 @@ def train_steps(
         losses.append(loss.item())
     model.eval()
     return losses
+
+
+def train_flow_steps(
+    model: nn.Module, loss_fn: Callable[[int], Tensor], config: FlowConfig
+) -> list[float]:
+    """:func:`train_steps` with the flow stage's settings of ``config`` (steps, learning
+    rates, decay, warm-up, clipping)."""
+    return train_steps(
+        model,
+        loss_fn,
+        steps=config.flow_steps,
+        lr=config.lr,
+        router_lr=config.router_lr,
+        weight_decay=config.weight_decay,
+        warmup_fraction=config.warmup_fraction,
+        grad_clip=config.grad_clip,
+    )

@@ -14,7 +14,7 @@ import torch
 from moelab.data.gaussians import eight_gaussian_modes, sample_eight_gaussians
 from moelab.methods.flow.config import FlowConfig
 from moelab.methods.flow.expression import build_field
-from moelab.methods.flow.loop import train_steps
+from moelab.methods.flow.loop import train_flow_steps
 from moelab.methods.flow.metrics import mode_precision, nearest_mode_distance
 from moelab.methods.flow.model import LatentFlow
 
@@ -40,16 +40,7 @@ def train_toy(config: FlowConfig, seed: int) -> LatentFlow:
         points, _, cond = sample_eight_gaussians(config.toy_batch, gen, std=TOY_STD)
         return model.loss(points[:, None], cond[:, None], None, gen)[0]
 
-    train_steps(
-        model,
-        loss,
-        steps=config.flow_steps,
-        lr=config.lr,
-        router_lr=config.router_lr,
-        weight_decay=config.weight_decay,
-        warmup_fraction=config.warmup_fraction,
-        grad_clip=config.grad_clip,
-    )
+    train_flow_steps(model, loss, config)
     return model
 
 
