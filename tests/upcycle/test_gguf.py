@@ -180,3 +180,23 @@ def test_unsupported_tokenizer_and_arch(tmp_path):
     ck = GGUFCheckpoint(tmp_path / "x.gguf", {"general.architecture": "qwen2"}, {})
     with pytest.raises(ValueError, match=r"general\.architecture"):
         config_from_gguf(ck)
+
+
+def test_default_pre_tokenizer_is_llama_cpp_four_regexes(tmp_path):
+    """A missing or "default" ``tokenizer.ggml.pre`` is llama.cpp's default BPE split (runs of
+    punctuation, then GPT-2's pattern, then digit runs, then groups of three digits), not
+    GPT-2's pattern; the pieces below are worked out by hand from llama-vocab.cpp's regexes."""
+    from moelab.interop.gguf import GGUFCheckpoint
+
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b"],
+            "tokenizer.ggml.merges": []}  # fmt: skip
+    text = "Hi, it's 12345 a+b"
+
+    def pieces(**extra):
+        ck = GGUFCheckpoint(tmp_path / "x.gguf", {**meta, **extra}, {})
+        return [p for p, _ in build_gguf_tokenizer(ck).pre_tokenizer.pre_tokenize_str(text)]
+
+    default = ["Hi", ",", "Ġit", "'", "s", "Ġ", "123", "45", "Ġa", "+", "b"]
+    assert pieces() == pieces(**{"tokenizer.ggml.pre": "default"}) == default
+    gpt2 = ["Hi", ",", "Ġit", "'s", "Ġ12345", "Ġa", "+", "b"]
+    assert pieces(**{"tokenizer.ggml.pre": "gpt-2"}) == gpt2

@@ -40,9 +40,19 @@ GGUF_INSTALL_HINT = "pip install gguf"
 
 # llama.cpp pre-tokenizer names (``tokenizer.ggml.pre``) whose regexes split every digit
 # on its own before the GPT-2 pattern (llama-vocab.cpp: STARCODER, REFACT, COMMAND_R, SMOLLM,
-# CODESHELL, EXAONE, MINERVA); "default"/"gpt2" use the plain GPT-2 pattern.
+# CODESHELL, EXAONE, MINERVA); those that use the plain GPT-2 pattern (GPT2, MPT, OLMO, JAIS;
+# "gpt2" is accepted as a spelling of "gpt-2").
 _PRE_DIGITS = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"}
-_PRE_PLAIN = {"default", "gpt2", "gpt-2", "mpt", "olmo", "jais"}
+_PRE_PLAIN = {"gpt2", "gpt-2", "mpt", "olmo", "jais"}
+# LLAMA_VOCAB_PRE_TYPE_DEFAULT (a missing key means "default" too): not the GPT-2 pattern but
+# four regexes applied in turn, each splitting every piece into its matches and the text
+# between them (llama-vocab.cpp, ``llm_tokenizer_bpe``'s default case).
+_PRE_DEFAULT = (
+    r"[\p{P}\$\+<=>\^~\|]+",
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)",
+    r"\p{N}+",
+    r"[0-9][0-9][0-9]",
+)
 
 
 def _import_gguf() -> Any:
@@ -311,7 +321,7 @@ def build_gguf_tokenizer(ckpt: GGUFCheckpoint) -> Any:
     Raises:
         ValueError: not a GPT-2-style BPE vocabulary, or an unknown pre-tokenizer.
     """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
     kind = ckpt.meta("tokenizer.ggml.model")
     if kind != "gpt2":
@@ -340,10 +350,15 @@ def build_gguf_tokenizer(ckpt: GGUFCheckpoint) -> Any:
         )
     elif pre in _PRE_PLAIN:
         tok.pre_tokenizer = byte_level
+    elif pre == "default":
+        splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _PRE_DEFAULT]
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        )
     else:
         raise InvalidValueError(
             f"{ckpt.path}: tokenizer.ggml.pre {pre!r} is not supported "
-            f"(known: {sorted(_PRE_DIGITS | _PRE_PLAIN)})"
+            f"(known: {sorted(_PRE_DIGITS | _PRE_PLAIN | {'default'})})"
         )
     tok.decoder = decoders.ByteLevel()
     special = [AddedToken(tokens[i], special=True) for i, ty in enumerate(types) if ty == 3]
