@@ -227,3 +227,20 @@ def test_bf16_forward_runs(model_factory):
     assert out.logits.dtype == torch.bfloat16
     assert out.aux_loss.dtype == torch.float32
     torch.testing.assert_close(out.logits.float(), ref.logits, atol=0.1, rtol=0.1)
+
+
+def test_logits_at_equals_the_full_logits_at_those_positions(model_factory):
+    model = model_factory()
+    torch.manual_seed(5)
+    ids = torch.randint(0, 61, (3, 9))
+    at = torch.tensor([8, 0, 4])
+    with torch.no_grad():
+        full = model(ids)
+        some = model(ids, logits_at=at)
+    assert some.logits.shape == (3, 1, 61)
+    torch.testing.assert_close(some.logits[:, 0], full.logits[torch.arange(3), at])
+    torch.testing.assert_close(some.hidden_states, full.hidden_states)
+    with checks.enabled(True):
+        for bad in (torch.tensor([8, 0, 9]), torch.tensor([1, 2]), torch.tensor([1.0, 2, 3])):
+            with pytest.raises(ValueError, match="logits_at"):
+                model(ids, logits_at=bad)

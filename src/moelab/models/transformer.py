@@ -194,6 +194,7 @@ class MoETransformer(nn.Module):
         start_pos: int | Tensor = 0,
         loss_div_factor: float | Tensor | None = None,
         doc_ids: Tensor | None = None,
+        logits_at: Tensor | None = None,
     ) -> LMOutput:
         """Next-token logits for ``input_ids`` at positions ``start_pos .. start_pos+S-1``.
 
@@ -215,6 +216,10 @@ class MoETransformer(nn.Module):
                 (contiguous runs within a row): attention stays within a document and the
                 sequence-level balance loss is per document (:mod:`moelab.models.packing`).
                 Not with ``kv_cache``.
+            logits_at: int64 ``[B]``: compute logits only at this index of each row (a
+                prefill needs just each prompt's last position; the LM head over every
+                position costs ``S·D·V`` multiply-adds). ``logits`` is then ``[B, 1, V]``;
+                ``hidden_states`` stays ``[B, S, D]``. None = every position.
 
         Raises:
             ValueError: bad shapes/dtypes, positions beyond ``max_seq_len`` or the cache,
@@ -247,6 +252,15 @@ class MoETransformer(nn.Module):
             and (int(input_ids.min()) < 0 or int(input_ids.max()) >= cfg.vocab_size)
         ):
             raise ValueError(f"input_ids: ids must be in [0, vocab_size={cfg.vocab_size})")
+        if logits_at is not None and (
+            logits_at.shape != (B,)
+            or logits_at.dtype != torch.long
+            or (checks.value_checks() and bool(((logits_at < 0) | (logits_at >= S)).any()))
+        ):
+            raise ValueError(
+                f"logits_at: must be int64 [{B}] indices in [0, {S}), got {logits_at.dtype} "
+                f"{tuple(logits_at.shape)}"
+            )
         if mask is not None and (mask.shape != input_ids.shape or mask.dtype != torch.bool):
             raise ValueError(
                 f"mask: must be bool {tuple(input_ids.shape)}, got {mask.dtype} {tuple(mask.shape)}"
@@ -328,7 +342,10 @@ class MoETransformer(nn.Module):
                 cross = cross * n / loss_div_factor
             aux_losses["cross_layer"] = cross
         h = self.norm(x)
-        logits = self.lm_head(h)
+        if logits_at is None:
+            logits = self.lm_head(h)
+        else:
+            logits = self.lm_head(h[torch.arange(B, device=h.device), logits_at].unsqueeze(1))
         if self.cfg.logit_scale != 1.0:  # a tied model grown by SPARKLING (App. D.1)
             logits = logits * self.cfg.logit_scale
         aux_loss = torch.zeros((), dtype=torch.float32, device=logits.device)

@@ -492,12 +492,12 @@ class Engine:
         for row in range(lo, lo + m):
             self.cache.release(row)
         self.cache.select(lo, lo + m)
+        last = torch.tensor([n - 1 for n in lens], device=self.device)
         with serving_routing(self._batching):
-            out = self.model(ids, mask=mask, kv_cache=self.cache, start_pos=0)
+            out = self.model(ids, mask=mask, kv_cache=self.cache, start_pos=0, logits_at=last)
         for i, n in enumerate(lens):
             self.cache.trim(lo + i, n)
-        last = torch.tensor([n - 1 for n in lens], device=self.device)
-        logits = out.logits[torch.arange(m, device=self.device), last]
+        logits = out.logits[:, 0]
         experts = self._routing(out.records, [i * S + n - 1 for i, n in enumerate(lens)], batch)
         self._start(batch, logits, experts)
 
