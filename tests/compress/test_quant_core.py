@@ -428,3 +428,29 @@ def test_rotation_permutation_hand_computed():
     H = torch.diag(torch.tensor([1.0, 1.0, 2.0, 4.0]))[None]  # log2 diag: 0, 0, 1, 2
     # score = mean|res| / (log2 H − min + 1) = 4, 1, 1, 2/3 -> increasing: 3, 1, 2, 0
     assert rotation_permutation(res, H).tolist() == [[3, 1, 2, 0]]
+
+
+@pytest.mark.parametrize(
+    ("bits", "shape", "symmetric"),
+    [(8, (4, 3, 5), True), (4, (4, 4, 6), False), (3, (4, 3, 5), False), (2, (4, 2, 4), True)],
+)
+def test_dequantizing_some_experts_equals_slicing_all(bits, shape, symmetric):
+    """Per-expert byte slicing (whole bytes per expert) and the unpack-all fallback (3 bits,
+    15 codes per expert) both give the rows of the full dequantization, bit for bit."""
+    from moelab.core.experts.quantized import QuantizedProjection, QuantSpec
+
+    E, O, I = shape
+    g = torch.Generator().manual_seed(bits)
+    spec = QuantSpec(method="rtn", bits=bits, group_size=I, symmetric=symmetric,
+                     act_order=False, lowrank="none", rank=0)  # fmt: skip
+    codes = torch.randint(0, 1 << bits, shape, generator=g)
+    zeros = None if symmetric else torch.randint(0, 1 << bits, (E, O, 1), generator=g)
+    scales = torch.rand(E, O, 1, generator=g) + 0.5
+    proj = QuantizedProjection.from_codes(spec, codes, scales, zeros, None, None)
+    full = proj.dequantize()
+    zero = zeros if zeros is not None else torch.full((E, O, 1), 1 << (bits - 1))
+    assert torch.equal(full, scales.half().float() * (codes - zero))  # Ŵ = s · (q − z)
+    for experts in ([2], [0, 3], [1, 2, 3]):
+        idx = torch.tensor(experts)
+        assert torch.equal(proj.dequantize(experts=idx), full[idx])
+    assert torch.equal(unpack_codes(proj.codes, bits, shape, torch.uint8), codes.to(torch.uint8))

@@ -70,8 +70,14 @@ def pack_codes(codes: Tensor, bits: int) -> Tensor:
     return ((words.unsqueeze(1) >> byte_shifts) & 0xFF).to(torch.uint8).reshape(-1)
 
 
-def unpack_codes(packed: Tensor, bits: int, shape: tuple[int, ...] | torch.Size) -> Tensor:
-    """Inverse of :func:`pack_codes`: ``uint8 [packed_size]`` → int64 codes of ``shape``.
+def unpack_codes(
+    packed: Tensor,
+    bits: int,
+    shape: tuple[int, ...] | torch.Size,
+    dtype: torch.dtype = torch.int64,
+) -> Tensor:
+    """Inverse of :func:`pack_codes`: ``uint8 [packed_size]`` → codes of ``shape`` in
+    ``dtype`` (int64 by default; ``torch.uint8`` keeps dequantization at one byte per code).
 
     Raises:
         ValueError: the byte count does not match ``shape`` and ``bits``.
@@ -90,12 +96,16 @@ def unpack_codes(packed: Tensor, bits: int, shape: tuple[int, ...] | torch.Size)
             f"got {packed.dtype} {tuple(packed.shape)}"
         )
     if bits == 8:
-        return packed.to(torch.int64).view(shape)
+        return packed.view(shape).to(dtype)
+    if bits in (2, 4):  # whole codes per byte, the lowest bits first: shifts within bytes
+        shifts = torch.arange(0, 8, bits, device=packed.device, dtype=torch.uint8)
+        codes = (packed.unsqueeze(1) >> shifts) & ((1 << bits) - 1)
+        return codes.reshape(-1)[:numel].view(shape).to(dtype)
     byte_shifts = torch.arange(bits, device=packed.device, dtype=torch.int64) * 8
     words = (packed.to(torch.int64).view(-1, bits) << byte_shifts).sum(1)
     shifts = torch.arange(8, device=packed.device, dtype=torch.int64) * bits
     codes = (words.unsqueeze(1) >> shifts) & ((1 << bits) - 1)
-    return codes.reshape(-1)[:numel].view(shape)
+    return codes.reshape(-1)[:numel].view(shape).to(dtype)
 
 
 def column_groups(in_features: int, group_size: int, g_idx: Tensor | None, device=None) -> Tensor:
@@ -126,6 +136,12 @@ def dequantize(
     Returns:
         ``[.., O, I]`` in ``dtype``.
     """
+    q = codes.to(dtype)
+    if g_idx is None and codes.shape[-1] % group_size == 0:
+        # groups are runs of group_size columns: broadcast the scales, no gathers
+        shape = (*codes.shape[:-1], codes.shape[-1] // group_size, group_size)
+        z = zeros.to(dtype).unsqueeze(-1) if zeros is not None else float(1 << (bits - 1))
+        return (scales.to(dtype).unsqueeze(-1) * (q.view(shape) - z)).view(codes.shape)
     groups = column_groups(codes.shape[-1], group_size, g_idx, codes.device)
     if groups.dim() == 1:
         s = scales.to(dtype).index_select(-1, groups)
@@ -134,6 +150,5 @@ def dequantize(
         idx = groups.unsqueeze(-2).expand(*codes.shape)
         s = scales.to(dtype).gather(-1, idx)
         z = zeros.gather(-1, idx) if zeros is not None else None
-    q = codes.to(dtype)
     q = q - (z.to(dtype) if z is not None else float(1 << (bits - 1)))
     return s * q

@@ -19,6 +19,7 @@ the right shapes from a :class:`QuantSpec` for loading.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -319,15 +320,38 @@ class QuantizedProjection(nn.Module):
             return None
         return unpack_codes(self.zeros, self.spec.bits, self.scales.shape)
 
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
+    def _unpack_experts(self, packed: Tensor, shape: tuple[int, ...], experts: Tensor | None):
+        """uint8 codes ``[n, *shape[1:]]`` of ``experts`` (all when None). Each expert's
+        codes fill whole bytes when its code count is a multiple of 8 (or at 8 bits), so only
+        those experts' bytes are read; otherwise all are unpacked and the rows picked."""
+        bits, per = self.spec.bits, math.prod(shape[1:])
+        if experts is None:
+            return unpack_codes(packed, bits, shape, torch.uint8)
+        if bits != 8 and per % 8:
+            return unpack_codes(packed, bits, shape, torch.uint8).index_select(0, experts)
+        rows = packed.view(shape[0], packed_size(per, bits)).index_select(0, experts)
+        rows = rows.reshape(-1)
+        return unpack_codes(rows, bits, (len(experts), *shape[1:]), torch.uint8)
+
+    def dequantize(
+        self, dtype: torch.dtype = torch.float32, experts: Tensor | None = None
+    ) -> Tensor:
         """``[E, O, I]`` dequantized weights (without the low-rank correction; rotated back
-        to the original basis, ``Q R_eᵀ``, for ``rotate_block`` specs)."""
+        to the original basis, ``Q R_eᵀ``, for ``rotate_block`` specs), or ``[n, O, I]`` of
+        the experts in the int64 index tensor ``experts [n]`` only (what a forward needs when
+        some experts receive no rows: decode reads k of E experts' codes)."""
+        pick = (lambda t: t) if experts is None else (lambda t: t.index_select(0, experts))
+        codes = self._unpack_experts(self.codes, self.shape, experts)
+        zeros = None
+        if self.zeros is not None:
+            zeros = self._unpack_experts(self.zeros, tuple(self.scales.shape), experts)
+        g_idx = None if self.g_idx is None else pick(self.g_idx)
         w = dequantize(
-            self.unpacked_codes(), self.scale_values, self.unpacked_zeros(), self.spec.bits,
-            self.spec.group_size, self.g_idx, dtype,
+            codes, pick(self.scale_values), zeros, self.spec.bits, self.spec.group_size, g_idx,
+            dtype,
         )  # fmt: skip
         if self.perm is not None:
-            w = unrotate(w, self.perm, self.spec.rotate_block)
+            w = unrotate(w, pick(self.perm), self.spec.rotate_block)
         return w
 
     def weight(self, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -435,15 +459,14 @@ class QuantizedExpertBank(nn.Module):
                 return p.lowrank.U.dtype
         return torch.float32
 
-    def _w_in(self, dtype: torch.dtype, effective: bool) -> Tensor:
-        get = (lambda p: p.weight(dtype)) if effective else (lambda p: p.dequantize(dtype))
-        ws = [get(self.projections[n]) for n in self.proj_names[:-1]]
+    def _w_in(self, dtype: torch.dtype) -> Tensor:
+        ws = [self.projections[n].weight(dtype) for n in self.proj_names[:-1]]
         return torch.cat(ws, dim=1).transpose(1, 2).contiguous()
 
     @property
     def w_in(self) -> Tensor:
         """Effective input projection ``[E, D, 2F]`` (swiglu) or ``[E, D, F]``."""
-        return self._w_in(self._dtype, True)
+        return self._w_in(self._dtype)
 
     @property
     def w_down(self) -> Tensor:
@@ -455,7 +478,17 @@ class QuantizedExpertBank(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor]:
         dt = x_ND.dtype
         experts = expert_of_rows(counts)
-        h = grouped_mm(x_ND, self._w_in(dt, False), counts, self.backend)
+        # Only the experts that receive rows are dequantized (rows stay sorted by expert, so
+        # dropping the empty groups keeps the grouped matmul's layout).
+        active = counts.nonzero().squeeze(1)
+        if len(active) == len(counts):
+            active = None
+        else:
+            counts = counts[active]
+        w_in = torch.cat(
+            [self.projections[n].dequantize(dt, active) for n in self.proj_names[:-1]], dim=1
+        )
+        h = grouped_mm(x_ND, w_in.transpose(1, 2).contiguous(), counts, self.backend)
         corr = [
             self.projections[n].lowrank.apply_rows(x_ND, experts)
             for n in self.proj_names[:-1]
@@ -467,7 +500,9 @@ class QuantizedExpertBank(nn.Module):
             h = h + self.b_in.to(dt)[experts]
         a = self.activation(h)
         down = self.projections["down"]
-        y = grouped_mm(a, down.dequantize(dt).transpose(1, 2).contiguous(), counts, self.backend)
+        y = grouped_mm(
+            a, down.dequantize(dt, active).transpose(1, 2).contiguous(), counts, self.backend
+        )
         if self.b_down is not None:
             y = y + self.b_down.to(dt)[experts]
         if down_lowrank and down.lowrank is not None:
@@ -501,7 +536,7 @@ class QuantizedExpertBank(nn.Module):
     def expert_output(self, x_TD: Tensor, expert: int) -> Tensor:
         """Output of one expert on all tokens ``[T, D]`` (effective weights)."""
         dt = x_TD.dtype
-        w_in = self._w_in(dt, True)[expert]
+        w_in = self._w_in(dt)[expert]
         w_down = self.projections["down"].weight(dt)[expert].T
         h = x_TD @ w_in
         if self.b_in is not None:
