@@ -76,10 +76,12 @@ def parse_ts(text: str, source: str = "<text>") -> TimeSeriesSet:
         if label not in classes:
             raise CorpusError(f"{source}: line {i}: label {label!r} not in {list(classes)}")
         try:
-            case = np.array([[float(v) for v in ch.split(",")] for ch in channels])
+            values = [[float(v) for v in ch.split(",")] for ch in channels]
         except ValueError:
             raise CorpusError(f"{source}: line {i}: a value is not a number") from None
-        if case.ndim != 2 or (rows and case.shape != rows[0].shape):
+        lengths = {len(v) for v in values}
+        case = np.array(values) if len(lengths) == 1 else None
+        if case is None or (rows and case.shape != rows[0].shape):
             want = rows[0].shape if rows else "channels of one length"
             raise CorpusError(f"{source}: line {i}: case shape differs ({want} expected)")
         rows.append(case)
