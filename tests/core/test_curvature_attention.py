@@ -12,14 +12,14 @@ import torch.nn.functional as F
 
 pytest.importorskip("geoopt")
 
-from moelab.core.experts.curvature_attention import (  # noqa: E402
+from moelab.core.experts.curvature_attention import (
     CurvatureAwareCrossAttention,
     attention_plan,
     attention_received,
 )
-from moelab.core.experts.lorentz import add_time, minkowski_inner  # noqa: E402
-from moelab.core.telemetry import RoutingRecord  # noqa: E402
-from moelab.errors import InvalidValueError  # noqa: E402
+from moelab.core.experts.lorentz import add_time, minkowski_inner
+from moelab.core.telemetry import RoutingRecord
+from moelab.errors import InvalidValueError
 
 D64 = torch.float64
 
@@ -48,7 +48,9 @@ def test_scores_are_negative_squared_distance_over_the_curvature_temperature_plu
     ks = torch.tensor([0.25, 0.5, 1.0], dtype=D64)
     _, attn = layer(x, k_f, ks)
     q, c = layer.q[0](x, k_f), layer.k[0](x, k_f)
-    ip = torch.einsum("bid,bjd->bij", q[..., 1:], c[..., 1:]) - q[..., :1] * c[..., :1].transpose(1, 2)
+    ip = torch.einsum("bid,bjd->bij", q[..., 1:], c[..., 1:]) - q[..., :1] * c[..., :1].transpose(
+        1, 2
+    )
     neg_d2 = 2 * 0.5 + 2 * ip  # = −d²_L(q_i, c_j)
     mag = 1 / (ks + 1e-6)
     tau0 = layer.tau0.detach()

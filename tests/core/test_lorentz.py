@@ -10,8 +10,8 @@ import torch
 
 pytest.importorskip("geoopt")
 
-from moelab.core.experts.hyperbolic import HypLinear, LorentzExpert, LorentzMLR  # noqa: E402
-from moelab.core.experts.lorentz import (  # noqa: E402
+from moelab.core.experts.hyperbolic import HypLinear, LorentzExpert, LorentzMLR
+from moelab.core.experts.lorentz import (
     EXP_MAX_NORM,
     add_time,
     centroid_pool,
@@ -24,7 +24,7 @@ from moelab.core.experts.lorentz import (  # noqa: E402
     minkowski_inner,
     project_curvature,
 )
-from moelab.errors import InvalidValueError  # noqa: E402
+from moelab.errors import InvalidValueError
 
 D64 = torch.float64
 
@@ -114,7 +114,9 @@ def test_flatten_and_pool_hand_cases():
     k = torch.tensor(1.0, dtype=D64)
     origin = torch.tensor([[[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]], dtype=D64)
     # time √(1 + 1 − (2 − 1)·1) = 1, space (0, 0, 0, 0): the 4-d origin
-    torch.testing.assert_close(lorentz_flatten(origin, k), torch.tensor([[1.0, 0, 0, 0, 0]], dtype=D64))
+    torch.testing.assert_close(
+        lorentz_flatten(origin, k), torch.tensor([[1.0, 0, 0, 0, 0]], dtype=D64)
+    )
     x = add_time(torch.tensor([[[3.0], [4.0], [0.0]]], dtype=D64), k)
     assert lorentz_flatten(x, k)[0, 0].item() == pytest.approx(math.sqrt(10 + 17 + 1 - 2))
     assert centroid_pool(x, k, 2).shape == (1, 1, 2)  # the ragged third step is dropped
@@ -155,7 +157,9 @@ def test_hyplinear_acts_on_the_time_coordinate_too():
 
 def test_gradient_reaches_k_through_the_expert_stack():
     torch.manual_seed(0)
-    enc = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 32), torch.nn.Unflatten(1, (8, 4)))
+    enc = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(12, 32), torch.nn.Unflatten(1, (8, 4))
+    )
     expert = LorentzExpert(enc, k=0.5, learnable=True, pool=2).double()
     y = expert(torch.randn(3, 2, 6, dtype=D64))
     assert y.shape == (3, 1 + 4 * 4) and _on(y, 0.5)[0] < 1e-10

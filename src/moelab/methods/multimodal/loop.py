@@ -51,6 +51,18 @@ def curvature_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for n, p in model.named_parameters() if n.endswith("manifold.k") and p.requires_grad]
 
 
+def make_optimizer(model: nn.Module, config: EEGMoCEConfig) -> torch.optim.Adam:
+    """Adam (coupled L2) with two groups: every trainable parameter but the curvatures with
+    ``weight_decay``, then the curvatures (if any) with none; one learning rate."""
+    curv = curvature_parameters(model)
+    curv_ids = {id(p) for p in curv}
+    rest = [p for p in model.parameters() if p.requires_grad and id(p) not in curv_ids]
+    groups = [{"params": rest, "weight_decay": config.weight_decay}]
+    if curv:
+        groups.append({"params": curv, "weight_decay": 0.0})
+    return torch.optim.Adam(groups, lr=config.lr)
+
+
 def fit(
     model: nn.Module,
     train: tuple[dict[str, Tensor], Tensor],
@@ -65,12 +77,7 @@ def fit(
         TrainingDivergedError: a training loss is NaN or infinite (names the epoch).
     """
     curv = curvature_parameters(model)
-    curv_ids = {id(p) for p in curv}
-    rest = [p for p in model.parameters() if p.requires_grad and id(p) not in curv_ids]
-    groups = [{"params": rest, "weight_decay": config.weight_decay}]
-    if curv:
-        groups.append({"params": curv, "weight_decay": 0.0})
-    opt = torch.optim.Adam(groups, lr=config.lr)
+    opt = make_optimizer(model, config)
     gen = torch.Generator().manual_seed(seed)
     x_tr, y_tr = train
     x_va, y_va = val
