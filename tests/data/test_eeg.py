@@ -105,7 +105,9 @@ def test_a_class_missing_from_a_modality_is_refused():
     b_train, b_test = src["B"]
     only_a = TimeSeriesSet(b_test.X, np.zeros(6, dtype=np.int64), ("a", "b"), "b")
     src["B"] = (b_train, only_a)
-    with pytest.raises(InvalidValueError, match="no partner trial of class 1"):
+    with pytest.raises(
+        InvalidValueError, match=r"modality B \(b, test split\): no partner trial of class 1"
+    ):
         pair_sets(src, seed=0)
 
 

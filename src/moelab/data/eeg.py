@@ -116,13 +116,15 @@ class TriModalData:
     classes: dict[str, tuple[str, ...]]
 
 
-def _draw_partners(y_anchor: np.ndarray, y_pool: np.ndarray, rng: np.random.Generator):
+def _draw_partners(
+    y_anchor: np.ndarray, y_pool: np.ndarray, rng: np.random.Generator, where_: str
+) -> np.ndarray:
     """For each anchor, a random pool index of the same class (with replacement)."""
     out = np.empty(len(y_anchor), dtype=np.int64)
     for c in np.unique(y_anchor):
         pool = np.flatnonzero(y_pool == c)
         if len(pool) == 0:
-            raise InvalidValueError(f"no partner trial of class {c} in a modality's split")
+            raise InvalidValueError(f"{where_}: no partner trial of class {c}")
         where = np.flatnonzero(y_anchor == c)
         out[where] = rng.choice(pool, size=len(where), replace=True)
     return out
@@ -169,11 +171,13 @@ def pair_sets(
         z[m] = (mean, std)
 
     def build(split: int, anchors: np.ndarray) -> PairedSplit:
+        split_name = ("train", "test")[split]
         y = sources[anchor][split].y[anchors]
         partner, inputs = {}, {}
         for m in names:
             s = sources[m][split]
-            idx = anchors if m == anchor else _draw_partners(y, s.y, rng)
+            where_ = f"modality {m} ({s.name}, {split_name} split)"
+            idx = anchors if m == anchor else _draw_partners(y, s.y, rng, where_)
             partner[m] = idx
             inputs[m] = (s.X[idx] - z[m][0]) / z[m][1]
         return PairedSplit(inputs, y, partner)
