@@ -27,18 +27,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import time
 from pathlib import Path
 
 import numpy as np
 
+from _finish import finish
 from _pool import run_jobs
 from moelab.methods.multimodal import EEGMoCEConfig, EEGMoCERecipe
 from moelab.methods.runner import run_seeds
-from moelab.utils.atomic import atomic_write_text
-from moelab.utils.result_tables import paired_table
-from moelab.utils.results import make_result, write_result
 
 ARMS = {a: {"arm": a} for a in ("moce", "euclid", "fixed_k", "no_caf", "unimodal_hyp", "linear")}
 PAIRS = [
@@ -149,17 +146,17 @@ def main() -> None:
         "threads": args.threads,
     }
     elapsed = time.perf_counter() - start
-    result = make_result("eeg-moce", "eeg_moce", settings, metrics, pairs=PAIRS)
-    table, verdicts = report(result)
-    result = dataclasses.replace(
-        result, extra={"run_seconds": seconds, "wall_seconds": elapsed, "claims": verdicts}
+    finish(
+        "eeg-moce",
+        settings,
+        metrics,
+        PAIRS,
+        report,
+        seconds=seconds,
+        elapsed=elapsed,
+        out=args.out,
+        paired_metrics=["bal_acc", "macro_f1"],
     )
-    write_result(result, args.out)
-    pairs = paired_table([result], ["bal_acc", "macro_f1"])
-    atomic_write_text(args.out.with_suffix(".md"), table + "\n" + pairs)
-    print(table)
-    print(pairs)
-    print(f"wall time {elapsed / 60:.1f} min ({math.ceil(elapsed)} s); result: {args.out}")
 
 
 if __name__ == "__main__":
