@@ -12,8 +12,8 @@ def balanced_accuracy(y: np.ndarray, pred: np.ndarray) -> float:
 
 
 def macro_f1(y: np.ndarray, pred: np.ndarray) -> float:
-    """Unweighted mean over the classes in ``y`` or ``pred`` of ``2·TP / (2·TP + FP + FN)``
-    (0 for a class never true and never predicted cannot occur: it is not in the union)."""
+    """Unweighted mean of ``2·TP / (2·TP + FP + FN)`` over the classes that occur in ``y`` or
+    ``pred`` (so no class has a zero denominator)."""
     scores = []
     for c in np.union1d(np.unique(y), np.unique(pred)):
         tp = np.sum((pred == c) & (y == c))
