@@ -32,18 +32,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import time
 from pathlib import Path
 
 import numpy as np
 
+from _finish import finish
 from _pool import run_jobs
 from moelab.methods.flow import FlowConfig, MoLFRecipe
 from moelab.methods.runner import run_seeds
-from moelab.utils.atomic import atomic_write_text
-from moelab.utils.result_tables import paired_table
-from moelab.utils.results import make_result, t_interval, write_result
+from moelab.utils.results import t_interval
 
 VARIANTS = ("conflict", "shared")
 FLOW_ARMS = {
@@ -209,18 +207,17 @@ def main() -> None:
         "threads": args.threads,
     }
     elapsed = time.perf_counter() - start
-    result = make_result("molf", "molf", settings, metrics, pairs=PAIRS)
-    table, verdicts = report(result)
-    result = dataclasses.replace(
-        result,
-        extra={"run_seconds": seconds, "wall_seconds": elapsed, "claims": verdicts},
+    finish(
+        "molf",
+        settings,
+        metrics,
+        PAIRS,
+        report,
+        seconds=seconds,
+        elapsed=elapsed,
+        out=args.out,
+        paired_metrics=["pearson", "precision_2", "precision_8"],
     )
-    write_result(result, args.out)
-    pairs = paired_table([result], ["pearson", "precision_2", "precision_8"])
-    atomic_write_text(args.out.with_suffix(".md"), table + "\n" + pairs)
-    print(table)
-    print(pairs)
-    print(f"wall time {elapsed / 60:.1f} min ({math.ceil(elapsed)} s); result: {args.out}")
 
 
 if __name__ == "__main__":
