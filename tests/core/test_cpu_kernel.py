@@ -1,6 +1,7 @@
 """The fused CPU expert kernel against a per-expert float64 reference, and its fallback."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -279,15 +280,15 @@ def test_a_build_lock_left_by_a_killed_build_does_not_hang_the_next_load():
 
 
 def test_the_build_is_keyed_by_the_source_content_not_its_path(tmp_path, monkeypatch):
-    """Two checkouts of the same source share one build (ninja would rebuild for a new path);
-    an edited source gets its own."""
+    """Two checkouts of the same sources share one build (ninja would rebuild for a new
+    path); an edited source or header gets its own."""
     here = cpu_kernel.build_directory()
-    copy = tmp_path / "elsewhere" / cpu_kernel._SOURCE.name
-    copy.parent.mkdir()
-    copy.write_bytes(cpu_kernel._SOURCE.read_bytes())
-    monkeypatch.setattr(cpu_kernel, "_SOURCE", copy)
+    copy = tmp_path / "elsewhere"
+    shutil.copytree(cpu_kernel._CSRC, copy)
+    monkeypatch.setattr(cpu_kernel, "_CSRC", copy)
     assert cpu_kernel.build_directory() == here
-    copy.write_bytes(copy.read_bytes() + b"\n// edited\n")
+    header = copy / "kernel_common.h"
+    header.write_bytes(header.read_bytes() + b"\n// edited\n")
     assert cpu_kernel.build_directory() != here
 
 
@@ -306,7 +307,72 @@ def test_the_build_is_keyed_by_the_torch_path_the_compile_command_names(tmp_path
 
 
 @needs_kernel
-def test_the_kernel_compiles_its_own_copy_of_the_source():
-    source = cpu_kernel.build_directory() / cpu_kernel._SOURCE.name
-    assert source.read_bytes() == cpu_kernel._SOURCE.read_bytes()
-    assert str(source) in (source.parent / "build.ninja").read_text()
+def test_the_kernel_compiles_its_own_copy_of_the_sources():
+    build = cpu_kernel.build_directory()
+    for name in cpu_kernel._SOURCES:
+        source = build / name
+        assert source.read_bytes() == (cpu_kernel._CSRC / name).read_bytes()
+        assert str(source) in (build / "build.ninja").read_text()
+    assert (build / "kernel_common.h").read_bytes() == (
+        cpu_kernel._CSRC / "kernel_common.h"
+    ).read_bytes()
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("bits", "group_size", "symmetric"),
+    [(8, 24, True), (8, 12, False), (4, 8, False), (4, 24, True)],
+)
+def test_quantized_decode_kernel_equals_dequantized_float64(
+    bits, group_size, symmetric, monkeypatch
+):
+    """Decode-sized rows of a 4/8-bit bank run the packed-code kernel; they equal the rows of
+    the dequantized weights computed in float64, and the batch path (more than 8 rows of an
+    expert: dequantize + grouped matmul) agrees with it."""
+    from moelab.core.experts.quantized import (
+        QuantizedExpertBank,
+        QuantizedProjection,
+        QuantSpec,
+    )
+
+    E, D, Fh = 5, 48, 24
+    cfg = ExpertsConfig(hidden_size=D, ffn_hidden_size=Fh)
+    spec = QuantSpec(method="rtn", bits=bits, group_size=group_size, symmetric=symmetric,
+                     act_order=False, lowrank="none", rank=0)  # fmt: skip
+    g = torch.Generator().manual_seed(bits + group_size)
+
+    def proj(O, I):
+        G = I // group_size
+        codes = torch.randint(0, 1 << bits, (E, O, I), generator=g)
+        zeros = None if symmetric else torch.randint(0, 1 << bits, (E, O, G), generator=g)
+        scales = (torch.rand(E, O, G, generator=g) + 0.5) / (1 << bits)
+        return QuantizedProjection.from_codes(spec, codes, scales, zeros, None, None)
+
+    projs = {"gate": proj(Fh, D), "up": proj(Fh, D), "down": proj(D, Fh)}
+    bank = QuantizedExpertBank.from_projections(cfg, E, spec, projs)
+    w = {n: p.dequantize(torch.float64) for n, p in projs.items()}
+
+    def reference(x, counts):
+        out, start = [], 0
+        for e, c in enumerate(counts.tolist()):
+            r = x[start : start + c].double()
+            a = F.silu(r @ w["gate"][e].T) * (r @ w["up"][e].T)
+            out.append(a @ w["down"][e].T)
+            start += c
+        return torch.cat(out)
+
+    calls = []
+    kernel_mm = cpu_kernel.kernel().quant_experts_mm
+    monkeypatch.setattr(
+        cpu_kernel.kernel(), "quant_experts_mm", lambda *a: calls.append(1) or kernel_mm(*a)
+    )
+    for counts, kernel_calls in (([2, 0, 8, 1, 3], 3), ([1, 1, 1, 1, 1], 3), ([0, 0, 12, 0, 3], 0)):
+        counts = torch.tensor(counts)
+        x = torch.randn(int(counts.sum()), D, generator=g)
+        calls.clear()
+        with torch.no_grad():
+            got = bank(x, counts)
+        assert len(calls) == kernel_calls  # gate, up, down; none with 12 rows for one expert
+        ref = reference(x, counts)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got.double(), ref, rtol=1e-4, atol=1e-5)

@@ -46,7 +46,8 @@ from moelab.core.autocast import autocast_off
 ACTIVATIONS = {"swiglu": 0, "geglu": 1, "gelu": 2, "gelu_tanh": 3}
 """Activations the kernel implements (``ExpertsConfig.activation`` → the kernel's code)."""
 
-_SOURCE = Path(__file__).with_name("csrc") / "experts_cpu.cpp"
+_CSRC = Path(__file__).with_name("csrc")
+_SOURCES = ("experts_cpu.cpp", "quant_cpu.cpp")  # compiled; the headers beside them included
 _ITEMS_PER_THREAD = 4  # tile very large experts so every thread gets work in a skewed plan
 _MIN_TILE_ROWS = 256
 
@@ -55,7 +56,7 @@ def build_directory() -> Path:
     """Where the kernel is built: ``<TORCH_EXTENSIONS_DIR or torch's default root>/
     moelab_experts_cpu-py<XY>-torch<version>-<hash>``.
 
-    The hash covers the source's content and the torch installation's path, not the
+    The hash covers the sources' content (``csrc/``) and the torch installation's path, not the
     checkout's: checkouts sharing a virtual environment share one build. ninja rebuilds
     whenever the compile command changes, and the command names torch's include and library
     folders as torch's import path spells them (``os.path.abspath``, symlinks kept), so the
@@ -67,7 +68,9 @@ def build_directory() -> Path:
 
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
     py = f"py{sys.version_info.major}{sys.version_info.minor}"
-    key = _SOURCE.read_bytes() + os.path.dirname(os.path.abspath(torch.__file__)).encode()
+    files = sorted(_CSRC.glob("*.cpp")) + sorted(_CSRC.glob("*.h"))
+    key = b"".join(f.name.encode() + f.read_bytes() for f in files)
+    key += os.path.dirname(os.path.abspath(torch.__file__)).encode()
     digest = hashlib.sha256(key).hexdigest()[:12]
     return Path(root) / f"moelab_experts_cpu-{py}-torch{torch.__version__}-{digest}"
 
@@ -91,14 +94,15 @@ def kernel() -> ModuleType | None:
             # we hold it no other moelab process is building, so a leftover file is stale.
             fcntl.flock(guard, fcntl.LOCK_EX)
             (build / "lock").unlink(missing_ok=True)
-            source = build / _SOURCE.name  # compiled from here: the same path for everyone
-            if not source.is_file():
-                tmp = source.with_suffix(".tmp")
-                shutil.copyfile(_SOURCE, tmp)
-                os.replace(tmp, source)
+            for src in sorted(_CSRC.glob("*.cpp")) + sorted(_CSRC.glob("*.h")):
+                copy = build / src.name  # compiled from here: the same path for everyone
+                if not copy.is_file():
+                    tmp = copy.with_suffix(".tmp")
+                    shutil.copyfile(src, tmp)
+                    os.replace(tmp, copy)
             return load(
                 name="moelab_experts_cpu",
-                sources=[str(source)],
+                sources=[str(build / name) for name in _SOURCES],
                 extra_cflags=["-O3", "-fopenmp"],
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(build),

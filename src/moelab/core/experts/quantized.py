@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from moelab.core.config import GATED_ACTIVATIONS, ExpertsConfig
+from moelab.core.experts import cpu_kernel
 from moelab.core.experts.bank import ExpertBank
 from moelab.core.experts.grouped_mm import grouped_mm
 from moelab.core.experts.lowrank import SCHEMES, LowRankFactors, expert_of_rows
@@ -485,10 +486,7 @@ class QuantizedExpertBank(nn.Module):
             active = None
         else:
             counts = counts[active]
-        w_in = torch.cat(
-            [self.projections[n].dequantize(dt, active) for n in self.proj_names[:-1]], dim=1
-        )
-        h = grouped_mm(x_ND, w_in.transpose(1, 2).contiguous(), counts, self.backend)
+        h = torch.cat([self._project(n, x_ND, counts, active) for n in self.proj_names[:-1]], dim=1)
         corr = [
             self.projections[n].lowrank.apply_rows(x_ND, experts)
             for n in self.proj_names[:-1]
@@ -500,14 +498,47 @@ class QuantizedExpertBank(nn.Module):
             h = h + self.b_in.to(dt)[experts]
         a = self.activation(h)
         down = self.projections["down"]
-        y = grouped_mm(
-            a, down.dequantize(dt, active).transpose(1, 2).contiguous(), counts, self.backend
-        )
+        y = self._project("down", a, counts, active)
         if self.b_down is not None:
             y = y + self.b_down.to(dt)[experts]
         if down_lowrank and down.lowrank is not None:
             y = y + down.lowrank.apply_rows(a, experts)
         return y, a, experts
+
+    def _project(self, name: str, x: Tensor, counts: Tensor, active: Tensor | None) -> Tensor:
+        """Rows ``x [N, I]`` (sorted by expert: ``counts`` rows for each of the ``active``
+        experts, or of every expert when None) through projection ``name``'s dequantized
+        weights, without its low-rank correction: ``[N, O]``.
+
+        Decode-sized experts (at most 8 rows each) at 4 or 8 bits run the compiled kernel
+        (``csrc/quant_cpu.cpp``), which reads the packed codes once instead of writing and
+        re-reading a float32 copy; act-order, rotated or 2/3-bit codes, other dtypes, larger
+        batches and gradients take dequantization plus the grouped matmul (the same values up
+        to float rounding)."""
+        proj = self.projections[name]
+        bits, (num_experts, d_out, _) = proj.spec.bits, proj.shape
+        if (
+            bits in (4, 8)
+            and (bits == 8 or proj.spec.group_size % 2 == 0)
+            and proj.g_idx is None
+            and proj.perm is None
+            and x.device.type == "cpu"
+            and x.dtype == torch.float32
+            and len(counts) > 0
+            and int(counts.max()) <= 8
+            and not (torch.is_grad_enabled() and x.requires_grad)
+            and cpu_kernel.kernel() is not None
+        ):
+            experts = active if active is not None else torch.arange(num_experts)
+            zeros = None
+            if proj.zeros is not None:
+                zeros = proj._unpack_experts(proj.zeros, tuple(proj.scales.shape), None)
+            return cpu_kernel.kernel().quant_experts_mm(
+                x.contiguous(), counts.tolist(), experts.tolist(), proj.codes,
+                proj.scale_values, zeros, bits, d_out,
+            )  # fmt: skip
+        w = proj.dequantize(x.dtype, active).transpose(1, 2).contiguous()
+        return grouped_mm(x, w, counts, self.backend)
 
     def forward(self, x_ND: Tensor, counts: Tensor, return_activations: bool = False):
         """Expert outputs ``[N, D]`` for rows sorted by expert (see :class:`ExpertBank`)."""

@@ -5,13 +5,14 @@
 // compiling it takes a minute where this takes 30-40 s.
 #include <ATen/ATen.h>
 #include <torch/csrc/utils/pybind.h>
-#include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <utility>
 #include <vector>
+
+#include "kernel_common.h"
+#include "quant_cpu.h"
 
 namespace {
 
@@ -49,12 +50,6 @@ at::Tensor activate(const at::Tensor& h, int64_t act, int64_t F) {
 constexpr int64_t kSmallRows = 8;
 constexpr int64_t kColBlock = 1024;
 constexpr int64_t kParts = 2;
-
-#if defined(__GNUC__) && defined(__x86_64__)
-#define MOELAB_CLONES __attribute__((target_clones("avx512f", "avx2,fma", "default")))
-#else
-#define MOELAB_CLONES
-#endif
 
 // out[M, N] = x[M, K] · w[K, N], row-major with row strides ldx, ldw, ldo. M is a template
 // argument so that the loop over rows unrolls inside the vectorised loop over columns: each
@@ -113,24 +108,6 @@ struct Item {
   int64_t expert, begin, rows;
   int64_t part = -1;  // a decode-sized expert's share of F (0..kParts-1), or -1: all of it
 };
-
-// Dynamic scheduling: each thread takes the next item (largest first) until none is left.
-// Autograd and autocast state is thread-local, so every worker enters inference mode and
-// leaves autocast itself: the kernel's temporaries never record a graph (the Python
-// autograd.Function owns the backward) and its GEMMs keep the inputs' dtype.
-template <typename Fn>
-void run_items(const std::vector<Item>& items, const Fn& fn) {
-  std::atomic<int64_t> next{0};
-  const int64_t n = static_cast<int64_t>(items.size());
-  const int64_t workers = std::min<int64_t>(at::get_num_threads(), std::max<int64_t>(n, 1));
-  at::parallel_for(0, workers, 1, [&](int64_t lo, int64_t hi) {
-    c10::InferenceMode guard;
-    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-    for (int64_t w = lo; w < hi; ++w) {
-      for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) fn(items[i]);
-    }
-  });
-}
 
 std::vector<int64_t> offsets(const std::vector<int64_t>& counts) {
   std::vector<int64_t> start(counts.size() + 1, 0);
@@ -246,7 +223,7 @@ std::vector<at::Tensor> experts_forward(const at::Tensor& x, const at::Tensor& w
   const bool any_split =
       std::any_of(items.begin(), items.end(), [](const Item& it) { return it.part >= 0; });
   auto parts = any_split ? at::empty({kParts, N, Dout}, x.options()) : at::Tensor();
-  run_items(items, [&](const Item& it) {
+  moelab::run_items(items, [&](const Item& it) {
     const auto xe = rows_of(x, src, it.begin, it.rows);
     if (it.part >= 0) {
       const int64_t f0 = it.part * F / kParts, fw = (it.part + 1) * F / kParts - f0;
@@ -337,7 +314,7 @@ std::vector<at::Tensor> experts_backward(const at::Tensor& grad, const at::Tenso
   }
   std::stable_sort(items.begin(), items.end(),
                    [](const Item& a, const Item& b) { return a.rows > b.rows; });
-  run_items(items, [&](const Item& it) {
+  moelab::run_items(items, [&](const Item& it) {
     const int64_t e = it.expert;
     if (it.rows == 0) {
       gw_in[e].zero_();
@@ -389,4 +366,5 @@ std::vector<at::Tensor> experts_backward(const at::Tensor& grad, const at::Tenso
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("experts_forward", &experts_forward);
   m.def("experts_backward", &experts_backward);
+  m.def("quant_experts_mm", &quant_experts_mm);
 }

@@ -1,0 +1,11 @@
+// The quantized decode kernel (quant_cpu.cpp), bound in experts_cpu.cpp's module.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+at::Tensor quant_experts_mm(const at::Tensor& x, const std::vector<int64_t>& counts,
+                            const std::vector<int64_t>& experts, const at::Tensor& codes,
+                            const at::Tensor& scales, const c10::optional<at::Tensor>& zeros,
+                            int64_t bits, int64_t out_features);
