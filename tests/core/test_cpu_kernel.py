@@ -341,11 +341,11 @@ def test_quantized_decode_kernel_equals_dequantized_float64(
                      act_order=False, lowrank="none", rank=0)  # fmt: skip
     g = torch.Generator().manual_seed(bits + group_size)
 
-    def proj(O, I):
-        G = I // group_size
-        codes = torch.randint(0, 1 << bits, (E, O, I), generator=g)
-        zeros = None if symmetric else torch.randint(0, 1 << bits, (E, O, G), generator=g)
-        scales = (torch.rand(E, O, G, generator=g) + 0.5) / (1 << bits)
+    def proj(d_out, d_in):
+        G = d_in // group_size
+        codes = torch.randint(0, 1 << bits, (E, d_out, d_in), generator=g)
+        zeros = None if symmetric else torch.randint(0, 1 << bits, (E, d_out, G), generator=g)
+        scales = (torch.rand(E, d_out, G, generator=g) + 0.5) / (1 << bits)
         return QuantizedProjection.from_codes(spec, codes, scales, zeros, None, None)
 
     projs = {"gate": proj(Fh, D), "up": proj(Fh, D), "down": proj(D, Fh)}
