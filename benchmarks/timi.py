@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _pool import run_jobs
+from _pool import merge_seed_runs, run_jobs
 from moelab.data.forecast_events import EVENT_NAMES, VARIANTS, all_notices
 from moelab.methods.forecasting import ARMS, ForecastConfig, TextCache, TiMiRecipe
 from moelab.methods.runner import run_seeds
@@ -208,13 +208,7 @@ def main() -> None:
     encoded = time.perf_counter() - start
     jobs = [(_part, (v, base, s)) for s in args.seeds for v in VARIANTS]
     outs = run_jobs(jobs, args.workers, args.threads)
-    metrics = {arm: {} for arm in ALL_ARMS}
-    seconds = {arm: {} for arm in ALL_ARMS}
-    for (_, (_, _, seed)), (met, sec) in zip(jobs, outs, strict=True):
-        for arm in met:
-            metrics[arm][seed] = met[arm][seed]
-            seconds[arm].update(sec[arm])
-    metrics = {arm: {s: metrics[arm][s] for s in args.seeds} for arm in ALL_ARMS}
+    metrics, seconds = merge_seed_runs(jobs, outs, list(ALL_ARMS), args.seeds)
     settings = {
         "recipe": "timi",
         "base": dataclasses.asdict(base),
