@@ -170,6 +170,7 @@ class WindowSet:
         return int(self.x.shape[0])
 
     def subset(self, index: np.ndarray | slice) -> WindowSet:
+        """The windows ``index`` selects (a slice or an index array), every field alike."""
         return WindowSet(
             self.x[index], self.y[index], self.text_id[index], self.event[index], self.start[index]
         )

@@ -145,4 +145,5 @@ class ForecastConfig:
 
     @property
     def uses_text(self) -> bool:
+        """The arm reads the text token (concat and the text-routed arms)."""
         return self.arm in TEXT_ARMS

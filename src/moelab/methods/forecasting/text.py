@@ -141,6 +141,7 @@ class TextCache:
         atomic_write_bytes(self.path, data)
 
     def __len__(self) -> int:
+        """Distinct strings cached."""
         return len(self._vectors)
 
     def encode(self, texts: Sequence[str]) -> Tensor:
