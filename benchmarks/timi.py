@@ -22,6 +22,7 @@ Usage::
 
     python benchmarks/timi.py                       # 3 seeds, 40 epochs, both variants
     python benchmarks/timi.py --epochs 5 --seeds 0  # a quick look
+    python benchmarks/timi.py --render              # tables and plot again from --out
 
 Jobs (one per seed and variant) run over ``--workers`` processes; the notices are encoded once,
 first, into ``--text-cache``.
@@ -42,7 +43,7 @@ from moelab.data.forecast_events import EVENT_NAMES, VARIANTS, all_notices
 from moelab.methods.forecasting import ARMS, ForecastConfig, TextCache, TiMiRecipe
 from moelab.methods.runner import run_seeds
 from moelab.utils.atomic import atomic_write_text
-from moelab.utils.results import make_result, t_interval, write_result
+from moelab.utils.results import load_result, make_result, t_interval, write_result
 
 ARM_NAMES = {
     "mmoe": "MMoE (TiMi)",
@@ -86,15 +87,11 @@ def _ratio(m: dict, arm: str, base: str, seeds: list[int], metric: str = "mse_ev
     }
 
 
-def usage_table(m: dict, arm: str, key: str, seeds: list[int]) -> tuple[str, np.ndarray]:
-    """Markdown of the mean expert usage ``key`` (``"b1/tmoe"``) of ``arm`` by event type."""
-    E = sum(1 for k in m[arm][seeds[0]] if k.startswith(f"usage/{key}/none/"))
-    mat = np.array(
-        [
-            [np.mean([m[arm][s][f"usage/{key}/{t}/e{e}"] for s in seeds]) for e in range(E)]
-            for t in EVENT_NAMES
-        ]
-    )
+def usage_table(m: dict, arm: str, key: str, seed: int) -> tuple[str, np.ndarray]:
+    """Markdown of the expert usage ``key`` (``"b1/tmoe"``) of ``arm`` by event type, for one
+    seed: expert indices are arbitrary per seed, so a mean over seeds would blur them."""
+    E = sum(1 for k in m[arm][seed] if k.startswith(f"usage/{key}/none/"))
+    mat = np.array([[m[arm][seed][f"usage/{key}/{t}/e{e}"] for e in range(E)] for t in EVENT_NAMES])
     lines = ["| event | " + " | ".join(f"expert {e}" for e in range(E)) + " |"]
     lines.append("|" + "---|" * (E + 1))
     for t, row in zip(EVENT_NAMES, mat, strict=True):
@@ -155,9 +152,10 @@ def report(result) -> tuple[str, dict, dict]:
     usage = {}
     for v in VARIANTS:
         for key in ("b1/tmoe", "b1/smoe"):
-            text, mat = usage_table(m, f"{v}/mmoe", key, seeds)
+            text, mat = usage_table(m, f"{v}/mmoe", key, seeds[0])
             usage[f"{v}/mmoe/{key}"] = mat.tolist()
-            lines += ["", f"Expert usage, {v}-horizon MMoE, {key} (share of windows):", "", text]
+            title = f"Expert usage, {v}-horizon MMoE, {key}, seed {seeds[0]} (share of windows):"
+            lines += ["", title, "", text]
     return "\n".join(lines) + "\n", verdicts, usage
 
 
@@ -189,6 +187,12 @@ def plot_usage(usage: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def _write_reports(table: str, usage: dict, out: Path) -> None:
+    atomic_write_text(out.with_suffix(".md"), table)
+    plot_usage(usage, out.with_suffix(".png"))
+    print(table)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -198,7 +202,17 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=Path("runs/bench/timi.json"))
+    p.add_argument(
+        "--render", action="store_true", help="only re-render the tables and plot of --out"
+    )
     args = p.parse_args()
+    if args.render:
+        result = load_result(args.out)
+        table, verdicts, usage = report(result)
+        extra = {**result.extra, "claims": verdicts, "usage": usage}
+        write_result(dataclasses.replace(result, extra=extra), args.out)
+        _write_reports(table, usage, args.out)
+        return
     base = ForecastConfig(
         epochs=args.epochs, text_encoder=args.text_encoder, text_cache=str(args.text_cache)
     )
@@ -230,9 +244,7 @@ def main() -> None:
         },
     )
     write_result(result, args.out)
-    atomic_write_text(args.out.with_suffix(".md"), table)
-    plot_usage(usage, args.out.with_suffix(".png"))
-    print(table)
+    _write_reports(table, usage, args.out)
     print(f"wall time {elapsed / 60:.1f} min ({math.ceil(elapsed)} s); result: {args.out}")
 
 
