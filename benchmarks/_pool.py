@@ -57,3 +57,21 @@ def run_jobs(
 
 def _raise_exit(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
+
+
+def merge_seed_runs(
+    jobs: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]],
+    outs: Sequence[tuple[dict, dict]],
+    arms: Sequence[str],
+    seeds: Sequence[int],
+) -> tuple[dict, dict]:
+    """Join jobs that each ran some arms for one seed (the seed is a job's last argument;
+    its output ``(result.metrics, result.extra["run_seconds"])`` of ``run_seeds``) into
+    ``metrics[arm][seed]`` and ``seconds[arm][str(seed)]``, seeds in the order given."""
+    metrics: dict = {arm: {} for arm in arms}
+    seconds: dict = {arm: {} for arm in arms}
+    for (_, args), (met, sec) in zip(jobs, outs, strict=True):
+        for arm in met:
+            metrics[arm][args[-1]] = met[arm][args[-1]]
+            seconds[arm].update(sec[arm])
+    return {arm: {s: metrics[arm][s] for s in seeds} for arm in arms}, seconds

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from _finish import finish
-from _pool import run_jobs
+from _pool import merge_seed_runs, run_jobs
 from moelab.methods.flow import FlowConfig, MoLFRecipe
 from moelab.methods.runner import run_seeds
 from moelab.utils.results import t_interval
@@ -191,13 +191,7 @@ def main() -> None:
     jobs = [(_part, ("expression", base, s)) for s in args.seeds]
     jobs += [(_part, ("toy", base, s)) for s in args.seeds]
     outs = run_jobs(jobs, args.workers, args.threads)
-    metrics = {arm: {} for arm in ARMS}
-    seconds = {arm: {} for arm in ARMS}
-    for (_, (_, _, seed)), (met, sec) in zip(jobs, outs, strict=True):
-        for arm in met:
-            metrics[arm][seed] = met[arm][seed]
-            seconds[arm].update(sec[arm])
-    metrics = {arm: {s: metrics[arm][s] for s in args.seeds} for arm in ARMS}
+    metrics, seconds = merge_seed_runs(jobs, outs, list(ARMS), args.seeds)
     settings = {
         "recipe": "molf",
         "base": dataclasses.asdict(base),

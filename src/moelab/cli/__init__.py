@@ -11,6 +11,7 @@ from moelab.cli import (  # noqa: F401
     evaluate,
     expand,
     flow,
+    forecast,
     generate,
     lora,
     prune,
