@@ -14,6 +14,7 @@ from moelab.cli import (  # noqa: F401
     lora,
     prune,
     quantize,
+    rl,
     serve,
     train,
     upcycle,

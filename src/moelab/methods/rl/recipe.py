@@ -1,0 +1,34 @@
+"""The PA-MoE recipe for :func:`moelab.methods.runner.run_seeds`: one arm, one seed, metrics.
+
+Arms are :class:`~moelab.methods.rl.config.RLConfig` variants (``arm``, ``estimator``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from moelab.methods.rl.config import RLConfig
+from moelab.methods.rl.train import run_metrics, train_policy
+
+
+class PAMoERecipe:
+    """``run(config, seed) -> metrics`` (:func:`~moelab.methods.rl.train.run_metrics`).
+
+    Args:
+        checkpoint_dir: keep a resumable checkpoint per arm and seed there
+            (``<arm>-<estimator>-seed<seed>.pt``); a rerun resumes each from its file.
+        progress: show a progress bar per run.
+    """
+
+    name = "pa-moe"
+
+    def __init__(self, checkpoint_dir: str | Path | None = None, progress: bool = False) -> None:
+        self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
+        self.progress = progress
+
+    def run(self, config: RLConfig, seed: int) -> dict[str, float]:
+        ckpt = None
+        if self.checkpoint_dir is not None:
+            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            ckpt = self.checkpoint_dir / f"{config.arm}-{config.estimator}-seed{seed}.pt"
+        return run_metrics(train_policy(config, seed, checkpoint=ckpt, progress=self.progress))
