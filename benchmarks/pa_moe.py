@@ -42,8 +42,13 @@ from moelab.utils.atomic import atomic_write_text
 from moelab.utils.results import make_result, write_result
 
 ARMS = ("pamoe", "single", "step", "trajectory")
-PAIRS = [("pamoe", "single"), ("step", "single"), ("trajectory", "single"),
-         ("pamoe", "step"), ("pamoe", "trajectory")]
+PAIRS = [
+    ("pamoe", "single"),
+    ("step", "single"),
+    ("trajectory", "single"),
+    ("pamoe", "step"),
+    ("pamoe", "trajectory"),
+]
 MARGIN = 0.05
 SWITCH_RATIO = 1 / 3
 BOOTSTRAP = 10_000
@@ -101,8 +106,11 @@ def report(result) -> tuple[str, dict]:
         for name in ("success/doorkey", "success/empty", "switches/doorkey"):
             d = [a - b for a, b in zip(vals(arm, name), vals(base, name), strict=True)]
             lo, hi = bootstrap_ci(d)
-            diffs[f"{arm}-{base}/{name}"] = {"per_seed": d, "mean": float(np.mean(d)),
-                                             "ci": [lo, hi]}
+            diffs[f"{arm}-{base}/{name}"] = {
+                "per_seed": d,
+                "mean": float(np.mean(d)),
+                "ci": [lo, hi],
+            }
             per = ", ".join(f"{x:+.3f}" for x in d)
             lines.append(
                 f"| {arm} − {base} | {name} | {per} | {np.mean(d):+.3f} | [{lo:+.3f}, {hi:+.3f}] |"
@@ -115,8 +123,13 @@ def report(result) -> tuple[str, dict]:
         "doorkey >= trajectory": mean["pamoe"] >= mean["trajectory"],
         "switches <= step / 3": sw["pamoe"] <= SWITCH_RATIO * sw["step"],
     }
-    verdict = {"parts": parts, "holds": all(parts.values()), "doorkey_mean": mean,
-               "switches_mean": sw, "differences": diffs}
+    verdict = {
+        "parts": parts,
+        "holds": all(parts.values()),
+        "doorkey_mean": mean,
+        "switches_mean": sw,
+        "differences": diffs,
+    }
     lines += ["", "| claim part | holds |", "|---|---|"]
     lines += [f"| {k} | {'yes' if v else 'no'} |" for k, v in parts.items()]
     lines.append(f"| **all** | **{'yes' if verdict['holds'] else 'no'}** |")
@@ -133,8 +146,12 @@ def main() -> None:
     p.add_argument("--estimator", default="gigpo", choices=("gigpo", "grpo", "gae"))
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--checkpoint-dir", type=Path, default=None,
-                   help="resumable per-run checkpoints (a rerun resumes)")
+    p.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        default=None,
+        help="resumable per-run checkpoints (a rerun resumes)",
+    )
     p.add_argument("--out", type=Path, default=Path("runs/bench/pa-moe.json"))
     args = p.parse_args()
     base = RLConfig(
@@ -170,8 +187,10 @@ def main() -> None:
     plot = plot_learning_curves(result, args.out.with_suffix(".png"))
     atomic_write_text(args.out.with_suffix(".md"), table)
     print(table)
-    print(f"wall time {elapsed / 60:.1f} min ({math.ceil(elapsed)} s); result: {args.out}; "
-          f"curves: {plot}")
+    print(
+        f"wall time {elapsed / 60:.1f} min ({math.ceil(elapsed)} s); result: {args.out}; "
+        f"curves: {plot}"
+    )
 
 
 if __name__ == "__main__":

@@ -30,8 +30,9 @@ def test_temperature_schedule_endpoints_and_midpoint():
 
 def test_router_gives_one_expert_per_step_and_greedy_is_argmax():
     torch.manual_seed(0)
-    router = PhaseRouter(obs_size=6, goal_size=5, history_size=7, num_experts=4, hidden_size=8,
-                         num_heads=2)
+    router = PhaseRouter(
+        obs_size=6, goal_size=5, history_size=7, num_experts=4, hidden_size=8, num_heads=2
+    )
     B = 9
     mask = torch.ones(B, 3, dtype=torch.bool)
     mask[0, 2] = False
@@ -58,16 +59,24 @@ def test_sampling_follows_the_tempered_distribution():
 
 def test_forced_step_plan_equals_hand_built_plan_and_expert_maths():
     torch.manual_seed(1)
-    layer = MoELayer(MoEConfig(
-        router=RouterConfig(num_experts=3, top_k=1),
-        experts=ExpertsConfig(hidden_size=8, ffn_hidden_size=5, activation="gelu"),
-        losses=LossConfig(load_balance="none", z_loss_coeff=0.0),
-    ))
+    layer = MoELayer(
+        MoEConfig(
+            router=RouterConfig(num_experts=3, top_k=1),
+            experts=ExpertsConfig(hidden_size=8, ffn_hidden_size=5, activation="gelu"),
+            losses=LossConfig(load_balance="none", z_loss_coeff=0.0),
+        )
+    )
     x = torch.randn(6, 8)
     e = torch.tensor([2, 0, 0, 1, 2, 2])
     logits = torch.randn(6, 3)
-    hand = RoutingPlan(token_idx=torch.arange(6), expert_idx=e, weight=torch.ones(6),
-                       logits=logits, probs=logits.softmax(-1), num_experts=3)
+    hand = RoutingPlan(
+        token_idx=torch.arange(6),
+        expert_idx=e,
+        weight=torch.ones(6),
+        logits=logits,
+        probs=logits.softmax(-1),
+        num_experts=3,
+    )
     y = layer(x, plan=step_plan(e, logits)).hidden_states
     torch.testing.assert_close(y, layer(x, plan=hand).hidden_states)
     w_up, w_down = layer.experts.w_up, layer.experts.w_down
@@ -122,7 +131,9 @@ def test_balance_and_switching_surrogate_values():
     same = torch.tensor([True, True, False])
     # pairs (0,1): 1 − 0.5; (1,2): 1 − 0.5
     assert switching_probability(probs, same).item() == pytest.approx(0.5)
-    assert switching_probability(probs, torch.tensor([False, True, False])).item() == pytest.approx(0.5)
+    assert switching_probability(probs, torch.tensor([False, True, False])).item() == pytest.approx(
+        0.5
+    )
 
 
 def test_diversity_loss_by_hand():
@@ -148,7 +159,13 @@ def test_bad_inputs_raise():
         PhaseRouter(4, 4, 4, 2, hidden_size=6, num_heads=4)
     router = PhaseRouter(4, 4, 4, 2, hidden_size=8, num_heads=2)
     with pytest.raises(InvalidValueError, match="goal_mask_BM"):
-        router(torch.zeros(2, 3, 4), torch.zeros(2, 2, 4), torch.tensor([[True, False], [False, False]]),
-               torch.zeros(2, 5, 4))
+        router(
+            torch.zeros(2, 3, 4),
+            torch.zeros(2, 2, 4),
+            torch.tensor([[True, False], [False, False]]),
+            torch.zeros(2, 5, 4),
+        )
     with pytest.raises(InvalidValueError, match="cost"):
-        switch_shaped_advantages(torch.zeros(2), torch.zeros(2), torch.zeros(2, dtype=torch.bool), -1)
+        switch_shaped_advantages(
+            torch.zeros(2), torch.zeros(2), torch.zeros(2, dtype=torch.bool), -1
+        )

@@ -81,7 +81,9 @@ def test_ppo_loss_on_a_fixed_batch():
 
 def test_bad_inputs_raise():
     with pytest.raises(InvalidValueError, match="norm"):
-        group_normalise(torch.zeros(2), torch.zeros(2, dtype=torch.long), "std", singleton_mean=True)
+        group_normalise(
+            torch.zeros(2), torch.zeros(2, dtype=torch.long), "std", singleton_mean=True
+        )
     with pytest.raises(InvalidValueError, match="episode"):
         gigpo_advantages(REWARDS, EPISODE, GROUP[:2], ANCHOR)
     with pytest.raises(InvalidValueError, match="rewards, episode, anchor"):

@@ -7,17 +7,28 @@ import torch
 
 pytest.importorskip("minigrid")
 
-from moelab.errors import InvalidValueError  # noqa: E402
-from moelab.methods.rl import PAMoERecipe, RLConfig, train_policy  # noqa: E402
-from moelab.methods.rl.envs import EnvPool, TaskMix, make_env  # noqa: E402
-from moelab.methods.rl.metrics import expert_phase_nmi, switches_per_episode  # noqa: E402
-from moelab.methods.rl.policy import MiniGridPolicy  # noqa: E402
-from moelab.methods.rl.rollout import collect  # noqa: E402
-from moelab.models.io import CheckpointError  # noqa: E402
+from moelab.errors import InvalidValueError
+from moelab.methods.rl import PAMoERecipe, RLConfig, train_policy
+from moelab.methods.rl.envs import EnvPool, TaskMix, make_env
+from moelab.methods.rl.metrics import expert_phase_nmi, switches_per_episode
+from moelab.methods.rl.policy import MiniGridPolicy
+from moelab.methods.rl.rollout import collect
+from moelab.models.io import CheckpointError
 
-TINY = RLConfig(max_steps=30, frames=300, groups=2, group_size=2, eval_every=150, eval_episodes=2,
-                minibatch=128, hidden_size=16, embed_size=4, router_size=8, expert_size=4,
-                shared_size=8)
+TINY = RLConfig(
+    max_steps=30,
+    frames=300,
+    groups=2,
+    group_size=2,
+    eval_every=150,
+    eval_episodes=2,
+    minibatch=128,
+    hidden_size=16,
+    embed_size=4,
+    router_size=8,
+    expert_size=4,
+    shared_size=8,
+)
 
 
 def _rollout(arm: str, seed: int, slots, greedy=False):
@@ -26,8 +37,17 @@ def _rollout(arm: str, seed: int, slots, greedy=False):
     torch.manual_seed(0)
     policy = MiniGridPolicy(config, len(mix.vocab) + 1)
     gen = torch.Generator().manual_seed(seed)
-    return collect(policy, mix, EnvPool(mix), slots, [0, 0, 1], history=5, greedy=greedy,
-                   tau=2.0, generator=gen)
+    return collect(
+        policy,
+        mix,
+        EnvPool(mix),
+        slots,
+        [0, 0, 1],
+        history=5,
+        greedy=greedy,
+        tau=2.0,
+        generator=gen,
+    )
 
 
 def test_env_seed_reproduces_a_rollout():

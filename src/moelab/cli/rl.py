@@ -31,9 +31,13 @@ def train_command(
     task_weight: Annotated[
         list[float] | None, Opt(help="Sampling weight per --task (sum 1).")
     ] = None,
-    frames: Annotated[int, Opt(help="Environment steps of training per run."), Range(min=1)] = 400_000,
+    frames: Annotated[
+        int, Opt(help="Environment steps of training per run."), Range(min=1)
+    ] = 400_000,
     estimator: Annotated[str, Opt(help="gigpo, grpo or gae (PPO with a value head).")] = "gigpo",
-    eval_every: Annotated[int, Opt(help="Frames between greedy evaluations."), Range(min=1)] = 50_000,
+    eval_every: Annotated[
+        int, Opt(help="Frames between greedy evaluations."), Range(min=1)
+    ] = 50_000,
     eval_episodes: Annotated[int, Opt(help="Held-out seeds per task."), Range(min=1)] = 50,
     checkpoint_dir: Annotated[
         Path | None, Opt(help="Keep resumable checkpoints here; a rerun resumes from them.")

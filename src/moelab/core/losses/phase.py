@@ -91,9 +91,7 @@ def expert_diversity_loss(
     """
     E, B, _ = action_logp_EBA.shape
     if probs_BE.shape != (B, E):
-        raise InvalidValueError(
-            f"probs_BE: must be [B={B}, E={E}], got {tuple(probs_BE.shape)}"
-        )
+        raise InvalidValueError(f"probs_BE: must be [B={B}, E={E}], got {tuple(probs_BE.shape)}")
     if not threshold > 0:
         raise InvalidValueError(f"threshold: must be > 0, got {threshold}")
     i, j = torch.triu_indices(E, E, offset=1, device=probs_BE.device)

@@ -30,7 +30,9 @@ def _gym():
         import gymnasium
         import minigrid  # noqa: F401  (registers the MiniGrid environments)
     except ImportError as e:
-        raise MissingDependencyError(f"MiniGrid RL needs {e.name}; install with: {RL_INSTALL}") from None
+        raise MissingDependencyError(
+            f"MiniGrid RL needs {e.name}; install with: {RL_INSTALL}"
+        ) from None
     return gymnasium
 
 

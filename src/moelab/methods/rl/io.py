@@ -19,7 +19,9 @@ FORMAT = "moelab.rl-checkpoint/1"
 
 
 def _config(run) -> dict:
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(run.config).items()}
+    return {
+        k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(run.config).items()
+    }
 
 
 def save_checkpoint(path, run, opt, ref, gen: torch.Generator) -> Path:

@@ -34,7 +34,7 @@ def plot_learning_curves(result: BenchmarkResult, path: str | os.PathLike) -> Pa
     fig = Figure(figsize=(4.2 * len(tasks), 3.4))
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(tasks), squeeze=False)[0]
-    for ax, task in zip(axes, tasks):
+    for ax, task in zip(axes, tasks, strict=True):
         for arm, c in per_arm.items():
             if task not in c:
                 continue

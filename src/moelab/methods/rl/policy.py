@@ -93,9 +93,7 @@ class MiniGridPolicy(nn.Module):
         x = torch.cat([cells.reshape(B, -1), self.direction(direction), pooled], dim=-1)
         return self.trunk(x), cells, words, mask
 
-    def router_logits(
-        self, cells: Tensor, words: Tensor, mask: Tensor, history: Tensor
-    ) -> Tensor:
+    def router_logits(self, cells: Tensor, words: Tensor, mask: Tensor, history: Tensor) -> Tensor:
         """The phase router's logits ``[B, E]`` (inputs detached from the trunk [I])."""
         return self.router(cells.detach(), words.detach(), mask, history)
 

@@ -97,7 +97,9 @@ def collect(
     H = policy.trunk[-2].out_features
     hist = torch.zeros(n, history, H)
     expert = torch.zeros(n, dtype=torch.long)
-    obs = [_obs(env.reset(seed=int(seed))[0], mix) for env, (_, seed) in zip(envs, slots)]
+    obs = [
+        _obs(env.reset(seed=int(seed))[0], mix) for env, (_, seed) in zip(envs, slots, strict=True)
+    ]
     alive = np.ones(n, dtype=bool)
     t_of = np.zeros(n, dtype=np.int64)
     steps: list[list[dict]] = [[] for _ in range(n)]
@@ -181,9 +183,7 @@ def _pack(steps, slots, groups, E, history, H, keep_history) -> Rollout:
         return torch.tensor([s[name] for s in flat], dtype=dtype)
 
     hist = (
-        torch.stack([s["history"] for s in flat])
-        if keep_history
-        else torch.zeros(len(flat), 0, H)
+        torch.stack([s["history"] for s in flat]) if keep_history else torch.zeros(len(flat), 0, H)
     )
     return Rollout(
         image=torch.from_numpy(np.stack([s["image"] for s in flat])),

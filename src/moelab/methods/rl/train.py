@@ -66,7 +66,9 @@ def build_run(config: RLConfig, seed: int) -> RLRun:
     return RLRun(config, seed, mix, MiniGridPolicy(config, len(mix.vocab) + 1))
 
 
-def evaluate(run: RLRun, episodes: int | None = None, pool: EnvPool | None = None) -> dict[str, float]:
+def evaluate(
+    run: RLRun, episodes: int | None = None, pool: EnvPool | None = None
+) -> dict[str, float]:
     """Greedy success and routing metrics on ``episodes`` held-out seeds per task
     (:func:`~moelab.methods.rl.metrics.rollout_metrics`)."""
     n = episodes or run.config.eval_episodes
