@@ -143,6 +143,7 @@ def main() -> None:
     p.add_argument("--frames", type=int, default=RLConfig.frames)
     p.add_argument("--eval-every", type=int, default=RLConfig.eval_every)
     p.add_argument("--eval-episodes", type=int, default=RLConfig.eval_episodes)
+    p.add_argument("--final-episodes", type=int, default=RLConfig.final_episodes)
     p.add_argument("--estimator", default="gigpo", choices=("gigpo", "grpo", "gae"))
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
@@ -158,6 +159,7 @@ def main() -> None:
         frames=args.frames,
         eval_every=args.eval_every,
         eval_episodes=args.eval_episodes,
+        final_episodes=args.final_episodes,
         estimator=args.estimator,
     )
     start = time.perf_counter()

@@ -22,6 +22,7 @@ TINY = RLConfig(
     group_size=2,
     eval_every=150,
     eval_episodes=2,
+    final_episodes=3,
     minibatch=128,
     hidden_size=16,
     embed_size=4,

@@ -35,10 +35,18 @@ def train_command(
         int, Opt(help="Environment steps of training per run."), Range(min=1)
     ] = 400_000,
     estimator: Annotated[str, Opt(help="gigpo, grpo or gae (PPO with a value head).")] = "gigpo",
+    max_steps: Annotated[
+        int, Opt(help="Episode cap (0: each task's own limit)."), Range(min=0)
+    ] = 0,
     eval_every: Annotated[
         int, Opt(help="Frames between greedy evaluations."), Range(min=1)
     ] = 50_000,
-    eval_episodes: Annotated[int, Opt(help="Held-out seeds per task."), Range(min=1)] = 50,
+    eval_episodes: Annotated[
+        int, Opt(help="Held-out seeds per task at each curve point."), Range(min=1)
+    ] = 20,
+    final_episodes: Annotated[
+        int, Opt(help="Held-out seeds per task of the final evaluation."), Range(min=1)
+    ] = 100,
     checkpoint_dir: Annotated[
         Path | None, Opt(help="Keep resumable checkpoints here; a rerun resumes from them.")
     ] = None,
@@ -79,8 +87,10 @@ def train_command(
         arm=arm[0],
         frames=frames,
         estimator=estimator,
+        max_steps=max_steps,
         eval_every=eval_every,
         eval_episodes=eval_episodes,
+        final_episodes=final_episodes,
         **mix,
     )
     arms = {a: {"arm": a} for a in arm}

@@ -65,8 +65,10 @@ class RLConfig:
 
     Evaluation:
         eval_every: frames between greedy evaluations (the learning curve); eval_episodes:
-            held-out seeds per task (disjoint from training seeds); success_target: the
-            complex task's success level whose first frame count is reported (0.8).
+            held-out seeds per task (disjoint from training seeds) at each curve point;
+            final_episodes: held-out seeds per task of the final evaluation (the reported
+            success); success_target: the complex task's success level whose first frame
+            count is reported (0.8).
 
     Raises (construction):
         InvalidValueError: a field of the wrong type or out of range (named).
@@ -109,7 +111,8 @@ class RLConfig:
     router_lr: float = 3e-4
     grad_clip: float = 1.0
     eval_every: int = 50_000
-    eval_episodes: int = 50
+    eval_episodes: int = 20
+    final_episodes: int = 100
     success_target: float = 0.8
 
     def __post_init__(self) -> None:
@@ -119,6 +122,12 @@ class RLConfig:
             len(self.tasks) == len(self.task_weights) and len(self.tasks) >= 1,
             "task_weights",
             f"need one weight per task ({len(self.tasks)}), got {len(self.task_weights)}",
+        )
+        _check(
+            all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in self.task_weights)
+            and all(isinstance(t, str) for t in self.tasks),
+            "tasks",
+            f"need gymnasium ids and numeric weights, got {self.tasks!r}, {self.task_weights!r}",
         )
         for name in (
             "frames",
@@ -134,6 +143,7 @@ class RLConfig:
             "minibatch",
             "eval_every",
             "eval_episodes",
+            "final_episodes",
         ):
             _check(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         for name in (

@@ -211,8 +211,9 @@ class _Updater:
         return last
 
 
-def _eval_point(run: RLRun, pool: EnvPool) -> None:
-    run.curve[run.frames] = evaluate(run, pool=pool)
+def _eval_point(run: RLRun, pool: EnvPool, final: bool) -> None:
+    episodes = run.config.final_episodes if final else run.config.eval_episodes
+    run.curve[run.frames] = evaluate(run, episodes, pool)
 
 
 def train_policy(
@@ -223,7 +224,8 @@ def train_policy(
     progress: bool = False,
 ) -> RLRun:
     """Train one arm for ``config.frames`` environment steps and evaluate it greedily every
-    ``eval_every`` frames and at the end (the last curve point is the final evaluation).
+    ``eval_every`` frames on ``eval_episodes`` held-out seeds per task, and at the end on
+    ``final_episodes`` (the last curve point is the final evaluation).
 
     Args:
         checkpoint: a file to save the training state to after every evaluation; if it exists,
@@ -260,8 +262,9 @@ def train_policy(
             )
             run.frames += r.frames
             loss = updater.update(r, gen)
-            if run.frames >= next_eval or run.frames >= config.frames:
-                _eval_point(run, pool)
+            done = run.frames >= config.frames
+            if run.frames >= next_eval or done:
+                _eval_point(run, pool, final=done)
                 next_eval = (run.frames // config.eval_every + 1) * config.eval_every
                 if checkpoint is not None:
                     save_checkpoint(checkpoint, run, updater.opt, updater.ref, gen)
