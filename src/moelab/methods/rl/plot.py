@@ -8,9 +8,8 @@ import os
 from pathlib import Path
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
+from moelab.errors import MissingDependencyError
 from moelab.utils.atomic import atomic_write_bytes
 from moelab.utils.results import BenchmarkResult
 
@@ -28,7 +27,18 @@ def curves(result: BenchmarkResult, arm: str) -> dict[str, tuple[np.ndarray, np.
 
 
 def plot_learning_curves(result: BenchmarkResult, path: str | os.PathLike) -> Path:
-    """Write the PNG of every arm's curves to ``path`` (atomically) and return it."""
+    """Write the PNG of every arm's curves to ``path`` (atomically) and return it.
+
+    Raises:
+        MissingDependencyError: matplotlib is not installed.
+    """
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise MissingDependencyError(
+            "learning-curve plots need matplotlib; install with: pip install 'moelab[analysis]'"
+        ) from None
     per_arm = {arm: curves(result, arm) for arm in result.arms}
     tasks = sorted({t for c in per_arm.values() for t in c})
     fig = Figure(figsize=(4.2 * len(tasks), 3.4))
