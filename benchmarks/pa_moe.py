@@ -36,6 +36,7 @@ import numpy as np
 
 from _pool import run_jobs
 from moelab.methods.rl import PAMoERecipe, RLConfig
+from moelab.methods.rl.io import checkpoint_frames
 from moelab.methods.rl.plot import plot_learning_curves
 from moelab.methods.runner import run_seeds
 from moelab.utils.atomic import atomic_write_text
@@ -57,6 +58,21 @@ BOOTSTRAP = 10_000
 def _job(arm: str, base: RLConfig, seed: int, ckpt: str | None) -> tuple[dict, dict]:
     result = run_seeds(PAMoERecipe(ckpt), base, [seed], arms={arm: {"arm": arm}}, pairs=[])
     return result.metrics[arm][seed], result.extra["run_seconds"][arm][str(seed)]
+
+
+def _finished_seeds(base: RLConfig, seeds: list[int], arms: list[str], folder) -> list[int]:
+    if folder is None:
+        raise SystemExit("--finished-only needs --checkpoint-dir")
+    recipe = PAMoERecipe(folder)
+    done = []
+    for s in seeds:
+        cfgs = [dataclasses.replace(base, arm=a) for a in arms]
+        frames = [checkpoint_frames(recipe.checkpoint(c, s)) for c in cfgs]
+        if all(f is not None and f >= base.frames for f in frames):
+            done.append(s)
+    if not done:
+        raise SystemExit("no seed has finished every arm yet")
+    return done
 
 
 def bootstrap_ci(diffs: list[float], level: float = 0.95, seed: int = 0) -> tuple[float, float]:
@@ -153,6 +169,12 @@ def main() -> None:
         default=None,
         help="resumable per-run checkpoints (a rerun resumes)",
     )
+    p.add_argument(
+        "--finished-only",
+        action="store_true",
+        help="with --checkpoint-dir: report only the seeds whose runs have all finished "
+        "(a partial result while the others still train)",
+    )
     p.add_argument("--out", type=Path, default=Path("runs/bench/pa-moe.json"))
     args = p.parse_args()
     base = RLConfig(
@@ -164,6 +186,8 @@ def main() -> None:
     )
     start = time.perf_counter()
     ckpt = None if args.checkpoint_dir is None else str(args.checkpoint_dir)
+    if args.finished_only:
+        args.seeds = _finished_seeds(base, args.seeds, args.arms, args.checkpoint_dir)
     jobs = [(_job, (arm, base, s, ckpt)) for s in args.seeds for arm in args.arms]
     outs = run_jobs(jobs, args.workers, args.threads)
     metrics = {arm: {} for arm in args.arms}
@@ -173,6 +197,7 @@ def main() -> None:
         seconds[arm][str(seed)] = sec
     settings = {
         "recipe": "pa-moe",
+        "finished_only": args.finished_only,
         "base": dataclasses.asdict(base),
         "arms": {a: {"arm": a} for a in args.arms},
         "workers": args.workers,

@@ -10,6 +10,7 @@ pytest.importorskip("minigrid")
 from moelab.errors import InvalidValueError
 from moelab.methods.rl import PAMoERecipe, RLConfig, train_policy
 from moelab.methods.rl.envs import EnvPool, TaskMix, make_env
+from moelab.methods.rl.io import checkpoint_frames
 from moelab.methods.rl.metrics import expert_phase_nmi, switches_per_episode
 from moelab.methods.rl.policy import MiniGridPolicy
 from moelab.methods.rl.rollout import collect
@@ -100,6 +101,7 @@ def test_train_checkpoint_resume_and_metrics(tmp_path):
     run = train_policy(TINY, 0, checkpoint=ckpt)
     assert run.frames >= 300 and len(run.curve) >= 2 and ckpt.is_file()
     assert all(f >= 150 for f in run.curve) and max(run.curve) == run.frames
+    assert checkpoint_frames(ckpt) == run.frames and checkpoint_frames(tmp_path / "no") is None
     again = train_policy(TINY, 0, checkpoint=ckpt)  # resumes at the end: nothing left to do
     assert again.curve == run.curve and again.updates == run.updates
     for a, b in zip(again.policy.parameters(), run.policy.parameters(), strict=True):

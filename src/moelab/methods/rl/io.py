@@ -41,6 +41,28 @@ def save_checkpoint(path, run, opt, ref, gen: torch.Generator) -> Path:
     return atomic_write(Path(path), lambda p: torch.save(state, p))
 
 
+def checkpoint_frames(path) -> int | None:
+    """The frames trained so far in the checkpoint ``path``, or None if there is none there.
+
+    Raises:
+        CheckpointError: the file is unreadable or of another format.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return None
+    return _read(path)["frames"]
+
+
+def _read(path: Path) -> dict:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several types for truncated/corrupt pickles
+        raise CheckpointError(f"{path}: corrupt or not a checkpoint ({type(e).__name__})") from e
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a {FORMAT} file")
+    return state
+
+
 def load_checkpoint(path, run, opt, ref, gen: torch.Generator) -> None:
     """Restore ``run``, ``opt``, ``ref`` and ``gen`` from ``path`` in place.
 
@@ -48,12 +70,7 @@ def load_checkpoint(path, run, opt, ref, gen: torch.Generator) -> None:
         CheckpointError: unreadable, another format, or another config or seed.
     """
     path = Path(path)
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises several types for truncated/corrupt pickles
-        raise CheckpointError(f"{path}: corrupt or not a checkpoint ({type(e).__name__})") from e
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: not a {FORMAT} file")
+    state = _read(path)
     if state["config"] != _config(run) or state["seed"] != run.seed:
         raise CheckpointError(f"{path}: written by another config or seed; use a new file")
     run.policy.load_state_dict(state["policy"])

@@ -26,9 +26,14 @@ class PAMoERecipe:
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
         self.progress = progress
 
+    def checkpoint(self, config: RLConfig, seed: int) -> Path | None:
+        """The checkpoint file of this arm and seed (None without ``checkpoint_dir``)."""
+        if self.checkpoint_dir is None:
+            return None
+        return self.checkpoint_dir / f"{config.arm}-{config.estimator}-seed{seed}.pt"
+
     def run(self, config: RLConfig, seed: int) -> dict[str, float]:
-        ckpt = None
-        if self.checkpoint_dir is not None:
-            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-            ckpt = self.checkpoint_dir / f"{config.arm}-{config.estimator}-seed{seed}.pt"
+        ckpt = self.checkpoint(config, seed)
+        if ckpt is not None:
+            ckpt.parent.mkdir(parents=True, exist_ok=True)
         return run_metrics(train_policy(config, seed, checkpoint=ckpt, progress=self.progress))
