@@ -36,8 +36,12 @@ import numpy as np
 
 from _pool import run_jobs
 from moelab.methods.rl import PAMoERecipe, RLConfig
-from moelab.methods.rl.io import checkpoint_frames
+from moelab.methods.rl.envs import EnvPool
+from moelab.methods.rl.io import checkpoint_frames, load_policy
+from moelab.methods.rl.metrics import expert_shares
 from moelab.methods.rl.plot import plot_learning_curves
+from moelab.methods.rl.rollout import collect
+from moelab.methods.rl.train import EVAL_SEED_BASE, build_run
 from moelab.methods.runner import run_seeds
 from moelab.utils.atomic import atomic_write_text
 from moelab.utils.results import make_result, write_result
@@ -58,6 +62,41 @@ BOOTSTRAP = 10_000
 def _job(arm: str, base: RLConfig, seed: int, ckpt: str | None) -> tuple[dict, dict]:
     result = run_seeds(PAMoERecipe(ckpt), base, [seed], arms={arm: {"arm": arm}}, pairs=[])
     return result.metrics[arm][seed], result.extra["run_seconds"][arm][str(seed)]
+
+
+def _routing(arm: str, base: RLConfig, seed: int, folder: str) -> dict[str, list[float]]:
+    """Expert shares per task and DoorKey phase of a finished run's greedy policy, on the
+    first ``eval_episodes`` held-out seeds per task (a diagnostic of collapse and
+    specialisation)."""
+    config = dataclasses.replace(base, arm=arm)
+    run = build_run(config, seed)
+    load_policy(PAMoERecipe(folder).checkpoint(config, seed), run)
+    n = config.eval_episodes
+    slots = [(t, EVAL_SEED_BASE + k) for t in range(len(config.tasks)) for k in range(n)]
+    r = collect(
+        run.policy,
+        run.mix,
+        EnvPool(run.mix),
+        slots,
+        list(range(len(slots))),
+        history=config.history,
+        greedy=True,
+        keep_history=False,
+    )
+    return expert_shares(r, run.mix.names, run.policy.num_experts)
+
+
+def routing_table(routing: dict) -> str:
+    """Markdown: per arm and seed, the expert shares (E entries, in %) per task and phase."""
+    keys = sorted({k for per_seed in routing.values() for v in per_seed.values() for k in v})
+    lines = ["| arm | seed | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
+    for arm, per_seed in routing.items():
+        for seed, shares in per_seed.items():
+            cells = [
+                " ".join(f"{100 * x:.0f}" for x in shares[k]) if k in shares else "" for k in keys
+            ]
+            lines.append(f"| {arm} | {seed} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _finished_seeds(base: RLConfig, seeds: list[int], arms: list[str], folder) -> list[int]:
@@ -203,15 +242,30 @@ def main() -> None:
         "workers": args.workers,
         "threads": args.threads,
     }
+    routing = {}
+    if ckpt is not None:
+        routing_jobs = [(_routing, (arm, base, s, ckpt)) for arm in args.arms for s in args.seeds]
+        shares = run_jobs(routing_jobs, args.workers, args.threads)
+        for (_, (arm, _, seed, _)), sh in zip(routing_jobs, shares, strict=True):
+            routing.setdefault(arm, {})[str(seed)] = sh
     pairs = [pr for pr in PAIRS if pr[0] in args.arms and pr[1] in args.arms]
     result = make_result("pa-moe", "pa-moe", settings, metrics, pairs=pairs)
     elapsed = time.perf_counter() - start
     table, verdict = report(result) if set(ARMS) <= set(args.arms) else ("", {})
     result = dataclasses.replace(
-        result, extra={"run_seconds": seconds, "wall_seconds": elapsed, "claim": verdict}
+        result,
+        extra={
+            "run_seconds": seconds,
+            "wall_seconds": elapsed,
+            "claim": verdict,
+            "expert_shares": routing,
+        },
     )
     write_result(result, args.out)
     plot = plot_learning_curves(result, args.out.with_suffix(".png"))
+    if routing:
+        table += "\nExpert shares (%) per task and DoorKey phase, greedy policy:\n\n"
+        table += routing_table(routing)
     atomic_write_text(args.out.with_suffix(".md"), table)
     print(table)
     print(

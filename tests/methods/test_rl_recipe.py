@@ -11,7 +11,7 @@ from moelab.errors import InvalidValueError
 from moelab.methods.rl import PAMoERecipe, RLConfig, train_policy
 from moelab.methods.rl.envs import EnvPool, TaskMix, make_env
 from moelab.methods.rl.io import checkpoint_frames
-from moelab.methods.rl.metrics import expert_phase_nmi, switches_per_episode
+from moelab.methods.rl.metrics import expert_phase_nmi, expert_shares, switches_per_episode
 from moelab.methods.rl.policy import MiniGridPolicy
 from moelab.methods.rl.rollout import collect
 from moelab.models.io import CheckpointError
@@ -72,11 +72,16 @@ def test_rollout_routing_per_arm():
     assert torch.equal(traj.router_step, traj.start)  # the router chooses at t = 0 only
     single = _rollout("single", 0, slots)
     assert (single.expert == 0).all()
+    assert expert_shares(single, TINY.tasks, 1)["doorkey"] == [1.0]
     pamoe = _rollout("pamoe", 0, slots)
     assert pamoe.router_step.all() and pamoe.expert.max() < 4
     # at τ = 2 an untrained router switches often
     assert switches_per_episode(pamoe.expert, pamoe.start, pamoe.episode).sum() > 0
     assert set(pamoe.phase[pamoe.task[pamoe.episode] == 1].tolist()) <= {0, 1, 2}
+    shares = expert_shares(pamoe, TINY.tasks, 4)
+    counts = torch.bincount(pamoe.expert[pamoe.task[pamoe.episode] == 0], minlength=4)
+    assert shares["empty"] == pytest.approx((counts / counts.sum()).tolist())
+    assert all(sum(v) == pytest.approx(1.0) for v in shares.values())
     assert (pamoe.phase[pamoe.task[pamoe.episode] == 0] == -1).all()
 
 

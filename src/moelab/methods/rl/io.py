@@ -63,6 +63,22 @@ def _read(path: Path) -> dict:
     return state
 
 
+def load_policy(path, run) -> None:
+    """Load only the policy, frames and curve of the checkpoint ``path`` into ``run`` (for
+    analysis of a finished or interrupted run).
+
+    Raises:
+        CheckpointError: unreadable, another format, or another config or seed.
+    """
+    path = Path(path)
+    state = _read(path)
+    if state["config"] != _config(run) or state["seed"] != run.seed:
+        raise CheckpointError(f"{path}: written by another config or seed")
+    run.policy.load_state_dict(state["policy"])
+    run.frames = state["frames"]
+    run.curve = {int(k): v for k, v in state["curve"].items()}
+
+
 def load_checkpoint(path, run, opt, ref, gen: torch.Generator) -> None:
     """Restore ``run``, ``opt``, ``ref`` and ``gen`` from ``path`` in place.
 

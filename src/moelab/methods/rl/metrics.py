@@ -81,3 +81,26 @@ def rollout_metrics(r: Rollout, names: tuple[str, ...], num_experts: int) -> dic
     steps = (r.task[r.episode] == last) & (r.phase >= 0)
     out["nmi"] = expert_phase_nmi(r.expert[steps], r.phase[steps], num_experts, 3)
     return out
+
+
+def expert_shares(r: Rollout, names: tuple[str, ...], num_experts: int) -> dict[str, list[float]]:
+    """The share of each expert among the steps of each task (``<task>``) and, for the last
+    (complex) task, of each ground-truth phase (``<task>/phase<k>``): ``[E]`` lists summing to 1
+    (tasks or phases without steps are left out). Shows routing collapse and specialisation."""
+    out: dict[str, list[float]] = {}
+    step_task = r.task[r.episode]
+
+    def share(sel: Tensor) -> list[float]:
+        counts = torch.bincount(r.expert[sel], minlength=num_experts).double()
+        return (counts / counts.sum()).tolist()
+
+    for t, name in enumerate(names):
+        sel = step_task == t
+        if bool(sel.any()):
+            out[task_short(name)] = share(sel)
+    last = len(names) - 1
+    for k in range(3):
+        sel = (step_task == last) & (r.phase == k)
+        if bool(sel.any()):
+            out[f"{task_short(names[last])}/phase{k}"] = share(sel)
+    return out
