@@ -63,24 +63,9 @@ def _read(path: Path) -> dict:
     return state
 
 
-def load_policy(path, run) -> None:
-    """Load only the policy, frames and curve of the checkpoint ``path`` into ``run`` (for
-    analysis of a finished or interrupted run).
-
-    Raises:
-        CheckpointError: unreadable, another format, or another config or seed.
-    """
-    path = Path(path)
-    state = _read(path)
-    if state["config"] != _config(run) or state["seed"] != run.seed:
-        raise CheckpointError(f"{path}: written by another config or seed")
-    run.policy.load_state_dict(state["policy"])
-    run.frames = state["frames"]
-    run.curve = {int(k): v for k, v in state["curve"].items()}
-
-
-def load_checkpoint(path, run, opt, ref, gen: torch.Generator) -> None:
-    """Restore ``run``, ``opt``, ``ref`` and ``gen`` from ``path`` in place.
+def load_policy(path, run) -> dict:
+    """Load the policy, frames, updates and curve of the checkpoint ``path`` into ``run`` (for
+    analysis of a finished or interrupted run); returns the whole saved state.
 
     Raises:
         CheckpointError: unreadable, another format, or another config or seed.
@@ -90,8 +75,18 @@ def load_checkpoint(path, run, opt, ref, gen: torch.Generator) -> None:
     if state["config"] != _config(run) or state["seed"] != run.seed:
         raise CheckpointError(f"{path}: written by another config or seed; use a new file")
     run.policy.load_state_dict(state["policy"])
+    run.frames, run.updates = state["frames"], state["updates"]
+    run.curve = {int(k): v for k, v in state["curve"].items()}
+    return state
+
+
+def load_checkpoint(path, run, opt, ref, gen: torch.Generator) -> None:
+    """Restore ``run``, ``opt``, ``ref`` and ``gen`` from ``path`` in place (to resume).
+
+    Raises:
+        CheckpointError: unreadable, another format, or another config or seed.
+    """
+    state = load_policy(path, run)
     ref.load_state_dict(state["ref"])
     opt.load_state_dict(state["optimizer"])
     gen.set_state(state["generator"])
-    run.frames, run.updates = state["frames"], state["updates"]
-    run.curve = {int(k): v for k, v in state["curve"].items()}
