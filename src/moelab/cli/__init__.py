@@ -16,6 +16,7 @@ from moelab.cli import (  # noqa: F401
     lora,
     prune,
     quantize,
+    rl,
     serve,
     train,
     upcycle,
