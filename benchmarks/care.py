@@ -43,8 +43,16 @@ GROUPS = (("care",), ("finetune", "aper", "simplecil"))
 MARGIN = 2.0
 
 
+def _log(method: str, seed: int, t: int, T: int, acc: float) -> None:
+    if (t + 1) % 9 == 0 or t + 1 == T:
+        print(
+            f"{time.strftime('%H:%M:%S')} {method} seed {seed}: task {t + 1}/{T}, A_t {acc:.1f}",
+            flush=True,
+        )
+
+
 def _job(arms: tuple[str, ...], base: ContinualConfig, seed: int):
-    recipe = ContinualRecipe()
+    recipe = ContinualRecipe(progress=_log)
     result = run_seeds(recipe, base, [seed], arms={a: {"method": a} for a in arms}, pairs=[])
     extra = {a: stream_extra(recipe.history[(a, seed)]) for a in arms}
     return result.metrics, result.extra["run_seconds"], extra

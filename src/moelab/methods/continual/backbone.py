@@ -59,6 +59,7 @@ class PrefixCache:
         self.batch_size = batch_size
         self.dim = encoder.cfg.hidden_size
         self.states: dict[str, Tensor] = {}
+        self.features: dict[str, Tensor] = {}  # frozen final features, filled by the learners
 
     def add(self, texts: Sequence[str]) -> None:
         """Compute the states of the texts not cached yet (shortest first, batched)."""

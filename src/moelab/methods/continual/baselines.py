@@ -97,9 +97,17 @@ class APERLearner(_AdapterLearner):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.model["head"] = PrototypeHead(2 * self.encoder.cfg.hidden_size)
+        self._adapted: dict[str, Tensor] = {}
 
     def _concat(self, indices: Sequence[int]) -> Tensor:
-        return torch.cat([self.frozen_features(indices), self.adapted_features(indices)], -1)
+        """``[pretrained ‖ adapted]`` features; the adapters are frozen after task 0, so the
+        adapted ones are memoized per text."""
+        adapted = self.memoized(self._adapted, indices, self._adapted_now)
+        return torch.cat([self.frozen_features(indices), adapted], -1)
+
+    def _adapted_now(self, indices: Sequence[int]) -> Tensor:
+        with torch.no_grad():
+            return self.adapted_features(indices)
 
     def grow_to(self, tasks: int) -> None:
         if tasks:
@@ -115,6 +123,8 @@ class APERLearner(_AdapterLearner):
             self._train(0, self.config.first_task_epochs, 0)
             self.model.requires_grad_(False)
         self.model.eval()
+        if t == 0:
+            self._adapted.clear()
         feats = _batched(self._concat, task.train)
         self.model["head"].add_classes(feats, self.labels(task.train), task.classes)
         self.tasks_learned = t + 1

@@ -77,10 +77,23 @@ class Learner:
         return pool(out, mask), sides
 
     def frozen_features(self, indices: Sequence[int]) -> Tensor:
-        """The pretrained encoder's features ``[B, D]`` (no adapters)."""
+        """The pretrained encoder's features ``[B, D]`` (no adapters), memoized per text in
+        the cache (they never change)."""
+        return self.memoized(self.cache.features, indices, self._frozen)
+
+    def _frozen(self, indices: Sequence[int]) -> Tensor:
         n = len(self.encoder.blocks) - self.start_block
         with torch.no_grad():
             return self.features_with(indices, [None] * n)[0]
+
+    def memoized(self, memo: dict[str, Tensor], indices: Sequence[int], compute) -> Tensor:
+        """``compute(indices)`` ``[B, F]``, computing only the texts missing from ``memo``."""
+        texts = [self.stream.texts[i] for i in indices]
+        missing = [i for i, t in zip(indices, texts, strict=True) if t not in memo]
+        if missing:
+            for i, row in zip(missing, compute(missing), strict=True):
+                memo[self.stream.texts[i]] = row
+        return torch.stack([memo[t] for t in texts])
 
     # -- the interface ----------------------------------------------------------------------
     def learn(self, t: int) -> None:

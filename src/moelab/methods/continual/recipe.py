@@ -9,9 +9,12 @@ run's :class:`~moelab.methods.continual.loop.StreamResult` in :attr:`ContinualRe
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+from moelab.errors import InvalidValueError
 from moelab.methods.continual.backbone import PrefixCache, check_adapted_blocks
 from moelab.methods.continual.baselines import APERLearner, FinetuneLearner, SimpleCILLearner
 from moelab.methods.continual.care import CaRELearner
@@ -19,8 +22,11 @@ from moelab.methods.continual.config import ContinualConfig
 from moelab.methods.continual.data import load_stream_data
 from moelab.methods.continual.learner import Learner
 from moelab.methods.continual.loop import StreamResult, router_hit_rate, run_stream
+from moelab.methods.continual.report import plot_curves, stream_extra
 from moelab.methods.continual.stream import Stream, class_incremental_stream
+from moelab.methods.runner import run_seeds
 from moelab.models.encoder import BertEncoder, Tokenize
+from moelab.utils.results import BenchmarkResult, write_result
 
 LEARNERS: dict[str, type[Learner]] = {
     "care": CaRELearner,
@@ -103,3 +109,39 @@ class ContinualRecipe:
         if config.method == "care" and config.scenario == "class":
             metrics["router_hit_rate"] = router_hit_rate(learner)
         return metrics
+
+
+def run_methods(
+    config: ContinualConfig,
+    methods: list[str],
+    seeds: list[int],
+    *,
+    recipe: ContinualRecipe | None = None,
+    out: str | os.PathLike[str] | None = None,
+) -> BenchmarkResult:
+    """Run every method (``methods[0]`` first, paired against the others) for every seed on
+    ``config``'s stream; the result's ``extra["streams"][method][seed]`` holds each run's
+    accuracy curve and per-task accuracies (:func:`~moelab.methods.continual.report.stream_extra`).
+    With ``out`` the result JSON is written there and the accuracy plot beside it (same
+    name, ``.png``).
+
+    Raises:
+        InvalidValueError: an unknown or repeated method; see
+            :func:`~moelab.methods.runner.run_seeds`.
+    """
+    bad = [m for m in methods if m not in LEARNERS]
+    if bad or not methods or len(set(methods)) != len(methods):
+        raise InvalidValueError(
+            f"methods: must be distinct names among {', '.join(LEARNERS)}, got {methods!r}"
+        )
+    recipe = recipe or ContinualRecipe()
+    result = run_seeds(recipe, config, seeds, arms={m: {"method": m} for m in methods})
+    result.extra["streams"] = {
+        m: {str(s): stream_extra(recipe.history[(m, s)]) for s in seeds} for m in methods
+    }
+    if out is not None:
+        write_result(result, out)
+        curves = {m: {s: recipe.history[(m, s)].curve.tolist() for s in seeds} for m in methods}
+        title = f"{config.stream}, {config.num_tasks} tasks of {config.classes_per_task} classes"
+        plot_curves(curves, Path(out).with_suffix(".png"), title)
+    return result
