@@ -34,7 +34,8 @@ from _pool import run_jobs
 from moelab.methods.continual import ContinualConfig, ContinualRecipe
 from moelab.methods.continual.report import plot_curves, stream_extra
 from moelab.methods.runner import run_seeds
-from moelab.utils.atomic import atomic_write_text
+from moelab.utils.atomic import atomic_write_json, atomic_write_text
+from moelab.utils.jsonfile import read_json
 from moelab.utils.result_tables import paired_table, summary_table
 from moelab.utils.results import make_result, write_result
 
@@ -51,11 +52,16 @@ def _log(method: str, seed: int, t: int, T: int, acc: float) -> None:
         )
 
 
-def _job(arms: tuple[str, ...], base: ContinualConfig, seed: int):
+def _job(arms: tuple[str, ...], base: ContinualConfig, seed: int, parts: Path):
+    """One seed of one arm group; its part is also written to ``parts`` as soon as it ends
+    (so a run stopped early keeps the finished seeds: ``--merge``)."""
     recipe = ContinualRecipe(progress=_log)
     result = run_seeds(recipe, base, [seed], arms={a: {"method": a} for a in arms}, pairs=[])
     extra = {a: stream_extra(recipe.history[(a, seed)]) for a in arms}
-    return result.metrics, result.extra["run_seconds"], extra
+    secs = {a: next(iter(v.values())) for a, v in result.extra["run_seconds"].items()}
+    out = ({a: result.metrics[a][seed] for a in arms}, secs, extra)
+    atomic_write_json(parts / f"{'-'.join(arms)}_seed{seed}.json", out)
+    return out
 
 
 def verdict(result) -> dict:
@@ -84,6 +90,9 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=Path("runs/bench/care.json"))
+    p.add_argument(
+        "--merge", action="store_true", help="build the result from the finished parts only"
+    )
     args = p.parse_args()
     base = ContinualConfig(
         num_tasks=args.tasks,
@@ -92,17 +101,33 @@ def main() -> None:
         first_task_epochs=args.first_task_epochs or ContinualConfig.first_task_epochs,
     )
     start = time.perf_counter()
+    parts = args.out.with_name(args.out.stem + "_parts")
+    parts.mkdir(parents=True, exist_ok=True)
     groups = [tuple(a for a in g if a in args.arms) for g in GROUPS]
-    jobs = [(_job, (g, base, s)) for g in groups if g for s in args.seeds]
-    outs = run_jobs(jobs, args.workers, args.threads)
+    # seed by seed, so a run cut short has whole seeds of every arm
+    jobs = [(_job, (g, base, s, parts)) for s in args.seeds for g in groups if g]
+    if args.merge:
+        found = [(j, parts / f"{'-'.join(j[1][0])}_seed{j[1][2]}.json") for j in jobs]
+        done = [(j, read_json(p)) for j, p in found if p.is_file()]
+        args.seeds = sorted(
+            {
+                j[1][2]
+                for j, _ in done
+                if all((parts / f"{'-'.join(g)}_seed{j[1][2]}.json").is_file() for g in groups if g)
+            }
+        )
+        jobs = [j for j, _ in done if j[1][2] in args.seeds]
+        outs = [o for j, o in done if j[1][2] in args.seeds]
+    else:
+        outs = run_jobs(jobs, args.workers, args.threads)
     arms = [a for a in ARMS if a in args.arms]
     metrics = {a: {} for a in arms}
     seconds = {a: {} for a in arms}
     curves = {a: {} for a in arms}
-    for (_, (_, _, seed)), (met, sec, extra) in zip(jobs, outs, strict=True):
+    for (_, (_, _, seed, _)), (met, sec, extra) in zip(jobs, outs, strict=True):
         for arm in met:
-            metrics[arm][seed] = met[arm][seed]
-            seconds[arm][seed] = next(iter(sec[arm].values()))  # one seed per job
+            metrics[arm][seed] = met[arm]
+            seconds[arm][seed] = sec[arm]
             curves[arm][seed] = extra[arm]
     metrics = {a: {s: metrics[a][s] for s in args.seeds} for a in arms}
     wall = time.perf_counter() - start
