@@ -33,7 +33,9 @@ def tiny_encoder(seed: int = 0) -> BertEncoder:
 
 def tokenize(texts):
     """[CLS]=1, words hashed to [3, VOCAB), [SEP]=2, right-padded with 0."""
-    rows = [[1, *[3 + zlib.crc32(w.encode()) % (VOCAB - 3) for w in t.split()][:12], 2] for t in texts]
+    rows = [
+        [1, *[3 + zlib.crc32(w.encode()) % (VOCAB - 3) for w in t.split()][:12], 2] for t in texts
+    ]
     S = max(len(r) for r in rows)
     ids = torch.zeros(len(rows), S, dtype=torch.long)
     mask = torch.zeros(len(rows), S, dtype=torch.bool)

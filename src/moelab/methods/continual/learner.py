@@ -8,6 +8,7 @@ every class known so far.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -27,7 +28,7 @@ def cosface(cosines: Tensor, target: Tensor, scale: float, margin: float) -> Ten
     return F.cross_entropy(scale * shifted, target)
 
 
-class Learner:
+class Learner(ABC):
     """Base of the learners (CaRE and the baselines).
 
     Args:
@@ -96,13 +97,13 @@ class Learner:
         return torch.stack([memo[t] for t in texts])
 
     # -- the interface ----------------------------------------------------------------------
+    @abstractmethod
     def learn(self, t: int) -> None:
         """Train on task ``t`` (tasks arrive in order)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def logits(self, indices: Sequence[int]) -> Tensor:
         """``[B, C]`` scores of ``indices`` against the ``C`` classes learned so far."""
-        raise NotImplementedError
 
     def predict(self, indices: Sequence[int], candidates: Sequence[int]) -> Tensor:
         """The predicted stream label ``[B]`` of each text, among ``candidates``."""
@@ -119,6 +120,6 @@ class Learner:
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         self.model.load_state_dict(state)
 
+    @abstractmethod
     def grow_to(self, tasks: int) -> None:
         """Rebuild the structure of a learner that has learned ``tasks`` tasks (for loading)."""
-        raise NotImplementedError
