@@ -6,6 +6,7 @@ from moelab.cli import (  # noqa: F401
     analyze,
     compress,
     consolidate,
+    continual,
     convert,
     eeg,
     evaluate,

@@ -1,0 +1,117 @@
+"""``moelab continual run``: class-incremental learning on a frozen MiniLM encoder — CaRE and
+its baselines (:mod:`moelab.methods.continual`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+from rich.table import Table
+
+from moelab.cli._app import Opt, command_group, console, fail, guarded
+from moelab.cli._ranges import Range
+
+continual_app = command_group(
+    "continual", "Continual learning on a frozen pretrained encoder (CaRE and baselines)."
+)
+
+
+def _seeds(text: str) -> list[int]:
+    """``"0,1,2"`` → ``[0, 1, 2]``; one red line for anything else."""
+    from moelab.errors import InvalidValueError
+    from moelab.utils.fields import check_seed
+
+    parts = [x for x in text.replace(" ", ",").split(",") if x]
+    if not parts or not all(p.isdigit() for p in parts):
+        fail(InvalidValueError(f"--seeds: expected comma-separated integers >= 0, got {text!r}"))
+    return [guarded(check_seed, int(p), "--seeds") for p in parts]
+
+
+@continual_app.command("run")
+def run_command(
+    out: Annotated[Path, Opt(help="Result JSON to write (the plot goes beside it, .png).")],
+    method: Annotated[
+        str,
+        Opt(
+            help="care, simplecil, aper or finetune; a comma list runs several, paired "
+            "against the first."
+        ),
+    ] = "care",
+    stream: Annotated[
+        str, Opt(help="wordnet (WordNet hypernym classes) or synthetic.")
+    ] = "wordnet",
+    seeds: Annotated[str, Opt(help="Comma-separated seeds (class order, split, init).")] = "0",
+    tasks: Annotated[int, Opt(help="Number of tasks."), Range(min=1)] = 54,
+    classes_per_task: Annotated[int, Opt(help="Classes per task."), Range(min=1)] = 2,
+    num_classes: Annotated[
+        int, Opt(help="Classes taken from the data (largest)."), Range(min=1)
+    ] = 108,
+    adapted_blocks: Annotated[
+        int, Opt(help="Top encoder blocks with adapters (the rest is cached)."), Range(min=1)
+    ] = 2,
+    epochs: Annotated[int, Opt(help="Epochs on each task after the first."), Range(min=2)] = 6,
+    first_task_epochs: Annotated[int, Opt(help="Epochs on the first task."), Range(min=1)] = 10,
+    overwrite: Annotated[bool, Opt("--overwrite", help="Replace an existing result.")] = False,
+    as_json: Annotated[bool, Opt("--json", help="Print the result summary as JSON.")] = False,
+) -> None:
+    """Run the methods through a class-incremental stream (task-agnostic test after every
+    task) and write the shared result JSON (Ā, last accuracy, forgetting, BWT per seed, paired
+    differences) and an accuracy-over-tasks plot.
+
+    Examples:
+      moelab continual run --method care --seeds 0,1,2 --out runs/care.json
+      moelab continual run --method care,simplecil,aper,finetune --tasks 10 --out runs/cl.json
+      moelab continual run --method care --adapted-blocks 6 --tasks 10 --out runs/care6.json
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from moelab.errors import InvalidValueError
+    from moelab.methods.continual import ContinualConfig, ContinualRecipe
+    from moelab.methods.continual.recipe import run_methods
+
+    methods = [m.strip() for m in method.split(",") if m.strip()]
+    seed_list = _seeds(seeds)
+    if out.exists() and not overwrite:
+        fail(InvalidValueError(f"--out: {out} exists (pass --overwrite to replace it)"))
+    config = guarded(
+        ContinualConfig,
+        stream=stream,
+        method=methods[0] if methods else "care",
+        num_tasks=tasks,
+        classes_per_task=classes_per_task,
+        num_classes=num_classes,
+        adapted_blocks=adapted_blocks,
+        epochs=epochs,
+        first_task_epochs=first_task_epochs,
+    )
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("A_t {task.fields[acc]}"),
+        console=console,
+        transient=True,
+    ) as bar:
+        bars: dict[tuple[str, int], int] = {}
+
+        def progress(m: str, seed: int, t: int, T: int, acc: float) -> None:
+            key = (m, seed)
+            if key not in bars:
+                bars[key] = bar.add_task(f"{m} seed {seed}", total=T, acc="")
+            bar.update(bars[key], completed=t + 1, acc=f"{acc:.1f}%")
+
+        recipe = ContinualRecipe(progress=progress)
+        result = guarded(run_methods, config, methods, seed_list, recipe=recipe, out=out)
+    summary = result.summary()
+    if as_json:
+        console.print_json(
+            json.dumps({a: {k: s.mean for k, s in v.items()} for a, v in summary.items()})
+        )
+        return
+    names = ["avg_acc", "last_acc", "forgetting", "bwt"]
+    table = Table("method", *names, title=f"{stream}: {tasks} tasks, seeds {seed_list} (%, mean)")
+    for arm, per in summary.items():
+        table.add_row(arm, *(f"{per[n].mean:.2f}" for n in names))
+    console.print(table)
+    console.print(f"result written to {out}, plot to {out.with_suffix('.png')}")

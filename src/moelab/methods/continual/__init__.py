@@ -1,0 +1,40 @@
+"""Continual learning on a frozen pretrained encoder: the shared harness (streams, the accuracy
+matrix and its metrics, heads, classifier alignment, a per-class reservoir, the cached
+backbone) and its methods: CaRE (bi-level routing MoE adapters) with the SimpleCIL, APER and
+sequential fine-tuning baselines.
+
+Later continual methods (MoRAM, SAME, CKA-guided upcycling) plug in as a new
+:class:`~moelab.methods.continual.learner.Learner` subclass (``learn(t)``, ``logits``) on the
+same :class:`~moelab.methods.continual.stream.Stream` (class-, task- or domain-incremental),
+:class:`~moelab.methods.continual.backbone.PrefixCache` and
+:func:`~moelab.methods.continual.loop.run_stream`.
+"""
+
+from moelab.methods.continual.brmoe import BRMoE, BRMoESide
+from moelab.methods.continual.care import CaRELearner
+from moelab.methods.continual.config import METHODS, ContinualConfig
+from moelab.methods.continual.loop import StreamResult, router_hit_rate, run_stream
+from moelab.methods.continual.recipe import LEARNERS, ContinualRecipe
+from moelab.methods.continual.stream import (
+    Stream,
+    Task,
+    class_incremental_stream,
+    domain_incremental_stream,
+)
+
+__all__ = [
+    "LEARNERS",
+    "METHODS",
+    "BRMoE",
+    "BRMoESide",
+    "CaRELearner",
+    "ContinualConfig",
+    "ContinualRecipe",
+    "Stream",
+    "StreamResult",
+    "Task",
+    "class_incremental_stream",
+    "domain_incremental_stream",
+    "router_hit_rate",
+    "run_stream",
+]

