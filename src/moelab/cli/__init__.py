@@ -7,6 +7,7 @@ from moelab.cli import (  # noqa: F401
     compress,
     consolidate,
     convert,
+    edit,
     evaluate,
     expand,
     flow,

@@ -10,7 +10,8 @@ from moelab.models import CheckpointError
 
 
 def load_run(run: Path):
-    """A run/model folder, or a named pretrained model (e.g. ``smollm2``).
+    """A run/model folder, a named pretrained model (e.g. ``smollm2``), or an edit folder
+    (``moelab edit apply``: its base model with the edits applied).
 
     Returns:
         ``(model, tokenizer)``.
@@ -21,14 +22,19 @@ def load_run(run: Path):
     """
     from moelab.data import load_tokenizer
     from moelab.interop.pretrained import PRETRAINED, load_pretrained
+    from moelab.methods.editing.io import is_edit_folder, load_edits, read_edit_state
     from moelab.models import load_model
     from moelab.train.loop import run_finished
 
     if not run.is_dir():
-        if str(run) in PRETRAINED:
+        if str(run).lower() in PRETRAINED:
             return load_pretrained(str(run), kind="causal_lm")
         raise FileNotFoundError(f"{run}: run folder not found")
     check_not_store(run)
+    if is_edit_folder(run):  # `moelab edit apply` output: its base model with the edits
+        model, tokenizer = load_run(Path(read_edit_state(run)["base"]))
+        load_edits(run, model)
+        return model, tokenizer
     if (run / "run.json").exists() and not run_finished(run):
         raise CheckpointError(
             f"{run}: the run has not finished; continue it with: moelab train --out {run} --resume"
