@@ -27,6 +27,14 @@ from moelab.models.packing import document_attention_mask, segment_ids
 from moelab.models.rope import RotaryEmbedding
 
 
+def _check_ids(input_ids: Tensor) -> None:
+    if input_ids.dim() != 2 or input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
+        raise InvalidValueError(
+            f"input_ids: must be an integer tensor [B, S], got {input_ids.dtype} "
+            f"{tuple(input_ids.shape)}"
+        )
+
+
 @dataclass
 class LMOutput:
     """What one forward pass of :class:`MoETransformer` returns.
@@ -234,15 +242,7 @@ class MoETransformer(nn.Module):
                 "next-token path; use moelab.models.block_diffusion (train/evaluate) or the "
                 "diffusion decoders (moelab generate --decoder vanilla|team)"
             )
-        if (
-            input_ids.dim() != 2
-            or input_ids.dtype.is_floating_point
-            or input_ids.dtype == torch.bool
-        ):
-            raise ValueError(
-                f"input_ids: must be an integer tensor [B, S], got {input_ids.dtype} "
-                f"{tuple(input_ids.shape)}"
-            )
+        _check_ids(input_ids)
         B, S = input_ids.shape
         if S < 1:
             raise ValueError("input_ids: needs at least one position")
@@ -403,15 +403,7 @@ class MoETransformer(nn.Module):
                 mask of another shape; the checks of :meth:`forward` on ``input_ids``.
         """
         self._check_start(block, "block")
-        if (
-            input_ids.dim() != 2
-            or input_ids.dtype.is_floating_point
-            or input_ids.dtype == torch.bool
-        ):
-            raise InvalidValueError(
-                f"input_ids: must be an integer tensor [B, S], got {input_ids.dtype} "
-                f"{tuple(input_ids.shape)}"
-            )
+        _check_ids(input_ids)
         if input_ids.shape[1] > self.cfg.max_seq_len:
             raise InvalidValueError(
                 f"input_ids: {input_ids.shape[1]} positions exceed max_seq_len={self.cfg.max_seq_len}"
