@@ -35,6 +35,8 @@ def test_apply_then_generate_from_the_edit_folder(tiny, tmp_path):
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     assert res.output.rstrip("\n").endswith("Z")
+    res = runner.invoke(app, ["merge-lora", str(out), "--out", str(tmp_path / "merged")])
+    assert res.exit_code == 2 and "an edit folder" in res.output  # not a model checkpoint
 
 
 def test_bad_edit_files_and_layers_give_one_line_errors(tiny, tmp_path):
