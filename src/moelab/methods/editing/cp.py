@@ -44,11 +44,15 @@ def cp_parameter_count(rank: int, dims: tuple[int, ...]) -> int:
 
 def cp_responses(a: Tensor, u: Tensor, v: Tensor) -> Tensor:
     """``u_rᵀ H v_r`` for inputs ``a [N, d1·d2]`` and factors ``u [..., R, d1]``,
-    ``v [..., R, d2]`` → ``[N, ..., R]`` fp32 (``H`` is ``a`` reshaped row-major)."""
+    ``v [..., R, d2]`` → ``[N, ..., R]`` fp32 (``H`` is ``a`` reshaped row-major).
+
+    Two matmul-shaped steps, ``H V^T`` then a contraction with ``U`` over ``d1``
+    (``N·d1·d2·|..R|`` multiply-adds), never the rank-one tensors themselves."""
     d1, d2 = u.shape[-1], v.shape[-1]
+    lead = u.shape[:-1]
     h = a.float().reshape(-1, d1, d2)
-    hv = torch.einsum("nij,...rj->n...ri", h, v.float())
-    return (hv * u.float()).sum(-1)
+    hv = h @ v.float().reshape(-1, d2).T  # [N, d1, ..R]
+    return (hv * u.float().reshape(-1, d1).T).sum(1).reshape(-1, *lead)
 
 
 def cp_scores(a: Tensor, u: Tensor, v: Tensor) -> Tensor:
@@ -103,8 +107,9 @@ class CPEditBank(EditBank):
     def outputs(self, a: Tensor, base: Tensor, idx: Tensor) -> Tensor:
         d1, d2, _ = self.dims
         h = a.float().reshape(-1, d1, d2)
-        resp = torch.einsum("nij,nri,nrj->nr", h, self.u[idx].float(), self.v[idx].float())
-        return base + torch.einsum("nr,nro->no", resp, self.w[idx].float())
+        hv = torch.bmm(h, self.v[idx].float().transpose(1, 2))  # [n, d1, R]
+        resp = (hv * self.u[idx].float().transpose(1, 2)).sum(1)  # [n, R]
+        return base + torch.bmm(resp[:, None], self.w[idx].float())[:, 0]
 
     def start(self, a: Tensor, layer: nn.Linear) -> list[nn.Parameter]:
         d1, d2, d_out = self.dims
