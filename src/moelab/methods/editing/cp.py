@@ -125,6 +125,7 @@ class CPEditBank(EditBank):
         return list(self.pending.values())
 
     def pending_scores(self, a: Tensor) -> Tensor:
+        """The pending edit's scores ``[N]`` (differentiable: the margin losses train them)."""
         return cp_scores(a, self.pending["u"], self.pending["v"])
 
     def pending_outputs(self, a: Tensor, base: Tensor) -> Tensor:

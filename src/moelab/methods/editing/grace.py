@@ -53,10 +53,6 @@ class GraceBank(EditBank):
         self.pending = nn.Parameter(value)
         return [self.pending]
 
-    def pending_scores(self, a: Tensor) -> Tensor:
-        key = self._pending_key
-        return -(a.float() - key).norm(dim=-1) / key.norm().clamp_min(1e-12)
-
     def pending_outputs(self, a: Tensor, base: Tensor) -> Tensor:
         return self.pending.expand(a.shape[0], -1)
 

@@ -22,7 +22,7 @@ class EditBank(ABC, nn.Module):
     """The interface of an edit-expert kind (TIME's CP tensors, LoRA + key, GRACE).
 
     Subclasses implement :meth:`scores`, :meth:`thresholds`, :meth:`outputs`,
-    :meth:`start`, :meth:`pending_scores`, :meth:`pending_outputs` and :meth:`commit`;
+    :meth:`start`, :meth:`pending_outputs` and :meth:`commit`;
     ``params_per_edit`` is the number of stored values one edit adds.
     """
 
@@ -50,10 +50,6 @@ class EditBank(ABC, nn.Module):
     def start(self, a: Tensor, layer: nn.Linear) -> list[nn.Parameter]:
         """Create the pending edit from its activations ``a [P, d_in]`` at the edited
         positions; returns its trainable parameters."""
-
-    @abstractmethod
-    def pending_scores(self, a: Tensor) -> Tensor:
-        """The pending edit's scores ``[N]`` (differentiable)."""
 
     @abstractmethod
     def pending_outputs(self, a: Tensor, base: Tensor) -> Tensor:

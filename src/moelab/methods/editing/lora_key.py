@@ -57,9 +57,6 @@ class LoRAKeyBank(EditBank):
         self._pending_key = a.float().mean(0)
         return list(self.pending.values())
 
-    def pending_scores(self, a: Tensor) -> Tensor:
-        return F.normalize(a.float(), dim=-1) @ F.normalize(self._pending_key, dim=0)
-
     def pending_outputs(self, a: Tensor, base: Tensor) -> Tensor:
         return base + a.float() @ self.pending["lora_a"].T @ self.pending["lora_b"].T
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -125,9 +124,3 @@ def read_edits(path: str | Path) -> list[EditRequest]:
     if not out:
         raise InvalidValueError(f"{path}: no edits")
     return out
-
-
-def write_edits(requests: Sequence[EditRequest]) -> str:
-    """The JSONL text of ``requests`` (``meta`` fields included)."""
-    rows = [{"prompt": r.prompt, "target": r.target, **r.meta} for r in requests]
-    return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
