@@ -8,6 +8,7 @@ from moelab.cli import (  # noqa: F401
     consolidate,
     continual,
     convert,
+    edit,
     eeg,
     evaluate,
     expand,

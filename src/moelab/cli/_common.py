@@ -9,26 +9,40 @@ from rich.table import Table
 from moelab.models import CheckpointError
 
 
-def load_run(run: Path):
-    """A run/model folder, or a named pretrained model (e.g. ``smollm2``).
+def load_run(run: Path, *, edits: bool = False):
+    """A run/model folder, a named pretrained model (e.g. ``smollm2``), or, with ``edits``
+    (the inference commands: generate, serve, eval), an edit folder of ``moelab edit apply``:
+    its base model with the edits applied.
 
     Returns:
         ``(model, tokenizer)``.
     Raises:
         FileNotFoundError: no such folder or pretrained name.
-        InvalidValueError: a lossless expert store (it only serves, with ``--offload``).
+        InvalidValueError: a lossless expert store (it only serves, with ``--offload``), or
+            an edit folder without ``edits`` (its edit layers are not a model checkpoint).
         CheckpointError: an unfinished run, or a corrupt folder.
     """
     from moelab.data import load_tokenizer
+    from moelab.errors import InvalidValueError
     from moelab.interop.pretrained import PRETRAINED, load_pretrained
+    from moelab.methods.editing.io import is_edit_folder, load_edits, read_edit_state
     from moelab.models import load_model
     from moelab.train.loop import run_finished
 
     if not run.is_dir():
-        if str(run) in PRETRAINED:
+        if str(run).lower() in PRETRAINED:
             return load_pretrained(str(run), kind="causal_lm")
         raise FileNotFoundError(f"{run}: run folder not found")
     check_not_store(run)
+    if is_edit_folder(run):  # `moelab edit apply` output: its base model with the edits
+        if not edits:
+            raise InvalidValueError(
+                f"{run}: an edit folder (moelab edit apply); it loads for generate, serve and "
+                "eval only"
+            )
+        model, tokenizer = load_run(Path(read_edit_state(run)["base"]))
+        load_edits(run, model)
+        return model, tokenizer
     if (run / "run.json").exists() and not run_finished(run):
         raise CheckpointError(
             f"{run}: the run has not finished; continue it with: moelab train --out {run} --resume"

@@ -46,7 +46,7 @@ def load_for_inference(
             raise InvalidValueError(
                 f"{run}: a lossless expert store; serve it with --offload --cache-mb N"
             )
-        return load_run(run)
+        return load_run(run, edits=True)
     from moelab.data import load_tokenizer
     from moelab.serve.offload import load_offloaded
 

@@ -27,6 +27,14 @@ from moelab.models.packing import document_attention_mask, segment_ids
 from moelab.models.rope import RotaryEmbedding
 
 
+def _check_ids(input_ids: Tensor) -> None:
+    if input_ids.dim() != 2 or input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
+        raise InvalidValueError(
+            f"input_ids: must be an integer tensor [B, S], got {input_ids.dtype} "
+            f"{tuple(input_ids.shape)}"
+        )
+
+
 @dataclass
 class LMOutput:
     """What one forward pass of :class:`MoETransformer` returns.
@@ -234,15 +242,7 @@ class MoETransformer(nn.Module):
                 "next-token path; use moelab.models.block_diffusion (train/evaluate) or the "
                 "diffusion decoders (moelab generate --decoder vanilla|team)"
             )
-        if (
-            input_ids.dim() != 2
-            or input_ids.dtype.is_floating_point
-            or input_ids.dtype == torch.bool
-        ):
-            raise ValueError(
-                f"input_ids: must be an integer tensor [B, S], got {input_ids.dtype} "
-                f"{tuple(input_ids.shape)}"
-            )
+        _check_ids(input_ids)
         B, S = input_ids.shape
         if S < 1:
             raise ValueError("input_ids: needs at least one position")
@@ -342,12 +342,7 @@ class MoETransformer(nn.Module):
                 cross = cross * n / loss_div_factor
             aux_losses["cross_layer"] = cross
         h = self.norm(x)
-        if logits_at is None:
-            logits = self.lm_head(h)
-        else:
-            logits = self.lm_head(h[torch.arange(B, device=h.device), logits_at].unsqueeze(1))
-        if self.cfg.logit_scale != 1.0:  # a tied model grown by SPARKLING (App. D.1)
-            logits = logits * self.cfg.logit_scale
+        logits = self._head(h, logits_at)
         aux_loss = torch.zeros((), dtype=torch.float32, device=logits.device)
         for value in aux_losses.values():
             aux_loss = aux_loss + value
@@ -359,6 +354,95 @@ class MoETransformer(nn.Module):
             hidden_states=h,
             plans=plans,
         )
+
+    def _head(self, h: Tensor, logits_at: Tensor | None) -> Tensor:
+        """LM head on the final-normed states ``h [B, S, D]`` (only at ``logits_at`` if given)."""
+        if logits_at is None:
+            logits = self.lm_head(h)
+        else:
+            rows = torch.arange(h.shape[0], device=h.device)
+            logits = self.lm_head(h[rows, logits_at].unsqueeze(1))
+        if self.cfg.logit_scale != 1.0:  # a tied model grown by SPARKLING (App. D.1)
+            logits = logits * self.cfg.logit_scale
+        return logits
+
+    # ------------------------------------------------- cached-prefix forward
+    def _check_start(self, block: int, name: str) -> None:
+        if self.cfg.objective != "causal":
+            raise InvalidValueError(
+                f"model: a {self.cfg.objective} model has no causal path to run from a block"
+            )
+        if isinstance(block, bool) or not isinstance(block, int):
+            raise InvalidValueError(
+                f"{name}: must be an int in [0, {self.cfg.n_layers}], got {block!r}"
+            )
+        if not 0 <= block <= self.cfg.n_layers:
+            raise InvalidValueError(f"{name}: must be in [0, {self.cfg.n_layers}], got {block}")
+
+    def _run_blocks(self, x: Tensor, mask: Tensor | None, start: int, stop: int) -> Tensor:
+        if mask is not None and (mask.shape != x.shape[:2] or mask.dtype != torch.bool):
+            raise InvalidValueError(
+                f"mask: must be bool {tuple(x.shape[:2])}, got {mask.dtype} {tuple(mask.shape)}"
+            )
+        attn_mask = causal_mask(x.shape[1], 0, mask, x.device)
+        for block in self.blocks[start:stop]:
+            x = block(x, mask=mask, attn_mask=attn_mask)[0]
+        return x
+
+    def hidden_at(self, input_ids: Tensor, mask: Tensor | None = None, *, block: int) -> Tensor:
+        """Hidden states entering block ``block`` (0: the embeddings; ``n_layers``: the last
+        block's output, before the final norm), ``[B, S, D]`` in the model dtype, computed
+        under ``torch.no_grad`` as a cache for :meth:`forward_from` (methods that change only
+        the top blocks, e.g. knowledge editing, run the frozen lower ones once).
+
+        Args:
+            input_ids: ``[B, S]`` token ids; positions start at 0 (no KV cache).
+            mask: ``[B, S]`` bool, True = real token (right padding).
+        Raises:
+            InvalidValueError: ``block`` outside ``[0, n_layers]``, a non-causal model, a
+                mask of another shape; the checks of :meth:`forward` on ``input_ids``.
+        """
+        self._check_start(block, "block")
+        _check_ids(input_ids)
+        if input_ids.shape[1] > self.cfg.max_seq_len:
+            raise InvalidValueError(
+                f"input_ids: {input_ids.shape[1]} positions exceed max_seq_len={self.cfg.max_seq_len}"
+            )
+        with torch.no_grad():
+            return self._run_blocks(self.embed(input_ids), mask, 0, block)
+
+    def forward_from(
+        self,
+        hidden: Tensor,
+        mask: Tensor | None = None,
+        *,
+        start_block: int,
+        logits_at: Tensor | None = None,
+    ) -> Tensor:
+        """Run blocks ``start_block .. n_layers-1``, the final norm and the LM head on
+        ``hidden [B, S, D]`` (the states entering ``start_block``, from :meth:`hidden_at`) →
+        logits ``[B, S, V]`` (``[B, 1, V]`` with ``logits_at``, as in :meth:`forward`).
+
+        ``forward_from(hidden_at(ids, mask, block=k), mask, start_block=k)`` equals
+        ``forward(ids, mask).logits`` bit for bit. MoE aux losses and routing records of the
+        recomputed blocks are not returned (use :meth:`forward` to train routers).
+
+        Raises:
+            InvalidValueError: ``start_block`` outside ``[0, n_layers]``, ``hidden`` not
+                ``[B, S, d_model]``, a mask of another shape, a non-causal model.
+        """
+        self._check_start(start_block, "start_block")
+        if (
+            not isinstance(hidden, Tensor)
+            or hidden.dim() != 3
+            or hidden.shape[-1] != self.cfg.d_model
+        ):
+            raise InvalidValueError(
+                f"hidden: expected a [B, S, {self.cfg.d_model}] tensor, got "
+                f"{tuple(hidden.shape) if isinstance(hidden, Tensor) else type(hidden).__name__}"
+            )
+        x = self._run_blocks(hidden, mask, start_block, self.cfg.n_layers)
+        return self._head(self.norm(x), logits_at)
 
     def noncausal_routing_layers(self) -> list[int]:
         """Indices of MoE layers whose USMoE routing looks at future tokens (``sequence`` or
