@@ -55,3 +55,10 @@ __all__ = [
     "TrainingDivergedError",
     "UserError",
 ]
+
+
+def require(condition: bool, name: str, what: str) -> None:
+    """Raise :class:`InvalidValueError` ``"{name}: {what}"`` unless ``condition`` holds: the
+    one-line check of a config field (``name`` the field, ``what`` the accepted values)."""
+    if not condition:
+        raise InvalidValueError(f"{name}: {what}")

@@ -6,7 +6,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Literal
 
-from moelab.errors import InvalidValueError
+from moelab.errors import InvalidValueError, require
 from moelab.utils.fields import check_fields
 
 ScoreFunc = Literal["softmax", "sigmoid", "sqrtsoftplus"]
@@ -24,11 +24,6 @@ Activation = Literal["swiglu", "gelu", "gelu_tanh", "geglu", "swiglu_clamped"]
 GATED_ACTIVATIONS = ("swiglu", "geglu", "swiglu_clamped")
 BalanceLoss = Literal["switch", "seq", "global", "none"]
 BalanceConvention = Literal["megatron", "hf"]
-
-
-def _check(cond: bool, name: str, msg: str) -> None:
-    if not cond:
-        raise InvalidValueError(f"{name}: {msg}")
 
 
 @dataclass
@@ -147,35 +142,35 @@ class RouterConfig:
     def __post_init__(self) -> None:
         check_fields(self)
         E, k = self.num_experts, self.top_k
-        _check(isinstance(E, int) and E >= 1, "num_experts", f"must be an int >= 1, got {E!r}")
-        _check(
+        require(isinstance(E, int) and E >= 1, "num_experts", f"must be an int >= 1, got {E!r}")
+        require(
             isinstance(k, int) and 1 <= k <= E,
             "top_k",
             f"must be in [1, num_experts={E}], got {k!r}",
         )
-        _check(
+        require(
             self.kind in ("token_choice", "expert_choice", "usmoe", "sinkhorn"),
             "kind",
             f"must be token_choice, expert_choice, usmoe or sinkhorn, got {self.kind!r}",
         )
-        _check(
+        require(
             self.score_func in ("softmax", "sigmoid", "sqrtsoftplus"),
             "score_func",
             f"must be softmax, sigmoid or sqrtsoftplus, got {self.score_func!r}",
         )
         if self.norm_topk_prob is None:
             self.norm_topk_prob = k > 1
-        _check(
+        require(
             isinstance(self.norm_topk_prob, bool),
             "norm_topk_prob",
             f"must be a bool or None, got {self.norm_topk_prob!r}",
         )
-        _check(
+        require(
             self.group_score in ("top2", "topk_per_group"),
             "group_score",
             f"must be top2 or topk_per_group, got {self.group_score!r}",
         )
-        _check(
+        require(
             not self.force_uniform or self.kind == "token_choice",
             "force_uniform",
             f"needs kind='token_choice', got {self.kind!r}",
@@ -195,28 +190,28 @@ class RouterConfig:
                 "norm_topk_prob=False (softmax_before_topk=True) as Switch Transformer does",
                 stacklevel=3,
             )
-        _check(
+        require(
             self.drop_policy in ("probs", "position"),
             "drop_policy",
             f"must be probs or position, got {self.drop_policy!r}",
         )
-        _check(self.routed_scaling_factor > 0, "routed_scaling_factor", "must be > 0")
-        _check(self.bias_update_rate >= 0, "bias_update_rate", "must be >= 0")
-        _check(0 <= self.jitter_eps < 1, "jitter_eps", f"must be in [0, 1), got {self.jitter_eps}")
-        _check(self.logit_noise_std >= 0, "logit_noise_std", "must be >= 0")
-        _check(
+        require(self.routed_scaling_factor > 0, "routed_scaling_factor", "must be > 0")
+        require(self.bias_update_rate >= 0, "bias_update_rate", "must be >= 0")
+        require(0 <= self.jitter_eps < 1, "jitter_eps", f"must be in [0, 1), got {self.jitter_eps}")
+        require(self.logit_noise_std >= 0, "logit_noise_std", "must be >= 0")
+        require(
             self.input_size is None or self.input_size >= 1,
             "input_size",
             f"must be None or an int >= 1, got {self.input_size!r}",
         )
         if self.capacity_factor is not None:
-            _check(
+            require(
                 self.capacity_factor > 0,
                 "capacity_factor",
                 f"must be > 0 or None, got {self.capacity_factor}",
             )
         if self.kind in ("expert_choice", "sinkhorn"):
-            _check(
+            require(
                 self.n_group is None and not self.expert_bias,
                 "kind",
                 f"{self.kind} routing takes no group limits or expert bias",
@@ -226,9 +221,9 @@ class RouterConfig:
             raise InvalidValueError("n_group, topk_group: set both or neither")
         if self.n_group is not None:
             G, g = self.n_group, self.topk_group
-            _check(G >= 1 and E % G == 0, "n_group", f"must divide num_experts={E}, got {G}")
-            _check(1 <= g <= G, "topk_group", f"must be in [1, n_group={G}], got {g}")
-            _check(
+            require(G >= 1 and E % G == 0, "n_group", f"must divide num_experts={E}, got {G}")
+            require(1 <= g <= G, "topk_group", f"must be in [1, n_group={G}], got {g}")
+            require(
                 k <= g * (E // G),
                 "top_k",
                 f"{k} exceeds the {g * (E // G)} experts in topk_group={g} groups of {E // G}",
@@ -251,58 +246,58 @@ class RouterConfig:
                 if getattr(self, name) == old:
                     setattr(self, name, defaults[name])
             for name, default in defaults.items():
-                _check(
+                require(
                     getattr(self, name) == default,
                     name,
                     f"only used by kind='usmoe', got {getattr(self, name)!r} with kind={self.kind!r}",
                 )
             return
-        _check(
+        require(
             0.0 <= self.usmoe_rate <= 1.0, "usmoe_rate", f"must be in [0, 1], got {self.usmoe_rate}"
         )
-        _check(
+        require(
             self.usmoe_expert_score
             in ("sigmoid_scaled", "softmax_over_tokens", "paper_expert_choice"),
             "usmoe_expert_score",
             "must be sigmoid_scaled, softmax_over_tokens or paper_expert_choice, "
             f"got {self.usmoe_expert_score!r}",
         )
-        _check(
+        require(
             0.0 < self.budget_fraction <= E / k,
             "budget_fraction",
             f"must be in (0, E/k={E / k:g}], got {self.budget_fraction}",
         )
-        _check(
+        require(
             self.selection_scope in ("position", "sequence", "batch", "causal_prefix"),
             "selection_scope",
             f"must be position, sequence, batch or causal_prefix, got {self.selection_scope!r}",
         )
-        _check(
+        require(
             self.usmoe_weight_norm in ("auto", "none", "all_experts", "selected"),
             "usmoe_weight_norm",
             f"must be auto, none, all_experts or selected, got {self.usmoe_weight_norm!r}",
         )
-        _check(
+        require(
             self.usmoe_constraint in ("global", "per_token", "per_expert"),
             "usmoe_constraint",
             f"must be global, per_token or per_expert, got {self.usmoe_constraint!r}",
         )
-        _check(
+        require(
             self.usmoe_constraint != "per_token" or self.budget_fraction <= 1.0,
             "budget_fraction",
             f"must be <= 1 with usmoe_constraint='per_token' (k per token), got {self.budget_fraction}",
         )
-        _check(
+        require(
             self.selection_scope != "causal_prefix" or self.usmoe_constraint == "global",
             "usmoe_constraint",
             "causal_prefix selection supports only the global budget",
         )
-        _check(
+        require(
             self.n_group is None and not self.expert_bias and self.capacity_factor is None,
             "kind",
             "usmoe takes no group limits, expert bias or capacity factor (the budget is the capacity)",
         )
-        _check(self.score_func == "softmax", "score_func", "usmoe's unified score uses softmax")
+        require(self.score_func == "softmax", "score_func", "usmoe's unified score uses softmax")
 
 
 @dataclass
@@ -343,32 +338,32 @@ class ExpertsConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
-        _check(self.hidden_size >= 1, "hidden_size", f"must be >= 1, got {self.hidden_size}")
-        _check(
+        require(self.hidden_size >= 1, "hidden_size", f"must be >= 1, got {self.hidden_size}")
+        require(
             self.ffn_hidden_size >= 1,
             "ffn_hidden_size",
             f"must be >= 1, got {self.ffn_hidden_size}",
         )
-        _check(
+        require(
             self.activation in ("swiglu", "gelu", "gelu_tanh", "geglu", "swiglu_clamped"),
             "activation",
             f"must be swiglu, gelu, gelu_tanh, geglu or swiglu_clamped, got {self.activation!r}",
         )
-        _check(self.swiglu_limit > 0, "swiglu_limit", f"must be > 0, got {self.swiglu_limit}")
-        _check(
+        require(self.swiglu_limit > 0, "swiglu_limit", f"must be > 0, got {self.swiglu_limit}")
+        require(
             isinstance(self.lora_rank, int) and self.lora_rank >= 0,
             "lora_rank",
             f"must be an int >= 0, got {self.lora_rank!r}",
         )
         full = min(self.hidden_size, self.ffn_hidden_size)
-        _check(
+        require(
             self.lora_rank <= full,  # a larger rank adds parameters, not expressiveness
             "lora_rank",
             f"must be <= min(hidden_size, ffn_hidden_size) = {full}, got {self.lora_rank}",
         )
-        _check(self.lora_alpha > 0, "lora_alpha", f"must be > 0, got {self.lora_alpha}")
-        _check(self.shared_expert_size >= 0, "shared_expert_size", "must be >= 0")
-        _check(
+        require(self.lora_alpha > 0, "lora_alpha", f"must be > 0, got {self.lora_alpha}")
+        require(self.shared_expert_size >= 0, "shared_expert_size", "must be >= 0")
+        require(
             not self.shared_expert_gate or self.shared_expert_size > 0,
             "shared_expert_gate",
             "needs shared_expert_size > 0",
@@ -416,26 +411,26 @@ class LossConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
-        _check(
+        require(
             self.load_balance in ("switch", "seq", "global", "none"),
             "load_balance",
             f"unknown load-balancing loss {self.load_balance!r}",
         )
-        _check(
+        require(
             self.convention in ("megatron", "hf"),
             "convention",
             f"must be megatron or hf, got {self.convention!r}",
         )
-        _check(self.aux_loss_coeff >= 0, "aux_loss_coeff", "must be >= 0")
-        _check(self.z_loss_coeff >= 0, "z_loss_coeff", "must be >= 0")
-        _check(self.specialization_coeff >= 0, "specialization_coeff", "must be >= 0")
-        _check(self.cross_layer_coeff >= 0, "cross_layer_coeff", "must be >= 0")
-        _check(
+        require(self.aux_loss_coeff >= 0, "aux_loss_coeff", "must be >= 0")
+        require(self.z_loss_coeff >= 0, "z_loss_coeff", "must be >= 0")
+        require(self.specialization_coeff >= 0, "specialization_coeff", "must be >= 0")
+        require(self.cross_layer_coeff >= 0, "cross_layer_coeff", "must be >= 0")
+        require(
             self.specialization_penalty in ("square", "cos", "relu"),
             "specialization_penalty",
             f"must be square, cos or relu, got {self.specialization_penalty!r}",
         )
-        _check(
+        require(
             self.cross_layer_variant in ("joint_topk", "pathway", "token"),
             "cross_layer_variant",
             f"must be joint_topk, pathway or token, got {self.cross_layer_variant!r}",
@@ -452,7 +447,7 @@ class MoEConfig:
 
     def __post_init__(self) -> None:
         # arXiv 2602.14159 defines R_sp on the SwiGLU intermediate silu(x·W_g) ⊙ (x·W_u).
-        _check(
+        require(
             not self.losses.specialization or self.experts.activation == "swiglu",
             "losses.specialization",
             "is defined on SwiGLU expert activations (arXiv 2602.14159); "

@@ -45,11 +45,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from moelab.core.config import ExpertsConfig, _check
+from moelab.core.config import ExpertsConfig
 from moelab.core.dispatch import LocalDispatcher, dispatch_uniform
 from moelab.core.experts import ExpertBank
 from moelab.core.experts.select import carry_over
-from moelab.errors import InvalidTypeError, InvalidValueError
+from moelab.errors import InvalidTypeError, InvalidValueError, require
 
 
 @dataclass
@@ -79,23 +79,23 @@ class LatentMoEConfig:
     def __post_init__(self) -> None:
         for name in ("num_heads", "head_dim", "num_experts", "expert_size"):
             v = getattr(self, name)
-            _check(
+            require(
                 isinstance(v, int) and not isinstance(v, bool) and v >= 1,
                 name,
                 f"must be an int >= 1, got {v!r}",
             )
         k, E = self.top_k, self.num_experts
-        _check(
+        require(
             isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= E,
             "top_k",
             f"must be an int in [1, num_experts={E}], got {k!r}",
         )
-        _check(
+        require(
             isinstance(self.bias_update_rate, (int, float)) and self.bias_update_rate >= 0,
             "bias_update_rate",
             f"must be >= 0, got {self.bias_update_rate!r}",
         )
-        _check(
+        require(
             isinstance(self.init_std, (int, float)) and self.init_std > 0,
             "init_std",
             f"must be > 0, got {self.init_std!r}",

@@ -14,15 +14,10 @@ from typing import Any
 
 from moelab.core.config import ExpertsConfig, MoEConfig, RouterConfig
 from moelab.core.latent_moe import LatentMoEConfig
-from moelab.errors import InvalidValueError
+from moelab.errors import InvalidValueError, require
 from moelab.utils.fields import check_fields
 
 OBJECTIVES = ("causal", "block_diffusion")
-
-
-def _check(cond: bool, name: str, msg: str) -> None:
-    if not cond:
-        raise InvalidValueError(f"{name}: {msg}")
 
 
 def _is_int(v: Any) -> bool:
@@ -132,45 +127,45 @@ class ModelConfig:
         check_fields(self)
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len"):
             v = getattr(self, name)
-            _check(_is_int(v) and v >= 1, name, f"must be an int >= 1, got {v!r}")
+            require(_is_int(v) and v >= 1, name, f"must be an int >= 1, got {v!r}")
         H = self.n_heads
         if self.n_kv_heads is None:
             self.n_kv_heads = H
         kv = self.n_kv_heads
-        _check(
+        require(
             _is_int(kv) and 1 <= kv <= H and H % kv == 0,
             "n_kv_heads",
             f"must be an int in [1, n_heads={H}] dividing n_heads, got {kv!r}",
         )
         if self.head_dim is None:
-            _check(
+            require(
                 self.d_model % H == 0,
                 "head_dim",
                 f"not given and n_heads={H} does not divide d_model={self.d_model}; set it",
             )
             self.head_dim = self.d_model // H
         hd = self.head_dim
-        _check(
+        require(
             _is_int(hd) and hd >= 2 and hd % 2 == 0,
             "head_dim",
             f"must be an even int >= 2 (RoPE rotates pairs), got {hd!r}",
         )
-        _check(
+        require(
             isinstance(self.rope_theta, (int, float)) and self.rope_theta > 0,
             "rope_theta",
             f"must be > 0, got {self.rope_theta!r}",
         )
-        _check(
+        require(
             isinstance(self.norm_eps, (int, float)) and self.norm_eps > 0,
             "norm_eps",
             f"must be > 0, got {self.norm_eps!r}",
         )
-        _check(
+        require(
             isinstance(self.tie_embeddings, bool),
             "tie_embeddings",
             f"must be a bool, got {self.tie_embeddings!r}",
         )
-        _check(
+        require(
             isinstance(self.logit_scale, (int, float))
             and not isinstance(self.logit_scale, bool)
             and math.isfinite(self.logit_scale)
@@ -178,24 +173,24 @@ class ModelConfig:
             "logit_scale",
             f"must be a finite number > 0, got {self.logit_scale!r}",
         )
-        _check(
+        require(
             isinstance(self.attention_bias, bool),
             "attention_bias",
             f"must be a bool, got {self.attention_bias!r}",
         )
-        _check(
+        require(
             self.qk_norm in ("none", "head", "full"),
             "qk_norm",
             f"must be 'none', 'head' or 'full', got {self.qk_norm!r}",
         )
         fd = self.first_dense_layers
-        _check(
+        require(
             _is_int(fd) and 0 <= fd <= self.n_layers,
             "first_dense_layers",
             f"must be an int in [0, n_layers={self.n_layers}], got {fd!r}",
         )
         step = self.moe_layer_step
-        _check(
+        require(
             _is_int(step) and 1 <= step <= self.n_layers,
             "moe_layer_step",
             f"must be an int in [1, n_layers={self.n_layers}], got {step!r}",
@@ -203,43 +198,43 @@ class ModelConfig:
         self._check_moe_layers()
         if self.dense_ffn_size is None:
             self.dense_ffn_size = default_dense_ffn_size(self.d_model)
-        _check(
+        require(
             _is_int(self.dense_ffn_size) and self.dense_ffn_size >= 1,
             "dense_ffn_size",
             f"must be an int >= 1, got {self.dense_ffn_size!r}",
         )
-        _check(
+        require(
             isinstance(self.init_std, (int, float)) and self.init_std > 0,
             "init_std",
             f"must be > 0, got {self.init_std!r}",
         )
-        _check(
+        require(
             self.objective in OBJECTIVES,
             "objective",
             f"must be one of {OBJECTIVES}, got {self.objective!r}",
         )
-        _check(
+        require(
             _is_int(self.block_size) and 1 <= self.block_size <= self.max_seq_len,
             "block_size",
             f"must be an int in [1, max_seq_len={self.max_seq_len}], got {self.block_size!r}",
         )
         if self.objective == "block_diffusion":
-            _check(self.vocab_size >= 2, "vocab_size", "needs >= 2 ids (one is the mask token)")
+            require(self.vocab_size >= 2, "vocab_size", "needs >= 2 ids (one is the mask token)")
         if self.moe is not None:
-            _check(
+            require(
                 isinstance(self.moe, MoEConfig),
                 "moe",
                 f"must be a MoEConfig or None, got {type(self.moe).__name__}",
             )
             hs = self.moe.experts.hidden_size
-            _check(
+            require(
                 hs == self.d_model,
                 "moe.experts.hidden_size",
                 f"must equal d_model={self.d_model}, got {hs}",
             )
         self._check_experts_per_layer()
         if self.latent_moe is not None:
-            _check(
+            require(
                 isinstance(self.latent_moe, LatentMoEConfig) and self.moe is None,
                 "latent_moe",
                 "must be a LatentMoEConfig, with moe=None (one kind of sparse FFN per model)",
@@ -250,20 +245,20 @@ class ModelConfig:
         if layers is None:
             return
         L = self.n_layers
-        _check(
+        require(
             isinstance(layers, (tuple, list))
             and all(_is_int(i) and 0 <= i < L for i in layers)
             and list(layers) == sorted(set(layers)),
             "moe_layers",
             f"must be None or sorted distinct ints in [0, n_layers={L}), got {layers!r}",
         )
-        _check(
+        require(
             self.first_dense_layers == 0 and self.moe_layer_step == 1,
             "moe_layers",
             "an explicit placement replaces first_dense_layers and moe_layer_step; leave them "
             f"at 0 and 1 (got {self.first_dense_layers} and {self.moe_layer_step})",
         )
-        _check(self.moe is not None, "moe_layers", "needs moe (a dense model has no MoE layer)")
+        require(self.moe is not None, "moe_layers", "needs moe (a dense model has no MoE layer)")
         self.moe_layers = tuple(layers)
 
     def _check_experts_per_layer(self) -> None:
@@ -271,7 +266,7 @@ class ModelConfig:
         if counts is None:
             return
         n = self.num_moe_layers
-        _check(
+        require(
             isinstance(counts, (tuple, list))
             and len(counts) == n
             and all(_is_int(c) and c >= 1 for c in counts),

@@ -11,18 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from moelab.errors import InvalidValueError
+from moelab.errors import require
 from moelab.utils.fields import check_fields
 
 Method = Literal["care", "simplecil", "aper", "finetune"]
 METHODS: tuple[str, ...] = ("care", "simplecil", "aper", "finetune")
 StreamName = Literal["wordnet", "synthetic"]
 Scenario = Literal["class", "task"]
-
-
-def _check(ok: bool, name: str, what: str) -> None:
-    if not ok:
-        raise InvalidValueError(f"{name}: {what}")
 
 
 @dataclass(frozen=True)
@@ -117,24 +112,24 @@ class ContinualConfig:
             "batch_size",
         ):
             v = getattr(self, name)
-            _check(v >= 1, name, f"must be >= 1, got {v}")
-        _check(self.max_tokens >= 3, "max_tokens", f"must be >= 3, got {self.max_tokens}")
-        _check(
+            require(v >= 1, name, f"must be >= 1, got {v}")
+        require(self.max_tokens >= 3, "max_tokens", f"must be >= 3, got {self.max_tokens}")
+        require(
             self.num_tasks * self.classes_per_task <= self.num_classes,
             "num_tasks",
             f"{self.num_tasks} tasks x {self.classes_per_task} classes need "
             f"{self.num_tasks * self.classes_per_task} classes, the stream has num_classes="
             f"{self.num_classes}",
         )
-        _check(self.epochs >= 2, "epochs", f"must be >= 2 (two halves), got {self.epochs}")
+        require(self.epochs >= 2, "epochs", f"must be >= 2 (two halves), got {self.epochs}")
         for name in ("ca_epochs",):
-            _check(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
+            require(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
         for name in ("scale", "lr", "ca_lr"):
-            _check(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
+            require(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
         for name in ("margin", "weight_decay"):
-            _check(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
-        _check(0 <= self.ema_decay <= 1, "ema_decay", f"must be in [0, 1], got {self.ema_decay}")
-        _check(
+            require(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
+        require(0 <= self.ema_decay <= 1, "ema_decay", f"must be in [0, 1], got {self.ema_decay}")
+        require(
             0 <= self.adapter_dropout < 1,
             "adapter_dropout",
             f"must be in [0, 1), got {self.adapter_dropout}",

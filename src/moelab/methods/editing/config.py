@@ -7,16 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from moelab.errors import InvalidValueError
+from moelab.errors import require
 from moelab.utils.fields import check_fields
 
 Method = Literal["time", "lora-key", "grace", "ft-l"]
 METHODS: tuple[str, ...] = ("time", "lora-key", "grace", "ft-l")
-
-
-def _check(ok: bool, name: str, what: str) -> None:
-    if not ok:
-        raise InvalidValueError(f"{name}: {what}")
 
 
 @dataclass(frozen=True)
@@ -83,23 +78,23 @@ class EditConfig:
     def __post_init__(self) -> None:
         check_fields(self)
         for name in ("capacity", "rank", "steps", "n_edits", "n_neighbours", "latency_repeats"):
-            _check(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
-        _check(self.negatives >= 0, "negatives", f"must be >= 0, got {self.negatives}")
-        _check(
+            require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
+        require(self.negatives >= 0, "negatives", f"must be >= 0, got {self.negatives}")
+        require(
             0.0 <= self.alpha < self.beta,
             "alpha",
             f"must satisfy 0 <= alpha < beta, got alpha={self.alpha}, beta={self.beta}",
         )
         for name in ("margin_weight", "grace_eps"):
-            _check(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
+            require(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
         for name in ("lr", "grace_lr", "ft_lr"):
-            _check(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
-        _check(
+            require(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
+        require(
             -1.0 <= self.key_threshold <= 1.0,
             "key_threshold",
             f"must be a cosine in [-1, 1], got {self.key_threshold}",
         )
-        _check(
+        require(
             self.factor_shape is None
             or (
                 len(self.factor_shape) == 2
@@ -108,7 +103,7 @@ class EditConfig:
             "factor_shape",
             f"must be None or two ints >= 1, got {self.factor_shape!r}",
         )
-        _check(bool(self.layer), "layer", "must name a linear layer")
+        require(bool(self.layer), "layer", "must name a linear layer")
 
     @property
     def threshold(self) -> float:

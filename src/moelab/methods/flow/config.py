@@ -5,17 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from moelab.errors import InvalidValueError
+from moelab.errors import require
 from moelab.utils.fields import check_fields
 
 Task = Literal["expression", "toy"]
 Variant = Literal["shared", "conflict"]
 Velocity = Literal["moe", "dense", "attention", "simplemlp"]
-
-
-def _check(ok: bool, name: str, what: str) -> None:
-    if not ok:
-        raise InvalidValueError(f"{name}: {what}")
 
 
 @dataclass(frozen=True)
@@ -129,22 +124,22 @@ class FlowConfig:
             "toy_batch",
             "toy_samples",
         ):
-            _check(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
+            require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         for name in ("vae_steps", "flow_steps"):
-            _check(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
-        _check(
+            require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
+        require(
             1 <= self.top_k <= self.num_experts,
             "top_k",
             f"must be in [1, num_experts={self.num_experts}], got {self.top_k}",
         )
-        _check(
+        require(
             self.model_size % self.attention_heads == 0,
             "attention_heads",
             f"must divide model_size={self.model_size}, got {self.attention_heads}",
         )
         for name in ("dropout", "cfg_dropout", "vae_mask", "warmup_fraction"):
             v = getattr(self, name)
-            _check(0.0 <= v < 1.0, name, f"must be in [0, 1), got {v}")
+            require(0.0 <= v < 1.0, name, f"must be in [0, 1), got {v}")
         for name in (
             "aux_loss_coeff",
             "logit_noise_std",
@@ -153,21 +148,21 @@ class FlowConfig:
             "gene_loss_weight",
             "guidance",
         ):
-            _check(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
+            require(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
         for name in ("lr", "router_lr", "grad_clip"):
-            _check(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
-        _check(
+            require(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
+        require(
             all(isinstance(w, (int, float)) and w >= 0 for w in self.guidance_sweep),
             "guidance_sweep",
             f"must be numbers >= 0, got {self.guidance_sweep!r}",
         )
-        _check(
+        require(
             len(self.toy_eval_steps) > 0
             and all(isinstance(s, int) and s >= 1 for s in self.toy_eval_steps),
             "toy_eval_steps",
             f"must be ints >= 1, got {self.toy_eval_steps!r}",
         )
-        _check(
+        require(
             self.task != "toy" or self.velocity in ("moe", "dense"),
             "velocity",
             f"the toy runs the 'moe' and 'dense' arms, got {self.velocity!r}",

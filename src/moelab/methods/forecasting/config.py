@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from moelab.data.forecast_events import VARIANTS, WEEK
-from moelab.errors import InvalidValueError
+from moelab.errors import require
 from moelab.methods.forecasting.text import TEXT_ENCODERS
 from moelab.utils.fields import check_fields
 
@@ -14,11 +14,6 @@ Arm = Literal["unimodal", "concat", "mmoe", "tmoe", "smoe", "shuffled"]
 ARMS: tuple[Arm, ...] = ("mmoe", "unimodal", "concat", "tmoe", "smoe", "shuffled")
 TEXT_ARMS = ("concat", "mmoe", "tmoe", "shuffled")
 Variant = Literal["whole", "partial"]
-
-
-def _check(ok: bool, name: str, what: str) -> None:
-    if not ok:
-        raise InvalidValueError(f"{name}: {what}")
 
 
 @dataclass(frozen=True)
@@ -96,47 +91,47 @@ class ForecastConfig:
             "batch_size",
         ):
             v = getattr(self, name)
-            _check(v >= 1, name, f"must be >= 1, got {v}")
-        _check(self.arm in ARMS, "arm", f"must be one of {', '.join(ARMS)}, got {self.arm!r}")
-        _check(
+            require(v >= 1, name, f"must be >= 1, got {v}")
+        require(self.arm in ARMS, "arm", f"must be one of {', '.join(ARMS)}, got {self.arm!r}")
+        require(
             self.variant in VARIANTS,
             "variant",
             f"must be one of {', '.join(VARIANTS)}, got {self.variant!r}",
         )
-        _check(
+        require(
             self.text_encoder in TEXT_ENCODERS,
             "text_encoder",
             f"must be one of {', '.join(TEXT_ENCODERS)}, got {self.text_encoder!r}",
         )
-        _check(
+        require(
             1 <= self.top_k <= self.num_experts,
             "top_k",
             f"must be in [1, num_experts={self.num_experts}], got {self.top_k}",
         )
-        _check(
+        require(
             self.d_model % self.n_heads == 0,
             "n_heads",
             f"must divide d_model={self.d_model}, got {self.n_heads}",
         )
-        _check(
+        require(
             self.patch_len <= self.lookback,
             "patch_len",
             f"must be <= lookback={self.lookback}, got {self.patch_len}",
         )
-        _check(
+        require(
             self.data_path is not None or self.lookback >= WEEK,
             "lookback",
             f"the taylor events need >= {WEEK} steps (a week), got {self.lookback}",
         )
-        _check(0.0 <= self.dropout < 1.0, "dropout", f"must be in [0, 1), got {self.dropout}")
-        _check(
+        require(0.0 <= self.dropout < 1.0, "dropout", f"must be in [0, 1), got {self.dropout}")
+        require(
             0.0 <= self.event_probability <= 1.0,
             "event_probability",
             f"must be in [0, 1], got {self.event_probability}",
         )
         for name in ("aux_loss_coeff", "weight_decay"):
-            _check(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
-        _check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+            require(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
+        require(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
 
     @property
     def num_patches(self) -> int:

@@ -5,18 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from moelab.errors import InvalidValueError
+from moelab.errors import require
 from moelab.utils.fields import check_fields
 
 Arm = Literal["moce", "euclid", "fixed_k", "no_caf", "unimodal_hyp", "linear"]
 ARMS: tuple[str, ...] = ("moce", "euclid", "fixed_k", "no_caf", "unimodal_hyp", "linear")
 """The six arms: EEG-MoCE, the Euclidean twin, fixed curvature, no curvature-aware fusion,
 the unimodal hyperbolic (HEEGNet-like) and the linear unimodal references."""
-
-
-def _check(ok: bool, name: str, what: str) -> None:
-    if not ok:
-        raise InvalidValueError(f"{name}: {what}")
 
 
 @dataclass(frozen=True)
@@ -111,21 +106,21 @@ class EEGMoCEConfig:
             "patience",
             "linear_factor",
         ):
-            _check(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
-        _check(
+            require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
+        require(
             0 <= self.min_epochs <= self.max_epochs,
             "min_epochs",
             f"must be in [0, max_epochs={self.max_epochs}], got {self.min_epochs}",
         )
-        _check(self.pool <= self.steps, "pool", f"must be <= steps={self.steps}, got {self.pool}")
-        _check(
+        require(self.pool <= self.steps, "pool", f"must be <= steps={self.steps}, got {self.pool}")
+        require(
             0 < self.val_fraction < 1, "val_fraction", f"must be in (0, 1), got {self.val_fraction}"
         )
-        _check(0 <= self.dropout < 1, "dropout", f"must be in [0, 1), got {self.dropout}")
+        require(0 <= self.dropout < 1, "dropout", f"must be in [0, 1), got {self.dropout}")
         for name in ("k_init", "max_radius", "prior_init", "lr", "curvature_clip", "k_min"):
-            _check(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
-        _check(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
-        _check(
+            require(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
+        require(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
+        require(
             len(self.linear_l2) > 0
             and all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf")
@@ -134,6 +129,6 @@ class EEGMoCEConfig:
             "linear_l2",
             f"must be finite numbers >= 0, got {self.linear_l2!r}",
         )
-        _check(
+        require(
             self.k_min <= self.k_init, "k_min", f"must be <= k_init={self.k_init}, got {self.k_min}"
         )

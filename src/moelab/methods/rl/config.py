@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from moelab.errors import InvalidValueError
+from moelab.errors import require
 from moelab.utils.fields import check_fields
 
 Arm = Literal["single", "step", "trajectory", "pamoe"]
@@ -15,11 +15,6 @@ Norm = Literal["mean_std", "mean"]
 ARMS: tuple[str, ...] = ("pamoe", "single", "step", "trajectory")
 EMPTY = "MiniGrid-Empty-Random-5x5-v0"
 DOORKEY = "MiniGrid-DoorKey-5x5-v0"
-
-
-def _check(ok: bool, name: str, what: str) -> None:
-    if not ok:
-        raise InvalidValueError(f"{name}: {what}")
 
 
 @dataclass(frozen=True)
@@ -117,13 +112,13 @@ class RLConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)
-        _check(self.arm in ARMS, "arm", f"must be one of {', '.join(ARMS)}, got {self.arm!r}")
-        _check(
+        require(self.arm in ARMS, "arm", f"must be one of {', '.join(ARMS)}, got {self.arm!r}")
+        require(
             len(self.tasks) == len(self.task_weights) and len(self.tasks) >= 1,
             "task_weights",
             f"need one weight per task ({len(self.tasks)}), got {len(self.task_weights)}",
         )
-        _check(
+        require(
             all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in self.task_weights)
             and all(isinstance(t, str) for t in self.tasks),
             "tasks",
@@ -145,7 +140,7 @@ class RLConfig:
             "eval_episodes",
             "final_episodes",
         ):
-            _check(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
+            require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         for name in (
             "shared_size",
             "max_steps",
@@ -159,14 +154,14 @@ class RLConfig:
             "kl_coef",
             "entropy_coef",
         ):
-            _check(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
+            require(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
         for name in ("tau_start", "tau_end", "diversity_threshold", "lr", "router_lr", "grad_clip"):
-            _check(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
+            require(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
         for name in ("gamma", "gae_lambda", "success_target"):
             v = getattr(self, name)
-            _check(0.0 < v <= 1.0, name, f"must be in (0, 1], got {v}")
-        _check(0.0 < self.clip < 1.0, "clip", f"must be in (0, 1), got {self.clip}")
-        _check(
+            require(0.0 < v <= 1.0, name, f"must be in (0, 1], got {v}")
+        require(0.0 < self.clip < 1.0, "clip", f"must be in (0, 1), got {self.clip}")
+        require(
             self.arm != "step" or self.num_experts >= 2,
             "num_experts",
             f"the step-level router needs >= 2 experts, got {self.num_experts}",
