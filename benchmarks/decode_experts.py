@@ -9,9 +9,14 @@ at the row counts a batch of B tokens with top-k routing gives:
 - ``kernel``: ``cpu_kernel.fused_experts``, the path ``MoELayer`` takes on CPU (1-8 rows per
   expert use its own streaming projection, more rows MKL's GEMM);
 - ``mkl``: the same chain with ``torch.mm`` per expert, on every thread (the loop backend);
-- ``read floor``: one pass over the same experts' weights (``torch.sum``), all threads.
+- ``read floor``: one pass over the same experts' weights (``torch.sum``), all threads;
+- ``int8`` and ``int4``: the same shapes as quantized experts (``QuantizedExpertBank``,
+  symmetric, group 64: what ``moelab quantize --bits 8|4 --method rtn`` stores), whose
+  decode-sized experts run the packed-code kernel (``csrc/quant_cpu.cpp``).
 
-It prints the weight bytes read per call, each candidate's GB/s, and ``kernel / floor``.
+It prints the float32 weight bytes read per call, each float32 candidate's GB/s, ``kernel /
+floor``, and the quantized banks' speed against the float32 kernel (``int8 / kernel`` > 1 means
+the int8 experts decode faster).
 
     python benchmarks/decode_experts.py                  # batches 1, 4, 8, 16
     python benchmarks/decode_experts.py --batches 1 8 --threads 2
@@ -28,7 +33,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _timing import interleaved_medians
+from moelab.core.config import ExpertsConfig
 from moelab.core.experts import cpu_kernel
+from moelab.core.experts.quantized import QuantizedExpertBank, QuantSpec
 
 
 def row_counts(batch: int, experts: int, top_k: int, g: torch.Generator) -> torch.Tensor:
@@ -46,6 +53,19 @@ def mkl_chain(x, w_in, w_down, counts):
             out.append(torch.mm(F.silu(h[:, :Fh]) * h[:, Fh:], w_down[e]))
         start += c
     return torch.cat(out)
+
+
+def quantized_bank(w_in, w_down, bits: int, group: int = 64) -> QuantizedExpertBank:
+    """Random codes at ``bits`` in a bank of the float32 bank's shapes (speed only: the values
+    are not a quantization of ``w_in``/``w_down``)."""
+    E, D, W = w_in.shape
+    spec = QuantSpec(method="rtn", bits=bits, group_size=group, symmetric=True,
+                     act_order=False, lowrank="none", rank=0)  # fmt: skip
+    bank = QuantizedExpertBank.empty(ExpertsConfig(hidden_size=D, ffn_hidden_size=W // 2), E, spec)
+    for proj in bank.projections.values():
+        proj.codes.random_(0, 256)
+        proj.scales.copy_(torch.full(proj.scales.shape, 1e-3).half().view(torch.int16))
+    return bank
 
 
 def main() -> None:
@@ -74,9 +94,10 @@ def main() -> None:
     per_expert = (D * 2 * Fh + Fh * D) * 4
     print(f"E={E} k={args.top_k} D={D} F={Fh} layers={args.layers} "
           f"threads={torch.get_num_threads()} ({per_expert / 1e6:.1f} MB per expert)")  # fmt: skip
+    quantized = {b: [quantized_bank(w_in, w_down, b) for w_in, w_down in banks] for b in (8, 4)}
     print("| batch | experts used | rows per used expert | MB read | kernel GB/s | mkl GB/s "
-          "| read floor GB/s | kernel / mkl | kernel / floor |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| read floor GB/s | kernel / mkl | kernel / floor | int8 / kernel | int4 / kernel |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for B in args.batches:
         counts = row_counts(B, E, args.top_k, g)
         used = torch.nonzero(counts).flatten()
@@ -93,6 +114,14 @@ def main() -> None:
             for w_in, w_down in banks:
                 mkl_chain(x, w_in, w_down, counts)
 
+        def int8(x=x, counts=counts):
+            for bank in quantized[8]:
+                bank(x, counts)
+
+        def int4(x=x, counts=counts):
+            for bank in quantized[4]:
+                bank(x, counts)
+
         views = [w[e] for bank in banks for w in bank for e in used.tolist()]
 
         def floor(views=views):
@@ -100,13 +129,15 @@ def main() -> None:
                 w.sum()
 
         with torch.inference_mode():
-            t = interleaved_medians({"kernel": kernel, "mkl": mkl, "floor": floor}, args.repeats)
+            fns = {"kernel": kernel, "mkl": mkl, "floor": floor, "int8": int8, "int4": int4}
+            t = interleaved_medians(fns, args.repeats)
         nbytes = len(used) * per_expert * args.layers
         gbs = {k: nbytes / v / 1e9 for k, v in t.items()}
         rows = counts[used].float().mean().item()
         print(f"| {B} | {len(used)} | {rows:.1f} | {nbytes / 1e6:,.0f} | {gbs['kernel']:.1f} | "
               f"{gbs['mkl']:.1f} | {gbs['floor']:.1f} | {t['mkl'] / t['kernel']:.2f}x | "
-              f"{gbs['kernel'] / gbs['floor']:.2f} |", flush=True)  # fmt: skip
+              f"{gbs['kernel'] / gbs['floor']:.2f} | {t['kernel'] / t['int8']:.2f}x | "
+              f"{t['kernel'] / t['int4']:.2f}x |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
