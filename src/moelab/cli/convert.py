@@ -47,7 +47,7 @@ def convert_command(
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON report.")] = False,
 ) -> None:
     """Convert a Hugging Face MoE checkpoint to a moelab model folder, or back; or write a
-    moelab model as one GGUF file for llama.cpp / Ollama (docs/gguf.md).
+    moelab model as one GGUF file for llama.cpp / Ollama (docs/how-to/gguf.md).
 
     Examples:
 
