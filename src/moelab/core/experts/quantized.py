@@ -486,7 +486,10 @@ class QuantizedExpertBank(nn.Module):
             active = None
         else:
             counts = counts[active]
-        h = torch.cat([self._project(n, x_ND, counts, active) for n in self.proj_names[:-1]], dim=1)
+        rows = self._kernel_rows(x_ND, counts, active)
+        h = torch.cat(
+            [self._project(n, x_ND, counts, active, rows) for n in self.proj_names[:-1]], dim=1
+        )
         corr = [
             self.projections[n].lowrank.apply_rows(x_ND, experts)
             for n in self.proj_names[:-1]
@@ -498,30 +501,29 @@ class QuantizedExpertBank(nn.Module):
             h = h + self.b_in.to(dt)[experts]
         a = self.activation(h)
         down = self.projections["down"]
-        y = self._project("down", a, counts, active)
+        y = self._project("down", a, counts, active, rows)
         if self.b_down is not None:
             y = y + self.b_down.to(dt)[experts]
         if down_lowrank and down.lowrank is not None:
             y = y + down.lowrank.apply_rows(a, experts)
         return y, a, experts
 
-    def _project(self, name: str, x: Tensor, counts: Tensor, active: Tensor | None) -> Tensor:
-        """Rows ``x [N, I]`` (sorted by expert: ``counts`` rows for each of the ``active``
-        experts, or of every expert when None) through projection ``name``'s dequantized
-        weights, without its low-rank correction: ``[N, O]``.
-
-        Decode-sized experts (at most 8 rows each) at 4 or 8 bits run the compiled kernel
-        (``csrc/quant_cpu.cpp``), which reads the packed codes once instead of writing and
-        re-reading a float32 copy; act-order, rotated or 2/3-bit codes, other dtypes, larger
-        batches and gradients take dequantization plus the grouped matmul (the same values up
-        to float rounding)."""
-        proj = self.projections[name]
-        bits, (num_experts, d_out, _) = proj.spec.bits, proj.shape
-        if (
-            bits in (4, 8)
-            and (bits == 8 or proj.spec.group_size % 2 == 0)
-            and proj.g_idx is None
-            and proj.perm is None
+    def _kernel_rows(
+        self, x: Tensor, counts: Tensor, active: Tensor | None
+    ) -> tuple[list[int], list[int]] | None:
+        """``(rows per expert, expert ids)`` as host lists when this forward's projections run
+        the compiled decode kernel (``csrc/quant_cpu.cpp``), else None. The kernel reads the
+        packed codes once instead of writing and re-reading a float32 copy; it takes
+        decode-sized experts (at most 8 rows each) at 4 or 8 bits in float32 without
+        gradients. Act-order, rotated or 2/3-bit codes, other dtypes, larger batches and
+        gradients take dequantization plus the grouped matmul (the same values up to float
+        rounding). Decided once per forward: every projection shares the spec and the rows."""
+        spec = self.spec
+        if not (
+            spec.bits in (4, 8)
+            and (spec.bits == 8 or spec.group_size % 2 == 0)
+            and not spec.act_order
+            and not spec.rotate_block
             and x.device.type == "cpu"
             and x.dtype == torch.float32
             and len(counts) > 0
@@ -529,13 +531,30 @@ class QuantizedExpertBank(nn.Module):
             and not (torch.is_grad_enabled() and x.requires_grad)
             and cpu_kernel.kernel() is not None
         ):
-            experts = active if active is not None else torch.arange(num_experts)
+            return None
+        experts = active if active is not None else torch.arange(len(counts))
+        return counts.tolist(), experts.tolist()
+
+    def _project(
+        self,
+        name: str,
+        x: Tensor,
+        counts: Tensor,
+        active: Tensor | None,
+        kernel_rows: tuple[list[int], list[int]] | None,
+    ) -> Tensor:
+        """Rows ``x [N, I]`` (sorted by expert: ``counts`` rows for each of the ``active``
+        experts, or of every expert when None) through projection ``name``'s dequantized
+        weights, without its low-rank correction: ``[N, O]`` (``kernel_rows``: see
+        :meth:`_kernel_rows`)."""
+        proj = self.projections[name]
+        if kernel_rows is not None:
             zeros = None
             if proj.zeros is not None:
                 zeros = proj._unpack_experts(proj.zeros, tuple(proj.scales.shape), None)
             return cpu_kernel.kernel().quant_experts_mm(
-                x.contiguous(), counts.tolist(), experts.tolist(), proj.codes,
-                proj.scale_values, zeros, bits, d_out,
+                x.contiguous(), *kernel_rows, proj.codes, proj.scale_values, zeros,
+                proj.spec.bits, proj.shape[1],
             )  # fmt: skip
         w = proj.dequantize(x.dtype, active).transpose(1, 2).contiguous()
         return grouped_mm(x, w, counts, self.backend)
