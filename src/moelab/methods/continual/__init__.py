@@ -5,7 +5,8 @@ sequential fine-tuning baselines.
 
 Later continual methods (MoRAM, SAME, CKA-guided upcycling) plug in as a new
 :class:`~moelab.methods.continual.learner.Learner` subclass (``learn(t)``, ``logits``) on the
-same :class:`~moelab.methods.continual.stream.Stream` (class-, task- or domain-incremental),
+same :class:`~moelab.methods.continual.stream.Stream` (class-, task- or domain-incremental;
+the five real text domains of :mod:`~moelab.methods.continual.domains` for the latter two),
 :class:`~moelab.methods.continual.backbone.PrefixCache` and
 :func:`~moelab.methods.continual.loop.run_stream`.
 """
@@ -13,6 +14,7 @@ same :class:`~moelab.methods.continual.stream.Stream` (class-, task- or domain-i
 from moelab.methods.continual.brmoe import BRMoE, BRMoESide
 from moelab.methods.continual.care import CaRELearner
 from moelab.methods.continual.config import METHODS, ContinualConfig
+from moelab.methods.continual.domains import TextDomain, load_text_domains, synthetic_domains
 from moelab.methods.continual.loop import StreamResult, router_hit_rate, run_stream
 from moelab.methods.continual.recipe import LEARNERS, ContinualRecipe
 from moelab.methods.continual.stream import (
@@ -33,8 +35,11 @@ __all__ = [
     "Stream",
     "StreamResult",
     "Task",
+    "TextDomain",
     "class_incremental_stream",
     "domain_incremental_stream",
+    "load_text_domains",
     "router_hit_rate",
     "run_stream",
+    "synthetic_domains",
 ]
