@@ -39,8 +39,19 @@ def run_command(
         ),
     ] = "care",
     stream: Annotated[
-        str, Opt(help="wordnet (WordNet hypernym classes) or synthetic.")
+        str,
+        Opt(
+            help="wordnet (WordNet hypernym classes), domains (one task per real text "
+            "domain: 5 tasks, 78 classes), synthetic or synthetic-domains."
+        ),
     ] = "wordnet",
+    scenario: Annotated[
+        str | None,
+        Opt(
+            help="class, task or domain (default: class on wordnet/synthetic, domain on "
+            "the domain streams)."
+        ),
+    ] = None,
     seeds: Annotated[str, Opt(help="Comma-separated seeds (class order, split, init).")] = "0",
     tasks: Annotated[int, Opt(help="Number of tasks."), Range(min=1)] = 54,
     classes_per_task: Annotated[int, Opt(help="Classes per task."), Range(min=1)] = 2,
@@ -63,20 +74,25 @@ def run_command(
       moelab continual run --method care --seeds 0,1,2 --out runs/care.json
       moelab continual run --method care,simplecil,aper,finetune --tasks 10 --out runs/cl.json
       moelab continual run --method care --adapted-blocks 6 --tasks 10 --out runs/care6.json
+      moelab continual run --method finetune --stream domains --scenario task --out runs/d.json
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from moelab.errors import InvalidValueError
     from moelab.methods.continual import ContinualConfig, ContinualRecipe
+    from moelab.methods.continual.config import DOMAIN_STREAMS
     from moelab.methods.continual.recipe import run_methods
 
     methods = [m.strip() for m in method.split(",") if m.strip()]
     seed_list = _seeds(seeds)
     if out.exists() and not overwrite:
         fail(InvalidValueError(f"--out: {out} exists (pass --overwrite to replace it)"))
+    if scenario is None:
+        scenario = "domain" if stream in DOMAIN_STREAMS else "class"
     config = guarded(
         ContinualConfig,
         stream=stream,
+        scenario=scenario,
         method=methods[0] if methods else "care",
         num_tasks=tasks,
         classes_per_task=classes_per_task,
@@ -109,8 +125,10 @@ def run_command(
             json.dumps({a: {k: s.mean for k, s in v.items()} for a, v in summary.items()})
         )
         return
-    names = ["avg_acc", "last_acc", "forgetting", "bwt"]
-    table = Table("method", *names, title=f"{stream}: {tasks} tasks, seeds {seed_list} (%, mean)")
+    names = ["avg_acc", "last_acc", "forgetting", "bwt", "transfer", "xtail_average"]
+    names = [n for n in names if n in next(iter(summary.values()))]
+    shape = f"{tasks} tasks" if stream not in DOMAIN_STREAMS else f"{scenario} scenario"
+    table = Table("method", *names, title=f"{stream}: {shape}, seeds {seed_list} (%, mean)")
     for arm, per in summary.items():
         table.add_row(arm, *(f"{per[n].mean:.2f}" for n in names))
     console.print(table)

@@ -4,7 +4,12 @@ from pathlib import Path
 import pytest
 
 from moelab.errors import InvalidValueError
-from moelab.methods.continual.domains import DOMAINS, load_text_domains, synthetic_domains
+from moelab.methods.continual.domains import (
+    DOMAINS,
+    domain_stream,
+    load_text_domains,
+    synthetic_domains,
+)
 from moelab.methods.continual.stream import domain_incremental_stream
 
 
@@ -52,3 +57,23 @@ def test_real_domains():
         [d.data for d in domains], train_per_class=16, test_per_class=20, seed=0
     )
     assert len(stream.class_names) == 78
+
+
+def test_domain_stream_carries_prompts_in_stream_order():
+    domains = synthetic_domains(3, 2, 4)
+    stream = domain_stream(domains, train_per_class=2, test_per_class=1, seed=3, scenario="task")
+    assert stream.scenario == "task" and len(stream.prompts) == 6
+    for c, name in enumerate(stream.class_names):
+        assert stream.prompts[c] == f"a text of {name.split(':')[1]}"
+    first = stream.class_names[0].split(":")[0]
+    assert {n.split(":")[0] for n in stream.class_names[:2]} == {first}  # a domain's block
+
+
+def test_config_scenario_must_fit_the_stream():
+    from moelab.methods.continual.config import ContinualConfig
+
+    with pytest.raises(InvalidValueError, match="scenario: must be domain or task"):
+        ContinualConfig(stream="domains", scenario="class")
+    with pytest.raises(InvalidValueError, match="scenario: must be class or task"):
+        ContinualConfig(stream="wordnet", scenario="domain")
+    ContinualConfig(stream="domains", scenario="domain", num_tasks=54, num_classes=5)

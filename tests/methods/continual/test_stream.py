@@ -45,6 +45,15 @@ def test_domain_incremental_uses_the_joint_label_space():
     )
     assert s.class_names == ("u", "v", "x", "y")
     assert s.candidates(0, 1) == (0, 1, 2, 3) and s.tested(0) == (0, 1)
+    named = domain_incremental_stream(
+        [a, b], train_per_class=2, test_per_class=2, seed=0, domain_order=[1, 0], scenario="task"
+    )
+    assert named.candidates(0, 1) == (2, 3) and named.tested(0) == (0,)
+    assert named.tasks == s.tasks  # the same split, another test protocol
+    with pytest.raises(InvalidValueError, match="scenario: must be 'domain' or 'task'"):
+        domain_incremental_stream(
+            [a], train_per_class=2, test_per_class=2, seed=0, scenario="class"
+        )
 
 
 def test_bad_input_one_line_errors():

@@ -16,8 +16,10 @@ from moelab.utils.fields import check_fields
 
 Method = Literal["care", "simplecil", "aper", "finetune"]
 METHODS: tuple[str, ...] = ("care", "simplecil", "aper", "finetune")
-StreamName = Literal["wordnet", "synthetic"]
-Scenario = Literal["class", "task"]
+StreamName = Literal["wordnet", "synthetic", "domains", "synthetic-domains"]
+DOMAIN_STREAMS = ("domains", "synthetic-domains")
+"""Streams with one task per domain (the rest are class-incremental over one labelled set)."""
+Scenario = Literal["class", "task", "domain"]
 
 
 @dataclass(frozen=True)
@@ -25,12 +27,18 @@ class ContinualConfig:
     """One run of one method on one stream.
 
     Stream:
-        stream: ``"wordnet"`` (WordNet depth-5 hypernym classes, Debian ``wordnet-base``) or
-            ``"synthetic"`` (random token texts, for tests).
-        scenario: ``"class"`` (task-agnostic test over every seen class) or ``"task"``
-            (the task id is given at test: prediction among that task's classes).
-        num_classes: classes used, the largest ones (108 [I]: the note's WordNet-108).
-        num_tasks, classes_per_task: B0-Inc2, 54 tasks [I: the long-sequence regime].
+        stream: ``"wordnet"`` (WordNet depth-5 hypernym classes, Debian ``wordnet-base``),
+            ``"synthetic"`` (random token texts, for tests), ``"domains"`` (one task per
+            real text domain of :mod:`~moelab.methods.continual.domains`, 5 tasks, 78
+            classes) or ``"synthetic-domains"`` (3 synthetic domains of 4 classes, for tests).
+        scenario: ``"class"`` (task-agnostic test over every seen class; class-incremental
+            streams), ``"task"`` (the task id is given at test: prediction among that task's
+            classes) or ``"domain"`` (X-TAIL: the joint label space, every task tested
+            after every step; domain streams).
+        num_classes: classes used, the largest ones (108 [I]: the note's WordNet-108);
+            class-incremental streams only.
+        num_tasks, classes_per_task: B0-Inc2, 54 tasks [I: the long-sequence regime];
+            class-incremental streams only (a domain stream has one task per domain).
         train_per_class, test_per_class: 40 / 10 per class, seeded [I].
         max_tokens: tokens kept per text ([CLS] and [SEP] included) [I].
 
@@ -114,8 +122,15 @@ class ContinualConfig:
             v = getattr(self, name)
             require(v >= 1, name, f"must be >= 1, got {v}")
         require(self.max_tokens >= 3, "max_tokens", f"must be >= 3, got {self.max_tokens}")
+        domains = self.stream in DOMAIN_STREAMS
+        allowed = ("domain", "task") if domains else ("class", "task")
         require(
-            self.num_tasks * self.classes_per_task <= self.num_classes,
+            self.scenario in allowed,
+            "scenario",
+            f"must be {' or '.join(allowed)} on the {self.stream} stream, got {self.scenario!r}",
+        )
+        require(
+            domains or self.num_tasks * self.classes_per_task <= self.num_classes,
             "num_tasks",
             f"{self.num_tasks} tasks x {self.classes_per_task} classes need "
             f"{self.num_tasks * self.classes_per_task} classes, the stream has num_classes="

@@ -23,12 +23,14 @@ classes; :attr:`TextDomain.labels` holds the readable labels the prompts use.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 from moelab.data.labelled import LabelledText
 from moelab.errors import InvalidValueError
 from moelab.methods.continual.data import largest_classes, synthetic_texts
+from moelab.methods.continual.stream import Stream, domain_incremental_stream
 
 STDLIB_SNIPPET_LINES = 8
 """Non-blank lines per stdlib example [I]."""
@@ -185,3 +187,32 @@ def synthetic_domains(
         data = LabelledText(texts, data.labels, data.label_names, data.source)
         out.append(_domain(f"synthetic{d}", data, spec))
     return tuple(out)
+
+
+def domain_stream(
+    domains: Sequence[TextDomain],
+    *,
+    train_per_class: int,
+    test_per_class: int,
+    seed: int,
+    scenario: Literal["domain", "task"] = "domain",
+) -> Stream:
+    """:func:`~moelab.methods.continual.stream.domain_incremental_stream` over the domains'
+    texts (seeded domain order), with every class's label prompt in :attr:`Stream.prompts`.
+
+    Raises:
+        InvalidValueError: see :func:`~moelab.methods.continual.stream.domain_incremental_stream`.
+    """
+    stream = domain_incremental_stream(
+        [d.data for d in domains],
+        train_per_class=train_per_class,
+        test_per_class=test_per_class,
+        seed=seed,
+        scenario=scenario,
+    )
+    prompt = {
+        name: text
+        for d in domains
+        for name, text in zip(d.data.label_names, d.prompts(), strict=True)
+    }
+    return replace(stream, prompts=tuple(prompt[name] for name in stream.class_names))

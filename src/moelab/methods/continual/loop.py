@@ -14,6 +14,7 @@ from moelab.methods.continual.metrics import (
     backward_transfer,
     forgetting,
     last_accuracy,
+    xtail_metrics,
 )
 
 
@@ -25,13 +26,23 @@ class StreamResult:
     curve: np.ndarray
 
     def metrics(self) -> dict[str, float]:
-        """``avg_acc`` (Ā), ``last_acc``, ``forgetting`` (PILOT) and ``bwt`` (Lopez-Paz)."""
-        return {
+        """``avg_acc`` (Ā), ``last_acc``, ``forgetting`` (PILOT) and ``bwt`` (Lopez-Paz);
+        with a fully tested table (domain scenario, two tasks or more) also X-TAIL's
+        ``transfer``, ``xtail_average`` and ``xtail_last``."""
+        out = {
             "avg_acc": average_accuracy(self.curve),
             "last_acc": last_accuracy(self.curve),
             "forgetting": forgetting(self.R),
             "bwt": backward_transfer(self.R),
         }
+        if self.R.shape[0] >= 2 and not np.isnan(self.R).any():
+            out.update(
+                {
+                    f"xtail_{k}" if k != "transfer" else k: v
+                    for k, v in xtail_metrics(self.R).items()
+                }
+            )
+        return out
 
 
 def evaluate_task(learner: Learner, t: int, j: int, batch: int = 64) -> tuple[int, int]:

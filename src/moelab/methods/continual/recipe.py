@@ -18,8 +18,9 @@ from moelab.errors import InvalidValueError
 from moelab.methods.continual.backbone import PrefixCache, check_adapted_blocks
 from moelab.methods.continual.baselines import APERLearner, FinetuneLearner, SimpleCILLearner
 from moelab.methods.continual.care import CaRELearner
-from moelab.methods.continual.config import ContinualConfig
+from moelab.methods.continual.config import DOMAIN_STREAMS, ContinualConfig
 from moelab.methods.continual.data import load_stream_data
+from moelab.methods.continual.domains import domain_stream, load_text_domains, synthetic_domains
 from moelab.methods.continual.learner import Learner
 from moelab.methods.continual.loop import StreamResult, router_hit_rate, run_stream
 from moelab.methods.continual.report import plot_curves, stream_extra
@@ -68,7 +69,23 @@ class ContinualRecipe:
         return self._backbone
 
     def stream(self, config: ContinualConfig, seed: int) -> Stream:
-        key = (config.stream, config.num_classes, config.train_per_class + config.test_per_class)
+        per_class = config.train_per_class + config.test_per_class
+        if config.stream in DOMAIN_STREAMS:
+            key = (config.stream, per_class)
+            if key not in self._data:
+                self._data = {
+                    key: load_text_domains()
+                    if config.stream == "domains"
+                    else synthetic_domains(3, 4, per_class)
+                }
+            return domain_stream(
+                self._data[key],
+                train_per_class=config.train_per_class,
+                test_per_class=config.test_per_class,
+                seed=seed,
+                scenario=config.scenario,
+            )
+        key = (config.stream, config.num_classes, per_class)
         if key not in self._data:
             self._data = {key: load_stream_data(*key)}
         return class_incremental_stream(
@@ -142,6 +159,10 @@ def run_methods(
     if out is not None:
         write_result(result, out)
         curves = {m: {s: recipe.history[(m, s)].curve.tolist() for s in seeds} for m in methods}
-        title = f"{config.stream}, {config.num_tasks} tasks of {config.classes_per_task} classes"
+        title = (
+            f"{config.stream}, {config.scenario} scenario"
+            if config.stream in DOMAIN_STREAMS
+            else f"{config.stream}, {config.num_tasks} tasks of {config.classes_per_task} classes"
+        )
         plot_curves(curves, Path(out).with_suffix(".png"), title)
     return result

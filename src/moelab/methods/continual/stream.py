@@ -56,6 +56,9 @@ class Stream:
         tasks: the steps, in order.
         scenario: ``"class"``, ``"task"`` or ``"domain"`` (module docstring).
         source: where the texts come from.
+        prompts: ``prompts[c]`` is class ``c``'s label prompt (zero-shot heads), or ``()``
+            when the stream has none (:func:`~moelab.methods.continual.domains.domain_stream`
+            sets them).
     """
 
     texts: tuple[str, ...]
@@ -64,6 +67,7 @@ class Stream:
     tasks: tuple[Task, ...]
     scenario: Scenario
     source: str
+    prompts: tuple[str, ...] = ()
 
     @property
     def num_tasks(self) -> int:
@@ -195,16 +199,20 @@ def domain_incremental_stream(
     test_per_class: int,
     seed: int,
     domain_order: Sequence[int] | None = None,
+    scenario: Literal["domain", "task"] = "domain",
 ) -> Stream:
     """One task per domain, in ``domain_order`` (default: a ``random.Random(seed)``
     permutation); the label space is every domain's classes, numbered domain by domain in
     that order (X-TAIL's joint space, future domains included). Per class the split is as in
-    :func:`class_incremental_stream`.
+    :func:`class_incremental_stream`. ``scenario="task"`` names the task at test (TRACE's
+    protocol: prediction among the task's own classes, tasks ``0..t`` tested).
 
     Raises:
         InvalidValueError: no domains, a bad or repeating domain order, a class with too few
-            examples, class names shared by two domains.
+            examples, class names shared by two domains, an unknown scenario.
     """
+    if scenario not in ("domain", "task"):
+        raise InvalidValueError(f"scenario: must be 'domain' or 'task', got {scenario!r}")
     _check_count(train_per_class, "train_per_class")
     _check_count(test_per_class, "test_per_class")
     if not domains:
@@ -245,4 +253,4 @@ def domain_incremental_stream(
                     labels.append(first + c)
         tasks.append(Task(tuple(range(first, len(names))), tuple(train), tuple(test)))
     source = "+".join(domains[d].source for d in order)
-    return Stream(tuple(texts), tuple(labels), tuple(names), tuple(tasks), "domain", source)
+    return Stream(tuple(texts), tuple(labels), tuple(names), tuple(tasks), scenario, source)
