@@ -27,14 +27,22 @@ Usage:
     PYTHONPATH=src python benchmarks/layer_speed.py --rows e64-t64 e64-t1
     PYTHONPATH=src python benchmarks/layer_speed.py --profile --rows e64-t4096  # + where moelab spends time
     PYTHONPATH=src python benchmarks/layer_speed.py --json results.json
+    PYTHONPATH=src python benchmarks/layer_speed.py --contended --rows e8-t1 e64-t1 e64-t64
+
+``--contended`` runs a busy-loop process pinned to the last core for the whole run (a user's
+machine where another program holds a core) and adds, per row, moelab ``auto`` against the
+better of the ``torch`` and ``loop`` backends.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import platform
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -395,6 +403,50 @@ def _one_call(f: Callable[[], object]) -> float:
     return time.perf_counter() - t
 
 
+# ---------------------------------------------------------------- contention
+
+
+_BUSY_LOOP = """
+import os
+if hasattr(os, "sched_setaffinity"):
+    os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
+while True:
+    pass
+"""
+
+
+@contextlib.contextmanager
+def busy_core():
+    """A pure-Python busy loop in a child process, pinned to the last core, while the block
+    runs (killed after it, whatever happens)."""
+    proc = subprocess.Popen([sys.executable, "-c", _BUSY_LOOP])
+    try:
+        time.sleep(0.5)  # let it start spinning
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def auto_versus_others(results: list[Result], shapes: dict[str, Shape]) -> list[str]:
+    """Per row: moelab ``auto`` / the better of moelab's other backends, forward and
+    forward+backward (the fallback rule's target: >= 0.9x on every row)."""
+    lines = []
+    for key, s in shapes.items():
+        rs = {r.impl: r for r in results if r.shape == key and not r.note}
+        auto = rs.get("moelab[auto]")
+        others = [rs[f"moelab[{b}]"] for b in MOELAB_BACKENDS[1:] if f"moelab[{b}]" in rs]
+        if auto is None or not others:
+            continue
+        bf = max(others, key=lambda r: r.fwd_tok_s)
+        bb = max(others, key=lambda r: r.fwdbwd_tok_s)
+        lines.append(
+            f"{s}  auto / best other: fwd {_fmt_ratio(auto.fwd_tok_s, bf.fwd_tok_s)} "
+            f"({bf.impl}), fwd+bwd {_fmt_ratio(auto.fwdbwd_tok_s, bb.fwdbwd_tok_s)} ({bb.impl})"
+        )
+    return lines
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -513,6 +565,11 @@ def main(argv: list[str] | None = None) -> None:
         help="also profile moelab's layer on the selected rows (stage timers + torch.profiler)",
     )
     p.add_argument("--json", type=Path, default=None, help="write the results to this file")
+    p.add_argument(
+        "--contended",
+        action="store_true",
+        help="run beside a busy-loop process pinned to the last core",
+    )
     args = p.parse_args(argv)
     if args.repeats is None:
         args.repeats = 3 if args.quick else 7
@@ -527,15 +584,23 @@ def main(argv: list[str] | None = None) -> None:
         f"torch {torch.__version__}, transformers {transformers.__version__}, "
         f"{torch.get_num_threads()} threads, {platform.processor() or platform.machine()}; "
         f"up to {args.repeats} repeats (budget {args.budget_s:g}s each), median"
+        + (
+            f"; contended: a busy loop on core {max(os.sched_getaffinity(0))}"
+            if args.contended
+            else ""
+        )
     )
     shapes = {k: ROWS[k] for k in args.rows}
     results: list[Result] = []
     t0 = time.perf_counter()
-    for key, s in shapes.items():
-        print(f"{key}: {s}  ({s.active_flops / 1e9:.2f} GFLOP active forward)", flush=True)
-        results += run_shape(key, s, args, lambda m: print(m, flush=True))
+    with busy_core() if args.contended else contextlib.nullcontext():
+        for key, s in shapes.items():
+            print(f"{key}: {s}  ({s.active_flops / 1e9:.2f} GFLOP active forward)", flush=True)
+            results += run_shape(key, s, args, lambda m: print(m, flush=True))
     print(f"total {time.perf_counter() - t0:.0f}s\n")
     report(results, shapes)
+    for line in auto_versus_others(results, shapes):
+        print(line)
     if args.json:
         args.json.write_text(
             json.dumps(
@@ -544,6 +609,7 @@ def main(argv: list[str] | None = None) -> None:
                     "transformers": transformers.__version__,
                     "threads": torch.get_num_threads(),
                     "repeats": args.repeats,
+                    "contended": args.contended,
                     "rows": {k: vars(s) for k, s in shapes.items()},
                     "results": [vars(r) for r in results],
                 },

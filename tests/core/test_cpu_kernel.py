@@ -157,6 +157,42 @@ def test_a_decode_rows_value_does_not_depend_on_the_rows_beside_it():
 
 
 @needs_kernel
+def test_solo_calls_give_the_parallel_calls_values_bit_for_bit():
+    """A solo span (the scheduler's answer to late helper threads) runs every item on the
+    calling thread: decode-sized experts (the kernel's own projections) give the same bits as
+    the parallel run, forward and backward; larger ones (MKL, which may thread a GEMM called
+    outside a parallel region) the same values to rounding. The counters say which ran how."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for T in (1, 3, 64):
+            x, w_in, w_down, pw, counts, order, k = problem(
+                "swiglu", T=T, k=2, E=4, dtype=torch.float32
+            )
+            args = (x, w_in, w_down, "swiglu", counts, order // k, order, pw, k)
+            cpu_kernel.reset_scheduler(0)
+            parallel = cpu_kernel.fused_moe(*args)
+            grads = torch.autograd.grad(parallel.sum(), (x, w_in, w_down))
+            stats = cpu_kernel.scheduler_stats()
+            assert stats["parallel_calls"] + stats["solo_calls"] == 2  # forward, backward
+            cpu_kernel.reset_scheduler(2)
+            solo = cpu_kernel.fused_moe(*args)
+            solo_grads = torch.autograd.grad(solo.sum(), (x, w_in, w_down))
+            assert cpu_kernel.scheduler_stats() == {
+                "parallel_calls": 0, "solo_calls": 2, "late_calls": 0, "solo_left": 0,
+            }  # fmt: skip
+            same = torch.equal if T <= 3 else torch.allclose  # T <= 3: <= 6 rows per expert
+            assert same(solo, parallel)
+            for a, b in zip(solo_grads, grads, strict=True):
+                assert same(a, b)
+    finally:
+        torch.set_num_threads(threads)
+        cpu_kernel.reset_scheduler(0)
+    with pytest.raises(RuntimeError, match="solo_calls"):
+        cpu_kernel.reset_scheduler(-1)
+
+
+@needs_kernel
 def test_bad_indices_and_shapes_are_refused_before_any_copy():
     x, w_in, w_down, pw, counts, order, k = problem("gelu")
     x, w_in, w_down, pw = (t.detach() for t in (x, w_in, w_down, pw))

@@ -318,3 +318,29 @@ def fused_moe(
         top_k,
         save,
     )
+
+
+def scheduler_stats() -> dict[str, int]:
+    """The adaptive scheduler's counters since the last :func:`reset_scheduler` (process-wide):
+    ``parallel_calls``, ``solo_calls`` (run on the calling thread alone), ``late_calls``
+    (parallel calls whose helper threads first arrived after the calling thread had finished
+    every item, so only delayed it: each starts a solo span) and ``solo_left`` (calls of the
+    current span still to run solo). See ``csrc/kernel_common.h``.
+
+    Raises:
+        RuntimeError: the kernel is unavailable.
+    """
+    _check_available()
+    parallel, solo, late, left = kernel().scheduler_stats()
+    return {"parallel_calls": parallel, "solo_calls": solo, "late_calls": late, "solo_left": left}
+
+
+def reset_scheduler(solo_calls: int = 0) -> None:
+    """Zero the scheduler's counters and make the next ``solo_calls`` kernel calls run on the
+    calling thread alone (benchmarks and tests; the scheduler sets its own spans).
+
+    Raises:
+        RuntimeError: the kernel is unavailable, or ``solo_calls`` < 0.
+    """
+    _check_available()
+    kernel().reset_scheduler(solo_calls)

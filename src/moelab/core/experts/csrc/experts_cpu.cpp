@@ -363,7 +363,26 @@ std::vector<at::Tensor> experts_backward(const at::Tensor& grad, const at::Tenso
   return {gx, gw_in, gw_down};
 }
 
+// The adaptive scheduler's counters (kernel_common.h), and a way to start a solo span.
+std::vector<int64_t> scheduler_stats() {
+  const auto& st = moelab::scheduler();
+  return {st.parallel_calls.load(), st.solo_calls.load(), st.late_calls.load(),
+          st.solo_left.load()};
+}
+
+void scheduler_reset(int64_t solo_calls) {
+  TORCH_CHECK(solo_calls >= 0, "solo_calls: ", solo_calls, " < 0");
+  auto& st = moelab::scheduler();
+  st.parallel_calls = 0;
+  st.solo_calls = 0;
+  st.late_calls = 0;
+  st.solo_span = 1;
+  st.solo_left = solo_calls;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("scheduler_stats", &scheduler_stats);
+  m.def("reset_scheduler", &scheduler_reset);
   m.def("experts_forward", &experts_forward);
   m.def("experts_backward", &experts_backward);
   m.def("quant_experts_mm", &quant_experts_mm);
