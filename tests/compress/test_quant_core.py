@@ -24,6 +24,7 @@ from moelab.compress.quant import (
 )
 from moelab.compress.quant.assignment import min_cost_assignment
 from moelab.compress.quant.bicluster import grid_assignment, kmeans, ring_placement
+from moelab.compress.quant.rtn import group_params, quantize_values
 from moelab.core.experts.lowrank import LowRankFactors, expert_of_rows
 from moelab.core.experts.qformat import pack_codes, packed_size, unpack_codes
 
@@ -109,6 +110,50 @@ def test_gptq_first_column_is_rtn_and_identity_hessian_gives_rtn():
     q = gptq_quantize(W, H, 3, 8, damp=0.01)
     r = quantize_rtn(W, 3, 8)
     assert torch.equal(q.codes, r.codes)
+
+
+def _reference_gptq_codes(W, H, bits, g, blk, damp=0.01):
+    """One expert [O, I] as the reference loop (IST-DASLab gptq.py) runs it, without
+    act-order: a group's scale from ``W`` as the earlier blocks left it."""
+    O, I = W.shape
+    W = W.clone()
+    H = H.double().clone()
+    H += damp * torch.diagonal(H).mean() * torch.eye(I, dtype=H.dtype)
+    U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+    U = U.float()
+    Q = torch.zeros(O, I)
+    for i1 in range(0, I, blk):
+        i2 = min(i1 + blk, I)
+        W1, Err1 = W[:, i1:i2].clone(), torch.zeros(O, i2 - i1)
+        for i in range(i2 - i1):
+            if (i1 + i) % g == 0:
+                s, z = group_params(W[None, :, i1 + i : i1 + i + g], bits, False)
+                s, z = s[0].float(), z[0]
+            q = quantize_values(W1[:, i], s, z, bits)
+            Q[:, i1 + i] = q
+            err = (W1[:, i] - s * (q - z)) / U[i1 + i, i1 + i]
+            W1[:, i:] -= err[:, None] * U[i1 + i, i1 + i : i2][None]
+            Err1[:, i] = err
+        W[:, i2:] -= Err1 @ U[i1:i2, i2:]
+    return Q.long()
+
+
+def test_gptq_group_scales_follow_the_reference_loop():
+    """Groups of 8 inside blocks of 32: the default reads a group's scale as the reference
+    does and gives its codes for every expert; the "updated" rule gives other codes, and the
+    two rules agree when every group starts a block."""
+    _, H = _calib(E=2, I=64)
+    W = torch.randn(2, 12, 64, generator=torch.Generator().manual_seed(7))
+    q = gptq_quantize(W, H, 2, 8, block_size=32)
+    for e in range(2):
+        assert torch.equal(q.codes[e], _reference_gptq_codes(W[e], H[e], 2, 8, 32))
+    updated = gptq_quantize(W, H, 2, 8, block_size=32, group_stats="updated")
+    assert not torch.equal(updated.codes, q.codes)
+    aligned = gptq_quantize(W, H, 2, 8, block_size=8)
+    aligned_updated = gptq_quantize(W, H, 2, 8, block_size=8, group_stats="updated")
+    assert torch.equal(aligned.codes, aligned_updated.codes)
+    with pytest.raises(ValueError, match="group_stats: must be reference or updated"):
+        gptq_quantize(W, H, 2, 8, group_stats="stale")
 
 
 def test_gptq_rejects_bad_arguments():

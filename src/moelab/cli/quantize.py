@@ -71,6 +71,14 @@ def quantize(
     damp: Annotated[
         float, Opt(help="GPTQ dampening (fraction of mean diag H)."), Range(min=0)
     ] = 0.01,
+    group_stats: Annotated[
+        str,
+        Opt(
+            help="GPTQ: where a group's scale is read: reference (the reference code: the "
+            "weights as earlier blocks left them) or updated (with the current block's "
+            "updates)."
+        ),
+    ] = "reference",
     rotate_block: Annotated[
         int,
         Opt(
@@ -141,7 +149,7 @@ def quantize(
       moelab quantize runs/main --method rtn --bits 4 --lowrank per-expert --out runs/main-r4
     """
     report, table = guarded(
-        _quantize, run, out, method, bits, group_size, symmetric, act_order, damp, rotate_block, lowrank,
+        _quantize, run, out, method, bits, group_size, symmetric, act_order, damp, group_stats, rotate_block, lowrank,
         rank, grid, sweeps, lowrank_target, weighting, min_tokens, sequential, calib_data, calib_tokens, seq_len,
         batch_size, seed,
     )  # fmt: skip
@@ -157,7 +165,7 @@ def quantize(
 
 def _quantize(
     run: Path, out: Path, method: str, bits: int, group_size: int, symmetric: bool,
-    act_order: bool, damp: float, rotate_block: int, lowrank: str, rank: int, grid_text: str | None, sweeps: int,
+    act_order: bool, damp: float, group_stats: str, rotate_block: int, lowrank: str, rank: int, grid_text: str | None, sweeps: int,
     lowrank_target: str, weighting: str, min_tokens: int, sequential: bool, calib_data: str | None, calib_tokens: int,
     seq_len: int | None, batch_size: int, seed: int,
 ):  # fmt: skip
@@ -204,7 +212,7 @@ def _quantize(
         rank=0 if lowrank == "none" else rank, grid=grid, rotate_block=rotate_block,
     )  # fmt: skip
     cfg = QuantizeConfig(
-        spec=spec, damp=damp, min_tokens=min_tokens, sweeps=sweeps, seed=seed,
+        spec=spec, damp=damp, group_stats=group_stats, min_tokens=min_tokens, sweeps=sweeps, seed=seed,
         sequential=sequential, target=None if lowrank_target == "auto" else lowrank_target,
         weighting=None if weighting == "auto" else weighting,
     )  # fmt: skip

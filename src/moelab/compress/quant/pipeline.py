@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from moelab.compress.calibration import RunData, route, routed_pairs
-from moelab.compress.quant.gptq import gptq_quantize
+from moelab.compress.quant.gptq import GROUP_STATS, gptq_quantize
 from moelab.compress.quant.hessian import HessianAccumulator
 from moelab.compress.quant.lowrank import (
     activation_scale,
@@ -73,6 +73,8 @@ class QuantizeConfig:
         spec: bits, group size, symmetry, act-order, low-rank scheme/rank/grid.
         damp: GPTQ dampening (fraction of mean diag H), in (0, 1].
         block_size: GPTQ lazy-batch width.
+        group_stats: where GPTQ reads a group's scale: ``"reference"`` (the reference code's
+            rule, default) or ``"updated"`` (:func:`~moelab.compress.quant.gptq.gptq_quantize`).
         min_tokens: experts routed fewer calibration rows fall back to RTN (>= 0).
         sweeps: TileQ HOOI refinement sweeps (>= 0).
         seed: grid-assignment restarts' seed.
@@ -99,6 +101,7 @@ class QuantizeConfig:
     spec: QuantSpec = field(default_factory=QuantSpec)
     damp: float = 0.01
     block_size: int = 128
+    group_stats: str = "reference"
     min_tokens: int = 16
     sweeps: int = 2
     seed: int = 0
@@ -114,6 +117,10 @@ class QuantizeConfig:
         if self.target not in (None, "error", "weight", "weight-once"):
             raise InvalidValueError(
                 f"target: must be 'error', 'weight' or 'weight-once', got {self.target!r}"
+            )
+        if self.group_stats not in GROUP_STATS:
+            raise InvalidValueError(
+                f"group_stats: must be {' or '.join(GROUP_STATS)}, got {self.group_stats!r}"
             )
         lr = self.spec.lowrank
         if lr == "tileq" and self.lowrank_weighting == "full":
@@ -283,6 +290,7 @@ def _quantize_projection(
     q = gptq_quantize(
         W, H.float(), spec.bits, spec.group_size, symmetric=spec.symmetric,
         damp=cfg.damp, act_order=spec.act_order, block_size=cfg.block_size,
+        group_stats=cfg.group_stats,
     )  # fmt: skip
     if under.any():  # weight-derived fallback for experts calibration barely reached
         q.codes[under] = rtn.codes[under]
