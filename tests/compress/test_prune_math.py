@@ -121,3 +121,35 @@ def test_novelty_span_equals_the_authors_reduced_qr_for_independent_bases():
         ref = 1 - float((q.T @ bases[e]).pow(2).sum()) / 3
         assert esn[e] == pytest.approx(min(max(ref, 0.0), 1.0), abs=1e-12)
         assert 0.0 < esn[e] < 1.0
+
+
+def test_qr_span_is_the_authors_rule_and_differs_only_with_dependent_bases():
+    g = torch.Generator().manual_seed(1)
+    bases = {
+        e: torch.linalg.qr(torch.randn(20, 3, generator=g, dtype=torch.float64))[0]
+        for e in range(4)
+    }
+    svd, qr = subspace_novelty(bases, 4, 3), subspace_novelty(bases, 4, 3, span="qr")
+    assert torch.allclose(qr, svd, atol=1e-5)  # independent bases: one span (qr in float32)
+    # a duplicated expert: the reduced QR of [U_0, U_0, U_2] has 9 columns, 3 of them arbitrary
+    # directions orthogonal to the true 6-dimensional span, so expert 3 looks less novel
+    dup = {0: bases[0], 1: bases[0].clone(), 2: bases[2], 3: bases[3]}
+    svd, qr = subspace_novelty(dup, 4, 3), subspace_novelty(dup, 4, 3, span="qr")
+    assert svd[0] == pytest.approx(0.0, abs=1e-12) and svd[1] == pytest.approx(0.0, abs=1e-12)
+    assert qr[3] < svd[3] - 0.05
+    with pytest.raises(ValueError, match="span: must be svd or qr"):
+        subspace_novelty(dup, 4, 3, span="lu")
+
+
+def test_shuffled_rank_control_moves_every_layers_rank():
+    from moelab.compress.prune.budget import rank_budget
+    from moelab.compress.prune.pipeline import shuffled
+
+    ranks = [9.0, 3.0, 1.5, 6.0, 2.0]
+    out = shuffled(ranks, seed=4)
+    assert sorted(out) == sorted(ranks) and all(a != b for a, b in zip(out, ranks, strict=True))
+    assert shuffled(ranks, seed=4) == out and shuffled([2.0], seed=4) == [2.0]
+    # the same unevenness, other layers: budgets are a permutation of the rank budgets here
+    E, low = [8] * 5, [2] * 5
+    own, control = rank_budget(20, E, low, ranks), rank_budget(20, E, low, out)
+    assert sum(control) == 20 and sorted(control) == sorted(own) and control != own

@@ -46,20 +46,30 @@ def prune(
     per_layer: Annotated[
         str | None,
         Opt(
-            help="Budget per layer: 'uniform' or 'rank' (RaGEP's effective-rank budgets). "
-            "Default: rank for ragep, uniform otherwise."
+            help="Budget per layer: 'uniform', 'rank' (RaGEP's effective-rank budgets) or "
+            "'shuffled-rank' (the control: those budgets' scores given to other layers, a "
+            "permutation seeded by --seed). Default: rank for ragep, uniform otherwise."
         ),
     ] = None,
     calib_data: CalibData = None,
     calib_tokens: CalibTokens = 32_768,
     seq_len: CalibSeqLen = None,
     batch_size: CalibBatch = 8,
-    seed: Annotated[int, Opt(help="Seed of the calibration windows."), SEED] = 0,
+    seed: Annotated[
+        int, Opt(help="Seed of the calibration windows (and the shuffled-rank order)."), SEED
+    ] = 0,
     min_experts: Annotated[int, Opt(help="Floor per layer besides top_k."), Range(min=1)] = 1,
     pca_rank: Annotated[int, Opt(help="RaGEP: subspace rank r per expert."), Range(min=1)] = 8,
     beta: Annotated[
         float, Opt(help="RaGEP: weight of energy vs. subspace novelty."), Range(min=0, max=1)
     ] = 0.5,
+    span: Annotated[
+        str,
+        Opt(
+            help="RaGEP: the other experts' span by svd (the true span) or qr (the authors' "
+            "reduced QR, for exact reproduction)."
+        ),
+    ] = "svd",
     alpha: Annotated[
         float, Opt(help="Rank budgets: exponent of the effective rank."), Range(min=0)
     ] = 1.0,
@@ -81,7 +91,7 @@ def prune(
     """
     result, table = guarded(
         _prune, run, out, method, keep, per_layer, calib_data, calib_tokens, seq_len,
-        batch_size, seed, min_experts, pca_rank, beta, alpha, rank_source,
+        batch_size, seed, min_experts, pca_rank, beta, span, alpha, rank_source,
     )  # fmt: skip
     if as_json:
         console.print_json(json.dumps(result))
@@ -93,7 +103,7 @@ def prune(
 def _prune(
     run: Path, out: Path, method: str, keep_text: str, per_layer: str | None,
     calib_data: str | None, calib_tokens: int, seq_len: int | None, batch_size: int, seed: int,
-    min_experts: int, pca_rank: int, beta: float, alpha: float, rank_source: str,
+    min_experts: int, pca_rank: int, beta: float, span: str, alpha: float, rank_source: str,
 ):  # fmt: skip
     from moelab.cli._common import check_source_model, load_run, write_derived_run
     from moelab.compress import (
@@ -123,7 +133,7 @@ def _prune(
     for name, v in (("calib_tokens", calib_tokens), ("batch_size", batch_size)):
         if v < 1:
             raise InvalidValueError(f"{name}: must be >= 1, got {v}")
-    criterion = build_criterion(method, **({"pca_rank": pca_rank, "beta": beta}
+    criterion = build_criterion(method, **({"pca_rank": pca_rank, "beta": beta, "span": span}
                                            if method == "ragep" else {}))  # fmt: skip
     model, tokenizer = load_run(run)
     check_source_model(model, run, "prune")
@@ -147,7 +157,7 @@ def _prune(
     with TokenProgress("calibrating", calib.n_tokens) as bar:
         result = prune_experts(
             model, calib, criterion, keep, per_layer=per_layer, min_experts=min_experts,
-            alpha=alpha, rank_source=rank_source, progress=bar,
+            alpha=alpha, rank_source=rank_source, progress=bar, seed=seed,
         )  # fmt: skip
     report = result.to_dict()
     report.update(

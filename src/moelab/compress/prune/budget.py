@@ -19,8 +19,10 @@ Models", ICML 2026; code github.com/Saul-James/RaGEP, ``stage1_rank_based_budget
 Choices of this project [I]: the authors raise a target below ``Σ m_l`` to ``Σ m_l``; we refuse
 it (``ValueError``), as the issue asks. Layers may start with different expert counts (pruning
 an already pruned model), so ``E_l``, ``top_k_l`` and the floors are per layer. Ties between
-equal layer scores are broken by layer order (a stable sort; NumPy's default sort, which the
-authors call, is insertion sort — also stable — for up to 16 layers). An all-zero score vector
+equal layer scores are broken by layer order (a stable sort). The authors call NumPy's
+default sort, which is not stable in general (NumPy 2 uses SIMD sorts on AVX-512 CPUs), so
+their order of tied layers depends on the machine; a stable order is this project's choice.
+An all-zero score vector
 (every covariance zero) falls back to equal shares.
 """
 

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import copy
+import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -39,7 +40,10 @@ from moelab.errors import InvalidTypeError, InvalidValueError
 from moelab.models import MoETransformer
 from moelab.models.hooks import moe_layers
 
-PER_LAYER = ("uniform", "rank")
+PER_LAYER = ("uniform", "rank", "shuffled-rank")
+"""Budget rules: equal shares, RaGEP's effective-rank budgets, and the control for them: the
+same rank-derived scores given to other layers (a seeded permutation), so budgets are as
+uneven as RaGEP's but not tied to each layer's own rank."""
 
 
 class Progress(Protocol):
@@ -129,6 +133,21 @@ def check_budget(
     return B
 
 
+def shuffled(ranks: Sequence[float], seed: int) -> list[float]:
+    """``ranks`` in a seeded order that moves every value when the values allow it (a
+    permutation with no fixed point, from ``random.Random(f"shuffled-rank:{seed}")``; one layer
+    keeps its own)."""
+    n = len(ranks)
+    if n < 2:
+        return list(ranks)
+    rng = random.Random(f"shuffled-rank:{seed}")
+    while True:
+        order = list(range(n))
+        rng.shuffle(order)
+        if all(order[i] != i for i in range(n)):
+            return [ranks[i] for i in order]
+
+
 def layer_budgets(
     model: MoETransformer,
     stats: Sequence[LayerStats],
@@ -138,8 +157,11 @@ def layer_budgets(
     min_experts: int = 1,
     alpha: float = 1.0,
     rank_source: str = "output",
+    seed: int = 0,
 ) -> tuple[int, list[int], list[float]]:
-    """``(B, [n_l], [effective rank r_l])`` for the chosen rule, from pass-1 statistics.
+    """``(B, [n_l], [effective rank r_l])`` for the chosen rule, from pass-1 statistics
+    (``"shuffled-rank"``: the budgets of the ranks permuted by :func:`shuffled` with ``seed``;
+    the returned ranks are the layers' own).
 
     Raises:
         ValueError: as :func:`check_budget`, or a bad ``rank_source``.
@@ -151,7 +173,8 @@ def layer_budgets(
     ranks = [effective_rank(s.covariance(rank_source)) for s in stats]
     if per_layer == "uniform":
         return B, uniform_budget(B, E, low), ranks
-    return B, rank_budget(B, E, low, ranks, alpha), ranks
+    scores = shuffled(ranks, seed) if per_layer == "shuffled-rank" else ranks
+    return B, rank_budget(B, E, low, scores, alpha), ranks
 
 
 def _fill(
@@ -182,6 +205,7 @@ def prune_experts(
     rank_source: str = "output",
     stats: Sequence[LayerStats] | None = None,
     progress: Progress | None = None,
+    seed: int = 0,
 ) -> PruneResult:
     """Prune ``model``'s routed experts to a global budget (the input model is not modified).
 
@@ -191,7 +215,8 @@ def prune_experts(
             :class:`~moelab.compress.calibration.CalibrationSet`); iterated once per pass.
         criterion: which experts to keep (:func:`~moelab.compress.prune.criteria.build_criterion`).
         keep: float fraction in (0, 1) of all routed experts, or an int total.
-        per_layer: ``"uniform"`` (equal shares) or ``"rank"`` (RaGEP Stage 1).
+        per_layer: ``"uniform"`` (equal shares), ``"rank"`` (RaGEP Stage 1) or
+            ``"shuffled-rank"`` (the control: rank budgets given to other layers).
         min_experts: floor per layer besides top_k (the authors: 2 Mixtral, 1 DeepSeek, 4 Qwen3).
         alpha: exponent of the effective rank in the layer score.
         rank_source: ``"output"`` (Mixtral script) or ``"input"`` (Qwen3 script) of each MoE
@@ -199,6 +224,7 @@ def prune_experts(
         stats: pass-1 statistics already collected with :func:`calibrate` on these batches
             (benchmarks reuse them across criteria); None collects them.
         progress: a :class:`~moelab.compress.progress.TokenProgress` (or None).
+        seed: the ``"shuffled-rank"`` permutation's seed.
     Returns:
         :class:`PruneResult` with the pruned model (same dtype/device).
     Raises:
@@ -220,7 +246,7 @@ def prune_experts(
         stats = calibrate(model, batches, progress)
     B, budgets, ranks = layer_budgets(
         model, stats, keep, per_layer, min_experts=min_experts, alpha=alpha,
-        rank_source=rank_source,
+        rank_source=rank_source, seed=seed,
     )  # fmt: skip
     E = [m.experts.num_experts for m in layers]
     todo = [j for j in range(len(layers)) if budgets[j] < E[j]]

@@ -67,7 +67,8 @@ class Criterion(ABC):
 
 def top_n(scores: Tensor, n: int, *, prefer_high_index: bool = False) -> list[int]:
     """Indices of the ``n`` highest scores, ascending. Ties go to the lower index, or with
-    ``prefer_high_index`` to the higher one (NumPy ``argsort(s)[::-1]`` with a stable sort)."""
+    ``prefer_high_index`` to the higher one (the authors' ``argsort(s)[::-1]``, with a stable
+    sort: their NumPy default sort orders ties machine-dependently)."""
     s = scores.to(torch.float64)
     if prefer_high_index:
         order = torch.argsort(s, stable=True).flip(0)

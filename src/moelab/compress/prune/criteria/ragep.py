@@ -22,18 +22,20 @@ As the authors' code does [C]:
   ``argsort(argsort(·))``) / (E − 1 + 1e-6); keep the ``n_l`` highest, ties to the higher
   index (``argsort(S)[::-1]``).
 
-Choices of this project [I]: ``Q_{−e}`` comes from an SVD that keeps the singular directions
-above ``1e-10 · σ_max`` where the authors take a reduced QR: the same span when the other bases
-are linearly independent (the generic case), but the true span when they are not (a reduced QR
-of dependent columns returns extra arbitrary directions, so a duplicated expert would make
-every other expert look redundant). The gate g̃ and expert outputs are the layer's own routing (the
+Choices of this project [I]: by default (``span="svd"``) ``Q_{−e}`` comes from an SVD that
+keeps the singular directions above ``1e-10 · σ_max`` where the authors take a reduced QR: the
+same span when the other bases are linearly independent (the generic case), but the true span
+when they are not (a reduced QR of dependent columns returns extra arbitrary directions, so a
+duplicated expert, as in an upcycled model, would make every other expert look redundant).
+``span="qr"`` is the authors' rule for exact reproduction: a reduced QR of the other bases in
+float32. The gate g̃ and expert outputs are the layer's own routing (the
 authors recompute Mixtral's softmax → top-k → renormalise, which is what these models do); all
 statistics, eigendecompositions and the QR run in float64 (the authors cast bases to float32);
 the default rank r = 8 (the authors use 32 at d_model 4096, 16 for Qwen3) so that
 ``(E−1)·r < d_model`` for the 8- and 16-expert models at d_model 192; the default β = 0.5 is the
-Mixtral setting (0.8 DeepSeek-V2-Lite, 1.0 Qwen3). NumPy's sort of ≤ 16 items is insertion sort
-(stable), which the stable sorts here reproduce; with more experts NumPy's introsort may order
-ties differently.
+Mixtral setting (0.8 DeepSeek-V2-Lite, 1.0 Qwen3). Ties (e.g. ESN = 0 for every expert without
+a basis) are ordered by index with stable sorts; the authors' NumPy default sort is not stable
+in general (NumPy 2's SIMD sorts on AVX-512 CPUs), so their tie order depends on the machine.
 """
 
 from __future__ import annotations
@@ -68,12 +70,25 @@ def orthonormal_span(a: Tensor, rtol: float = 1e-10) -> Tensor:
     return u[:, s > rtol * s.max()] if s.numel() else u
 
 
-def subspace_novelty(bases: dict[int, Tensor], num_experts: int, rank: int) -> Tensor:
+SPANS = ("svd", "qr")
+"""How ``Q_{−e}`` is built: ``"svd"`` (the true span) or ``"qr"`` (the authors' reduced QR)."""
+
+
+def subspace_novelty(
+    bases: dict[int, Tensor], num_experts: int, rank: int, span: str = "svd"
+) -> Tensor:
     """ESN ``[E]`` float64 from the bases (0 for experts without one).
 
     ``ESN_e = clip(1 − ‖Q_{−e}ᵀ U_e‖_F² / r, 0, 1)``: one minus the mean squared cosine of the
-    principal angles between e's subspace and the span of the other experts' subspaces.
+    principal angles between e's subspace and the span of the other experts' subspaces;
+    ``Q_{−e}`` by :func:`orthonormal_span` (``span="svd"``) or, as the authors' code, the
+    reduced QR of the other bases in float32 (``"qr"``).
+
+    Raises:
+        InvalidValueError: an unknown ``span``.
     """
+    if span not in SPANS:
+        raise InvalidValueError(f"span: must be svd or qr, got {span!r}")
     esn = torch.zeros(num_experts, dtype=torch.float64)
     valid = sorted(bases)
     for e in valid:
@@ -81,8 +96,12 @@ def subspace_novelty(bases: dict[int, Tensor], num_experts: int, rank: int) -> T
         if not others:
             esn[e] = 1.0
             continue
-        q = orthonormal_span(torch.cat(others, dim=1))
-        proj = float((q.T @ bases[e]).pow(2).sum()) / rank
+        if span == "qr":
+            q, _ = torch.linalg.qr(torch.cat(others, dim=1).float(), mode="reduced")
+            proj = float((q.T @ bases[e].float()).pow(2).sum()) / rank
+        else:
+            q = orthonormal_span(torch.cat(others, dim=1))
+            proj = float((q.T @ bases[e]).pow(2).sum()) / rank
         esn[e] = 1.0 - min(max(proj, 0.0), 1.0)
     return esn
 
@@ -99,6 +118,7 @@ class SpectralSalience(ScoreCriterion):
     Args:
         pca_rank: r, the dimension of each expert's subspace (>= 1).
         beta: β in [0, 1]; 1 = energy only (the authors' Qwen3 setting).
+        span: ``"svd"`` (default) or ``"qr"`` (the authors' rule), see :func:`subspace_novelty`.
     Raises:
         ValueError: out-of-range settings, or ``pca_rank`` above d_model (at selection).
     """
@@ -107,15 +127,17 @@ class SpectralSalience(ScoreCriterion):
     sequential = True
     directions = True
 
-    def __init__(self, pca_rank: int = 8, beta: float = 0.5) -> None:
+    def __init__(self, pca_rank: int = 8, beta: float = 0.5, span: str = "svd") -> None:
         if not isinstance(pca_rank, int) or pca_rank < 1:
             raise InvalidValueError(f"pca_rank: must be an int >= 1, got {pca_rank!r}")
         if not 0.0 <= beta <= 1.0:
             raise InvalidValueError(f"beta: must be in [0, 1], got {beta}")
-        self.pca_rank, self.beta = pca_rank, beta
+        if span not in SPANS:
+            raise InvalidValueError(f"span: must be svd or qr, got {span!r}")
+        self.pca_rank, self.beta, self.span = pca_rank, beta, span
 
     def options(self) -> dict[str, Any]:
-        return {"pca_rank": self.pca_rank, "beta": self.beta}
+        return {"pca_rank": self.pca_rank, "beta": self.beta, "span": self.span}
 
     def accumulator(self, layer: MoELayer, n_keep: int) -> LayerStats:
         D = layer.config.experts.hidden_size
@@ -125,7 +147,7 @@ class SpectralSalience(ScoreCriterion):
 
     def scores(self, stats: LayerStats) -> tuple[Tensor, dict[str, Tensor]]:
         E = stats.num_experts
-        esn = subspace_novelty(subspace_bases(stats, self.pca_rank), E, self.pca_rank)
+        esn = subspace_novelty(subspace_bases(stats, self.pca_rank), E, self.pca_rank, self.span)
         energy = stats.energy.clone()
         score = (1 - self.beta) * rank01(esn) + self.beta * rank01(energy)
         return score, {"esn": esn, "energy": energy}
