@@ -67,7 +67,8 @@ def test_offloaded_generation_equals_in_memory(setup, store, policy, threads, pr
     want = list(generate_ids(model, prompt, max_new_tokens=24, temperature=0))
     om = load_offloaded(
         root / store,
-        cache_mb=total_mib(setup, 0.3),
+        # 80 %: the authors' planner gives zipmoe two tiers (30 % falls back to one LFU tier)
+        cache_mb=total_mib(setup, 0.8 if policy == "zipmoe" else 0.3),
         policy=policy,
         threads=threads,
         prefetch=prefetch,
@@ -113,10 +114,18 @@ def test_fp32_decode_equals_in_memory(tmp_path):
 
 def test_zipmoe_plan_uses_both_tiers_and_belady_bounds_lru(setup):
     model, root, _, _ = setup
+    # the authors' rule needs each tier to hold E / L = 4 experts: 30 % of the experts'
+    # bytes cannot (LFU fallback), 80 % can (4F + 4SM = 6 full experts' bytes of 6.4)
     om = load_offloaded(root / "zstd", cache_mb=total_mib(setup, 0.3), storage_mbps=20)
+    assert offload_engine(om).plan.kind == "lfu"
+    om = load_offloaded(root / "zstd", cache_mb=total_mib(setup, 0.8), storage_mbps=20)
     eng = offload_engine(om)
-    assert eng.plan.kind == "two_tier"
+    assert (eng.plan.kind, eng.plan.n_full, eng.plan.n_sm) == ("two_tier", 4, 4)
     assert eng.plan.n_full * eng.full_bytes + eng.plan.n_sm * eng.sm_bytes <= eng.layer_bytes
+    om = load_offloaded(
+        root / "zstd", cache_mb=total_mib(setup, 0.3), storage_mbps=20, planner="argmin"
+    )
+    assert offload_engine(om).plan.kind == "two_tier"
     prompt = [1, 2, 3]
     future = record_requests(
         model, lambda: list(generate_ids(model, prompt, max_new_tokens=16, temperature=0))

@@ -7,17 +7,28 @@ import pytest
 
 from moelab.serve.offload.planner import (
     DelayModel,
+    centred_rolling_mean,
     cps_inclusion,
     cps_weights,
     elementary_symmetric,
     hit_distribution,
-    hit_distribution_bruteforce,
     inclusion_probabilities,
     layer_delay,
     plan_tiers,
     poisson_binomial,
     rank_distribution,
 )
+
+
+def hit_distribution_bruteforce(p, n_full, n_sm, k):
+    """:func:`hit_distribution` by enumerating all ``2^E`` outcomes (small E only)."""
+    H = np.zeros((k + 1, k + 1))
+    for bits in itertools.product((0, 1), repeat=len(p)):
+        if sum(bits) != k:
+            continue
+        prob = float(np.prod([p[i] if b else 1 - p[i] for i, b in enumerate(bits)]))
+        H[sum(bits[:n_full]), sum(bits[n_full : n_full + n_sm])] += prob
+    return H / H.sum()
 
 
 def test_rank_distribution_by_hand():
@@ -83,23 +94,23 @@ def test_delay_model_by_hand():
     assert layer_delay(H, m, 2) == pytest.approx(0.25 * 40 + 0.75 * 9)
 
 
-def test_plan_is_the_argmin_of_the_delay_model():
+def test_argmin_rule_is_the_argmin_of_the_delay_model():
     counts = np.array([[[50, 30, 10, 5, 3, 1, 1, 0]] * 4])
     # I/O bound: a full hit saves T·d_sm, an SM hit T·d_sm·(1 - CR) = 0.8·T·d_sm, and two SM
     # slots fit in one full slot's bytes: with p ≈ (1, 0.6, ...) two SM slots save
     # 0.8·1.6 > 1 full hit, so the planner gives the whole layer to the SM tier
     io_bound = DelayModel(tensors=3, threads=2, chunks=5, d_dec=1e-5, d_sm=1e-2, cr=0.2)
-    plan = plan_tiers(counts, 2, 8, 2e6, 2_000_000, 1_000_000, io_bound)
+    plan = plan_tiers(counts, 2, 8, 2e6, 2_000_000, 1_000_000, io_bound, rule="argmin")
     assert (plan.kind, plan.n_full, plan.n_sm) == ("two_tier", 0, 2)
     # compute bound (slow decode): a full hit is the only saving that matters
     cpu_bound = DelayModel(tensors=3, threads=2, chunks=5, d_dec=1.0, d_sm=1e-4, cr=0.2)
-    plan = plan_tiers(counts, 2, 8, 2e6, 2_000_000, 1_000_000, cpu_bound)
+    plan = plan_tiers(counts, 2, 8, 2e6, 2_000_000, 1_000_000, cpu_bound, rule="argmin")
     assert (plan.n_full, plan.n_sm) == (1, 0)
     # brute force over every split of a bigger budget
     pi = inclusion_probabilities(rank_distribution(counts), 2)
     w = cps_weights(pi, 2)
     p = np.minimum(w / (1 + w), 1 - 1e-9)
-    plan = plan_tiers(counts, 2, 8, 5e6, 2_000_000, 1_000_000, io_bound)
+    plan = plan_tiers(counts, 2, 8, 5e6, 2_000_000, 1_000_000, io_bound, rule="argmin")
     best = min(
         layer_delay(
             hit_distribution(p, int(f * 5e6 // 2e6), min(8, int((1 - f) * 5e6 // 1e6)), 2),
@@ -113,13 +124,74 @@ def test_plan_is_the_argmin_of_the_delay_model():
     assert plan_tiers(counts, 1, 8, 2e6, 2_000_000, 1_000_000, io_bound).kind == "lfu"
 
 
-def test_a_split_reached_at_one_fraction_only_is_not_lost():
+def test_argmin_rule_keeps_a_split_reached_at_one_fraction_only():
     # a budget of exactly two full slots: 2F+0SM exists only at f = 1 (f = 0.98, 0.99 give
-    # 1F+0SM). A window-5 smoothing of the curve (the authors' code) picked the 1F+1SM
-    # plateau here; the plan is the split with the least expected delay
+    # 1F+0SM); the argmin rule takes it (the authors' rule never examines f = 1)
     counts = np.array([[[50, 30, 10, 5, 3, 1, 1, 0]] * 4])
     m = DelayModel(tensors=2, threads=2, chunks=5, d_dec=6e-4, d_sm=4.4e-3, cr=0.37)
-    plan = plan_tiers(counts, 2, 8, 4e6, 2_000_000, 1_000_000, m)
+    plan = plan_tiers(counts, 2, 8, 4e6, 2_000_000, 1_000_000, m, rule="argmin")
     assert (plan.n_full, plan.n_sm, plan.fraction) == (2, 0, 1.0)
     one_one = [d for f, d in plan.curve if f == 0.6]
     assert plan.expected_delay_s < one_one[0]
+
+
+def test_centred_rolling_mean_by_hand():
+    # window 5, edges average what exists (pandas rolling(5, center=True, min_periods=1))
+    got = centred_rolling_mean([1, 2, 3, 4, 5, 6])
+    assert got.tolist() == pytest.approx([2, 2.5, 3, 4, 4.5, 5])
+
+
+COUNTS = np.array([[[50, 30, 10, 5, 3, 1, 1, 0]] * 4])
+
+
+def test_authors_rule_needs_both_tiers_for_every_expert_over_the_layers():
+    m = DelayModel(tensors=2, threads=2, chunks=5, d_dec=6e-4, d_sm=4.4e-3, cr=0.37)
+    # L = 1: n_full ≥ 8 and n_sm ≥ 8 cannot fit 8 experts, so no fraction is feasible: LFU
+    plan = plan_tiers(COUNTS, 2, 8, 4e6, 2_000_000, 1_000_000, m, num_layers=1)
+    assert (plan.kind, plan.n_full, plan.n_sm) == ("lfu", 2, 0)
+    # L = 4: each tier needs >= 2 slots; 4 MB holds 2F (4 MB, no SM) or 1F+2SM: only
+    # n_full >= 2 with n_sm >= 2 passes, which 4 MB cannot hold -> LFU as well
+    plan = plan_tiers(COUNTS, 2, 8, 4e6, 2_000_000, 1_000_000, m, num_layers=4)
+    assert plan.kind == "lfu"
+    # 8 MB, L = 4: every examined split has n_full, n_sm >= 2 and n_full + n_sm <= 8
+    plan = plan_tiers(COUNTS, 2, 8, 8e6, 2_000_000, 1_000_000, m, num_layers=4)
+    assert plan.kind == "two_tier" and plan.n_full >= 2 and plan.n_sm >= 2
+    for f, _ in plan.curve:
+        nf, ns = int(f * 8e6 // 2e6), int((1 - f) * 8e6 // 1e6)
+        assert nf >= 2 and ns >= 2 and nf + ns <= 8 and 0 < f < 1
+
+
+def test_authors_rule_is_the_first_minimum_of_the_smoothed_curve_at_int_sum_p():
+    m = DelayModel(tensors=2, threads=2, chunks=5, d_dec=6e-4, d_sm=4.4e-3, cr=0.37)
+    plan = plan_tiers(COUNTS, 2, 8, 8e6, 2_000_000, 1_000_000, m, num_layers=4)
+    w = cps_weights(inclusion_probabilities(rank_distribution(COUNTS), 2), 2)
+    w = w / w.mean()
+    assert plan.k_eff == int(np.minimum(w / (1 + w), 1 - 1e-9).sum())
+    fr = [f for f, _ in plan.curve]
+    d = [x for _, x in plan.curve]
+    smooth = [np.mean(d[max(0, i - 2) : i + 3]) for i in range(len(d))]
+    assert plan.fraction == fr[int(np.argmin(smooth))]
+    # the unsmoothed delay of the chosen split is reported
+    assert plan.expected_delay_s == d[int(np.argmin(smooth))]
+
+
+def test_authors_rule_returns_f_099_when_no_feasible_fraction_reaches_03():
+    # 40 MB of 2 MB full / 1 MB SM slots over 32 experts, L = 4 (each tier >= 8 slots):
+    # n_full = ⌊f·20⌋ >= 8 needs f >= 0.4, n_sm = ⌊(1-f)·40⌋ >= 8 needs f <= 0.8, and
+    # n_full + n_sm <= 32 needs f >= 0.4: feasible, so the smoothed argmin is used
+    counts = np.arange(32, 0, -1)[None, None, :].repeat(4, 1)
+    m = DelayModel(tensors=2, threads=2, chunks=5, d_dec=6e-4, d_sm=4.4e-3, cr=0.37)
+    plan = plan_tiers(counts, 4, 32, 40e6, 2_000_000, 1_000_000, m, num_layers=4)
+    assert plan.kind == "two_tier" and 0.4 <= plan.fraction <= 0.8
+    # 10 MB, 1 MB full / 7.5 MB SM slots (unphysical, for the test), E = 8, L = 8 (each tier
+    # >= 1 slot): n_full >= 1 needs f >= 0.1, n_sm = ⌊(1-f)·10/7.5⌋ >= 1 needs f <= 0.25,
+    # so every feasible fraction is below 0.3 and the code's answer is f = 0.99: 8F+0SM
+    plan = plan_tiers(COUNTS, 2, 8, 10e6, 1_000_000, 7_500_000, m, num_layers=8)
+    assert [f for f, _ in plan.curve] == pytest.approx(np.arange(10, 26) / 100)
+    assert (plan.kind, plan.fraction, plan.n_full, plan.n_sm) == ("lfu", 0.99, 8, 0)
+
+
+def test_unknown_rule_is_refused():
+    m = DelayModel(tensors=2, threads=2, chunks=5, d_dec=6e-4, d_sm=4.4e-3, cr=0.37)
+    with pytest.raises(ValueError, match="rule"):
+        plan_tiers(COUNTS, 2, 8, 8e6, 2_000_000, 1_000_000, m, rule="best")

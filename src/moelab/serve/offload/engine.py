@@ -42,7 +42,7 @@ from torch import Tensor
 from moelab.compress.lossless.model_store import OpenStore, trace_problem
 from moelab.compress.lossless.tensor_codec import assemble, decode_exponent_chunk, read_segment
 from moelab.errors import InvalidValueError
-from moelab.serve.offload.planner import DelayModel, TierPlan, plan_tiers
+from moelab.serve.offload.planner import PLANNERS, DelayModel, TierPlan, plan_tiers
 from moelab.serve.offload.policies import POLICIES, SlotCache, build_policy
 from moelab.serve.offload.pool import PREFETCH
 from moelab.serve.offload.prefetch import ExpertPredictor
@@ -70,6 +70,8 @@ class OffloadConfig:
         storage_mbps: emulated storage bandwidth in MB/s (10^6 B/s); None = real reads only.
         verify: sha256-check decoded tensors ``first`` time each is loaded, ``always``, or
             ``off`` (segment CRC-32s are always checked).
+        planner: ``zipmoe``'s tier split rule: ``authors`` (``CachePoolPlanningSimu``) or
+            ``argmin`` (the earlier rule, an ablation; :mod:`moelab.serve.offload.planner`).
         future: for ``belady``: per layer, the experts it will request, in request order.
     """
 
@@ -81,6 +83,7 @@ class OffloadConfig:
     storage_mbps: float | None = None
     verify: str = "first"
     future: list[list[int]] | None = None
+    planner: str = "authors"
 
     def check(self) -> None:
         if not (isinstance(self.cache_mb, int | float) and 0 < self.cache_mb < math.inf):
@@ -100,6 +103,10 @@ class OffloadConfig:
         if self.verify not in VERIFY:
             raise InvalidValueError(
                 f"verify: must be one of {', '.join(VERIFY)}; got {self.verify!r}"
+            )
+        if self.planner not in PLANNERS:
+            raise InvalidValueError(
+                f"planner: must be one of {', '.join(PLANNERS)}; got {self.planner!r}"
             )
         if self.storage_mbps is not None and not self.storage_mbps > 0:
             raise InvalidValueError(f"storage_mbps: must be > 0, got {self.storage_mbps}")
@@ -275,6 +282,7 @@ class OffloadEngine:
         return plan_tiers(
             self.trace[:, same, :num_experts], self.k, num_experts, layer_bytes,
             self.full_bytes, self.sm_bytes, self.delay_model,
+            num_layers=self.L, rule=self.config.planner,
         )  # fmt: skip
 
     def _zipmoe_plans(self) -> list[TierPlan]:

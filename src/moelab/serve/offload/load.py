@@ -34,6 +34,7 @@ def load_offloaded(
     check_pack: bool = True,
     trace: np.ndarray | None = None,
     future: list[list[int]] | None = None,
+    planner: str = "authors",
 ) -> MoETransformer:
     """Load a store written by ``moelab compress RUN --lossless --out DIR`` for offloaded
     inference.
@@ -54,6 +55,8 @@ def load_offloaded(
             file), so that a damaged or foreign pack fails before any output.
         trace: routing counts ``[P, L, E]`` for the planner (default: the store's profile).
         future: per layer, recorded expert requests (``belady``).
+        planner: ``zipmoe``'s split rule, ``authors`` or ``argmin``
+            (:mod:`moelab.serve.offload.planner`).
     Returns:
         An eval-mode model; ``model.offload_engine`` is its :class:`OffloadEngine`.
     Raises:
@@ -68,6 +71,7 @@ def load_offloaded(
         OffloadConfig(
             cache_mb=cache_mb, policy=policy, threads=threads, prefetch=prefetch,
             predictor=predictor, storage_mbps=storage_mbps, verify=verify, future=future,
+            planner=planner,
         ),
         trace=trace,
     )  # fmt: skip

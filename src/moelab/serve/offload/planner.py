@@ -11,35 +11,45 @@ section (c), describe it).
    ``w ← w · π_target / π(w)`` with ``π_i(w) = w_i · e_{k-1}(w_{-i}) / e_k(w)`` from elementary
    symmetric sums (:func:`cps_weights`); Bernoulli ``p_i = w_i / (1 + w_i)``, whose
    independent draws conditioned on exactly ``k`` successes are that CPS design.
-4. For each full-tier fraction ``f ∈ {0, 0.01, …, 1}``: ``n_full = ⌊f·M / slot_full⌋`` and
-   ``n_sm = ⌊(1-f)·M / slot_sm⌋``; ranks ``[0, n_full)`` are full, the next ``n_sm`` SM.
+4. The split, by one of two rules (``rule``):
+
+   ``"authors"`` (default; ``cache_planning.py::CachePoolPlanningSimu`` [C]):
+   - the CPS weights are scaled to mean 1 (the code's ``w /= mean(w)``), ``p = w / (1 + w)``,
+     and the expected number of active experts is ``k' = int(Σ p)``, not ``k``: the hit law
+     and the delay model below use ``k'``;
+   - grid ``f ∈ {0.01, 0.02, …, 0.99}``; ``n_full = ⌊f·M / slot_full⌋``,
+     ``n_sm = ⌊(1-f)·M / slot_sm⌋``; a fraction is *skipped* (not clamped) when
+     ``n_full + n_sm > E`` or when either tier is too small to hold every expert once over
+     all layers (``n_full·L < E`` or ``n_sm·L < E``), so both tiers always exist;
+   - the delays of the feasible fractions, in grid order, are smoothed by a centred rolling
+     mean of width 5 (edges average what exists) and the first minimum is taken;
+   - no feasible fraction: one token-LFU tier (``kind = "lfu"``); feasible fractions but none
+     ``>= 0.3``: the code returns ``f = 0.99`` (its unsmoothed minimum only counts
+     ``f >= 0.3``), reproduced here.
+   ``"argmin"`` (this project's earlier rule, kept as an ablation [I]): grid ``f ∈ {0, 0.01,
+   …, 1}`` with both one-tier splits allowed, slot counts clamped to ``E``, ``k`` itself, and
+   the raw argmin of the delay curve (ties to the split with the most full, then SM slots).
+   It picks one-tier (all-full) splits wherever a full hit's saving beats two SM hits', which
+   the feasibility filter of the authors' rule excludes — so under it the sign-mantissa
+   tier, the core of the co-design, is mostly absent.
 5. Poisson-binomial DP (``P_j ← P_j (1-p) + P_{j-1} p``) per tier gives the joint law of the hit
    counts ``(h_f, h_s)`` conditioned on ``h_f + h_s + h_rest = k`` (:func:`hit_distribution`).
 6. Expected layer delay ``E[max(Compute, IO)]`` (:func:`layer_delay`) with
    ``Compute = chunks·(k-h_f)·T/P · (d_dec + d_sm·CR/chunks)`` and
    ``IO = T·d_sm·(k-h_f-h_s) + h_s·T·d_sm·CR``.
-7. Take the split with the least expected delay. [Ours, not the code's: the code smooths the
-   delay curve over ``f`` with a window of 5 before the argmin. The curve is analytic, so
-   smoothing removes no noise, but it makes a split that the grid reaches at only one or two
-   values of ``f`` lose to any wide plateau. Such splits occur whenever the budget is an exact
-   multiple of the slot sizes. On the upcycled SmolLM2-MoE at 25 % of the expert bytes, the
-   smoothed argmin was 1F+1SM (10.1 ms expected per layer step) instead of 2F+0SM (8.4 ms);
-   two runs under a 300 MB/s cap measured 566 and 503 ms per output token with them.]
-8. Fall back to a single LFU tier when no split is feasible or for ``k = 1`` (Switch) models.
+7. Fall back to a single LFU tier for ``k = 1`` (Switch) models or a trace without tokens.
 
-Our choices [I]: the grid includes ``f = 0`` and ``f = 1`` (the code's ``0.01 … 0.99`` misses
-"all SM" and "all full" when the budget is an exact multiple of the slot size); inclusion
-probabilities above 1 are capped and the excess redistributed over the uncapped ranks until
-they sum to ``k``; ``M`` is the caller's per-layer byte budget (the code uses
-``0.95 · device memory / #layers``); the delay constants ``d_dec`` (seconds per chunk decode),
-``d_sm`` (seconds per tensor's sign-mantissa read) and ``CR`` are measured on the store and
-the machine rather than profiled on a Jetson.
+Our choices [I]: inclusion probabilities above 1 are capped and the excess redistributed over
+the uncapped ranks until they sum to ``k`` (the code's ``scale_to_k``); ``M`` is the caller's
+per-layer byte budget (the code uses ``device_memory_ratio · device memory / #layers``); the
+delay constants ``d_dec`` (seconds per chunk decode), ``d_sm`` (seconds per tensor's
+sign-mantissa read) and ``CR`` are measured on the store and the machine rather than profiled
+on a Jetson.
 """
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -166,21 +176,6 @@ def hit_distribution(p: np.ndarray, n_full: int, n_sm: int, k: int) -> np.ndarra
     return H / z
 
 
-def hit_distribution_bruteforce(p: np.ndarray, n_full: int, n_sm: int, k: int) -> np.ndarray:
-    """:func:`hit_distribution` by enumerating all ``2^E`` outcomes (tests; small E only)."""
-    p = np.asarray(p, dtype=np.float64)
-    E = len(p)
-    H = np.zeros((k + 1, k + 1))
-    for bits in itertools.product((0, 1), repeat=E):
-        if sum(bits) != k:
-            continue
-        prob = float(np.prod([p[i] if b else 1 - p[i] for i, b in enumerate(bits)]))
-        a = sum(bits[:n_full])
-        b = sum(bits[n_full : n_full + n_sm])
-        H[a, b] += prob
-    return H / H.sum()
-
-
 @dataclass(frozen=True)
 class DelayModel:
     """Constants of the layer delay model (seconds, measured on this store and machine).
@@ -216,11 +211,17 @@ def layer_delay(H: np.ndarray, model: DelayModel, k: int) -> float:
     )
 
 
+PLANNERS = ("authors", "argmin")
+MIN_AUTHORS_FRACTION = 0.3  # the code's unsmoothed minimum only counts f >= 0.3
+
+
 @dataclass
 class TierPlan:
     """Slots per layer. ``kind`` is ``"two_tier"`` or ``"lfu"`` (fallback: full slots only);
-    ``fraction`` the chosen full-tier share of memory (the smallest that gives the split);
-    ``curve`` the expected delay per fraction (seconds)."""
+    ``fraction`` the chosen full-tier share of memory; ``expected_delay_s`` the (unsmoothed)
+    expected delay of the chosen split; ``curve`` the expected delay per examined fraction
+    (seconds; with ``rule="authors"`` the feasible fractions only, unsmoothed); ``k_eff`` the
+    number of active experts the delay model used (``int(Σp)`` for the authors' rule)."""
 
     kind: str
     n_full: int
@@ -228,6 +229,15 @@ class TierPlan:
     fraction: float
     expected_delay_s: float
     curve: list[tuple[float, float]] = field(default_factory=list)
+    k_eff: int = 0
+
+
+def centred_rolling_mean(x: list[float], window: int = 5) -> np.ndarray:
+    """``[n]``: the mean of ``x[i - window//2 : i + window//2 + 1]`` clipped to the list
+    (pandas' ``rolling(window, center=True, min_periods=1).mean()`` for odd ``window``)."""
+    a = np.asarray(x, dtype=np.float64)
+    h = window // 2
+    return np.array([a[max(0, i - h) : i + h + 1].mean() for i in range(len(a))])
 
 
 def plan_tiers(
@@ -238,15 +248,28 @@ def plan_tiers(
     slot_full: int,
     slot_sm: int,
     model: DelayModel,
+    *,
+    num_layers: int = 1,
+    rule: str = "authors",
 ) -> TierPlan:
     """Choose ``(n_full, n_sm)`` for a per-layer budget of ``layer_bytes`` (see module doc).
 
     Args:
         counts: routing trace ``[P, L, E]``.
         k: experts per token.
+        num_experts: E, experts of the layer.
         layer_bytes: M, bytes per layer.
         slot_full, slot_sm: bytes of one expert decompressed / its sign-mantissa bytes.
+        model: the delay constants.
+        num_layers: L, sparse layers of the model (the authors' feasibility filter).
+        rule: ``"authors"`` (default) or ``"argmin"``.
+    Raises:
+        ValueError: unknown ``rule`` or ``num_layers < 1``.
     """
+    if rule not in PLANNERS:
+        raise InvalidValueError(f"rule: must be one of {', '.join(PLANNERS)}; got {rule!r}")
+    if num_layers < 1:
+        raise InvalidValueError(f"num_layers: must be >= 1, got {num_layers}")
     lfu = TierPlan("lfu", min(num_experts, int(layer_bytes // slot_full)), 0, 1.0, float("nan"))
     if k <= 1:
         return lfu
@@ -254,14 +277,72 @@ def plan_tiers(
         pi = inclusion_probabilities(rank_distribution(counts), k)
     except ValueError:
         return lfu
-    p_w = cps_weights(pi, k)
-    p = p_w / (1.0 + p_w)
+    w = cps_weights(pi, k)
+    if rule == "argmin":
+        return _argmin_plan(w, pi, k, num_experts, layer_bytes, slot_full, slot_sm, model, lfu)
+    return _authors_plan(w, num_experts, num_layers, layer_bytes, slot_full, slot_sm, model, lfu)
+
+
+def _authors_plan(
+    w: np.ndarray,
+    E: int,
+    L: int,
+    M: float,
+    slot_full: int,
+    slot_sm: int,
+    model: DelayModel,
+    lfu: TierPlan,
+) -> TierPlan:
+    """``CachePoolPlanningSimu`` [C] on CPS weights ``w`` (see the module doc, rule
+    ``"authors"``)."""
+    w = w / w.mean()
+    p = np.minimum(w / (1.0 + w), 1.0 - 1e-9)
+    k_eff = int(p.sum())
+    fractions, delays, splits = [], [], []
+    for i in range(1, 100):
+        f = i / 100
+        nf, ns = int(f * M // slot_full), int((1 - f) * M // slot_sm)
+        if nf + ns > E or nf * L < E or ns * L < E:
+            continue
+        try:
+            H = hit_distribution(p, nf, ns, k_eff)
+        except ValueError:  # the code skips fractions where total = k' has probability 0
+            continue
+        fractions.append(f)
+        splits.append((nf, ns))
+        delays.append(layer_delay(H, model, k_eff))
+    if not fractions:
+        return replace(lfu, k_eff=k_eff)
+    curve = list(zip(fractions, delays, strict=True))
+    if max(fractions) < MIN_AUTHORS_FRACTION:
+        nf = min(E, int(0.99 * M // slot_full))
+        ns = min(E - nf, int(0.01 * M // slot_sm))
+        delay = layer_delay(hit_distribution(p, nf, ns, k_eff), model, k_eff)
+        return TierPlan("two_tier" if ns else "lfu", nf, ns, 0.99, delay, curve, k_eff)
+    i = int(np.argmin(centred_rolling_mean(delays)))
+    nf, ns = splits[i]
+    return TierPlan("two_tier", nf, ns, fractions[i], delays[i], curve, k_eff)
+
+
+def _argmin_plan(
+    w: np.ndarray,
+    pi: np.ndarray,
+    k: int,
+    E: int,
+    M: float,
+    slot_full: int,
+    slot_sm: int,
+    model: DelayModel,
+    lfu: TierPlan,
+) -> TierPlan:
+    """The earlier rule (module doc, rule ``"argmin"``) [I]."""
+    p = w / (1.0 + w)
     p = np.where(pi >= 1.0 - 1e-9, 1.0 - 1e-9, p)
     fractions = np.round(np.arange(0, 101) / 100.0, 2)
     delays, splits = [], []
     for f in fractions:
-        nf = min(num_experts, int(f * layer_bytes // slot_full))
-        ns = min(num_experts - nf, int((1 - f) * layer_bytes // slot_sm))
+        nf = min(E, int(f * M // slot_full))
+        ns = min(E - nf, int((1 - f) * M // slot_sm))
         splits.append((nf, ns))
         delays.append(layer_delay(hit_distribution(p, nf, ns, k), model, k))
     if not any(nf + ns for nf, ns in splits):
@@ -280,4 +361,5 @@ def plan_tiers(
         float(fractions[i]),
         float(delays[i]),
         list(zip(fractions.tolist(), delays, strict=True)),
+        k,
     )
