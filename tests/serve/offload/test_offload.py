@@ -122,10 +122,14 @@ def test_zipmoe_plan_uses_both_tiers_and_belady_bounds_lru(setup):
     eng = offload_engine(om)
     assert (eng.plan.kind, eng.plan.n_full, eng.plan.n_sm) == ("two_tier", 4, 4)
     assert eng.plan.n_full * eng.full_bytes + eng.plan.n_sm * eng.sm_bytes <= eng.layer_bytes
+    # the earlier rules, kept as options, serve the same tokens
     om = load_offloaded(
-        root / "zstd", cache_mb=total_mib(setup, 0.3), storage_mbps=20, planner="argmin"
+        root / "zstd", cache_mb=total_mib(setup, 0.3), planner="argmin", admission="hysteresis"
     )
     assert offload_engine(om).plan.kind == "two_tier"
+    assert list(generate_ids(om, [4, 8], max_new_tokens=12, temperature=0)) == list(
+        generate_ids(model, [4, 8], max_new_tokens=12, temperature=0)
+    )
     prompt = [1, 2, 3]
     future = record_requests(
         model, lambda: list(generate_ids(model, prompt, max_new_tokens=16, temperature=0))

@@ -59,9 +59,42 @@ def test_belady_is_never_worse():
             assert sum(simulate(p, trace, cap, tokens)) <= best, (p, trace, cap)
 
 
-def test_two_tier_admission_by_hand():
-    # 1 full + 1 SM slot, E = 4: T_full = 1 + 0.4 = 1.4, T_sm = 1.4 + 1 + 0.4 = 2.8
+def test_authors_admission_by_hand():
+    # ProactiveDecision; 1 full + 1 SM slot, E = 4: T_full = 1.4, T_sm = 2.8
     c = TwoTierCache(1, 1, 4)
+    steps = [
+        # (expert, tokens) -> (before, after, evicted); g = global token counts after it
+        ((0, 3), ("miss", "full", [])),  # g = [3,0,0,0]; up 0 < 1.4, full slot free
+        ((1, 1), ("miss", "sm", [])),  # g = [3,1,0,0]; up 1 < 1.4: full taken, SM free
+        # g = [3,1,2,0]; up 1 < 1.4, nothing free: full, evicting its LFU minimum (0)
+        ((2, 2), ("miss", "full", [(0, "full")])),
+        ((3, 4), ("miss", "full", [(2, "full")])),  # g = [3,1,2,4]; up 0
+        ((0, 1), ("miss", "full", [(3, "full")])),  # g = [4,1,2,4]; up 0
+        # g = [4,2,2,4]: SM resident 1 has up 2 in [1.4, 2.8) -> SM: it stays (an SM hit)
+        ((1, 1), ("sm", "sm", [])),
+        # g = [4,2,3,4]: up(2) = 2 -> SM, nothing free -> SM, evicting 1
+        ((2, 1), ("miss", "sm", [(1, "sm")])),
+        ((1, 1), ("miss", "sm", [(2, "sm")])),  # g = [4,3,3,4]: up(1) = 2, evicting 2
+        # g = [4,13,3,4]: SM resident 1 has up 0 -> full, evicting 0; its SM slot is freed
+        ((1, 10), ("sm", "full", [(0, "full")])),
+    ]
+    for (e, tok), (before, after, evicted) in steps:
+        acc = c.access(e, tok)
+        assert (acc.before, acc.after, acc.evicted) == (before, after, evicted), (e, tok)
+    assert c.full == {1} and c.sm == set()
+    # cold experts (up >= T_sm) are cached only in a free slot: margin 0, T_full 1, T_sm 2
+    c2 = TwoTierCache(1, 1, 8, margin=0)
+    assert c2.access(0, 10).after == "full"
+    assert c2.access(1, 9).after == "sm"  # up 1 in [1, 2): SM, free
+    acc = c2.access(2, 8)  # up 2 >= 2, no free slot: not cached, nothing evicted
+    assert (acc.before, acc.after, acc.evicted) == ("miss", None, [])
+    with pytest.raises(ValueError, match="admission"):
+        TwoTierCache(1, 1, 4, admission="lru")
+
+
+def test_hysteresis_admission_by_hand():
+    # 1 full + 1 SM slot, E = 4: T_full = 1 + 0.4 = 1.4, T_sm = 1.4 + 1 + 0.4 = 2.8
+    c = TwoTierCache(1, 1, 4, admission="hysteresis")
     steps = [
         # (expert, tokens) -> (before, after, evicted)
         ((0, 3), ("miss", "full", [])),  # g = [3,0,0,0]; up 0 < 1.4, full slot free

@@ -47,7 +47,7 @@ from moelab.serve.offload.policies import POLICIES, SlotCache, build_policy
 from moelab.serve.offload.pool import PREFETCH
 from moelab.serve.offload.prefetch import ExpertPredictor
 from moelab.serve.offload.scheduler import Scheduler, TensorTask
-from moelab.serve.offload.tiers import TwoTierCache
+from moelab.serve.offload.tiers import ADMISSIONS, TwoTierCache
 
 MIB = 1 << 20
 VERIFY = ("first", "always", "off")
@@ -72,6 +72,8 @@ class OffloadConfig:
             ``off`` (segment CRC-32s are always checked).
         planner: ``zipmoe``'s tier split rule: ``authors`` (``CachePoolPlanningSimu``) or
             ``argmin`` (the earlier rule, an ablation; :mod:`moelab.serve.offload.planner`).
+        admission: ``zipmoe``'s admission rule: ``authors`` (``ProactiveDecision``) or
+            ``hysteresis`` (the earlier reading; :mod:`moelab.serve.offload.tiers`).
         future: for ``belady``: per layer, the experts it will request, in request order.
     """
 
@@ -84,6 +86,7 @@ class OffloadConfig:
     verify: str = "first"
     future: list[list[int]] | None = None
     planner: str = "authors"
+    admission: str = "authors"
 
     def check(self) -> None:
         if not (isinstance(self.cache_mb, int | float) and 0 < self.cache_mb < math.inf):
@@ -107,6 +110,10 @@ class OffloadConfig:
         if self.planner not in PLANNERS:
             raise InvalidValueError(
                 f"planner: must be one of {', '.join(PLANNERS)}; got {self.planner!r}"
+            )
+        if self.admission not in ADMISSIONS:
+            raise InvalidValueError(
+                f"admission: must be one of {', '.join(ADMISSIONS)}; got {self.admission!r}"
             )
         if self.storage_mbps is not None and not self.storage_mbps > 0:
             raise InvalidValueError(f"storage_mbps: must be > 0, got {self.storage_mbps}")
@@ -312,7 +319,8 @@ class OffloadEngine:
             plan = self.plans[li]
             if plan.kind == "two_tier":
                 E = self.experts_per_layer[li]
-                return LayerState(None, TwoTierCache(plan.n_full, plan.n_sm, E))
+                tiers = TwoTierCache(plan.n_full, plan.n_sm, E, admission=c.admission)
+                return LayerState(None, tiers)
             return LayerState(SlotCache(plan.n_full, build_policy("zipmoe")), None)
         cap = self.slots_per_layer[li]
         future = c.future[li] if c.policy == "belady" else None

@@ -35,6 +35,7 @@ def load_offloaded(
     trace: np.ndarray | None = None,
     future: list[list[int]] | None = None,
     planner: str = "authors",
+    admission: str = "authors",
 ) -> MoETransformer:
     """Load a store written by ``moelab compress RUN --lossless --out DIR`` for offloaded
     inference.
@@ -57,6 +58,8 @@ def load_offloaded(
         future: per layer, recorded expert requests (``belady``).
         planner: ``zipmoe``'s split rule, ``authors`` or ``argmin``
             (:mod:`moelab.serve.offload.planner`).
+        admission: ``zipmoe``'s admission rule, ``authors`` or ``hysteresis``
+            (:mod:`moelab.serve.offload.tiers`).
     Returns:
         An eval-mode model; ``model.offload_engine`` is its :class:`OffloadEngine`.
     Raises:
@@ -71,7 +74,7 @@ def load_offloaded(
         OffloadConfig(
             cache_mb=cache_mb, policy=policy, threads=threads, prefetch=prefetch,
             predictor=predictor, storage_mbps=storage_mbps, verify=verify, future=future,
-            planner=planner,
+            planner=planner, admission=admission,
         ),
         trace=trace,
     )  # fmt: skip
