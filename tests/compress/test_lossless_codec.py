@@ -152,7 +152,7 @@ def test_bad_inputs():
     with pytest.raises(TypeError, match="bfloat16 and float32"):
         encode_tensor(torch.zeros(3, dtype=torch.float16))
     with pytest.raises(ValueError, match="codec"):
-        encode_tensor(torch.zeros(3), "lz4")
+        encode_tensor(torch.zeros(3), "lz5")
     with pytest.raises(ValueError, match="chunks"):
         encode_tensor(torch.zeros(3), chunks=0)
     enc = encode_tensor((torch.randn(100) * 0.1).to(torch.bfloat16), "zstd")
@@ -163,3 +163,27 @@ def test_bad_inputs():
 
     with pytest.raises(TensorDecodeError, match="checksum"):
         decode_tensor(spec, memory_read(bytes(data)))
+
+
+@pytest.mark.parametrize("codec", ["lz4", "lz4hc"])
+def test_lz4_codecs_round_trip_every_bf16_pattern(codec):
+    pytest.importorskip("lz4.block")
+    every = torch.tensor(np.arange(65536, dtype=np.uint16).view(np.int16)).view(torch.bfloat16)
+    rng = np.random.default_rng(0)
+    shuffled = every[torch.from_numpy(rng.permutation(65536))].reshape(256, 256)
+    for t in (every, shuffled, special(torch.float32), torch.zeros(0, dtype=torch.bfloat16)):
+        assert same_bits(round_trip(t, codec, chunks=3), t), (codec, t.shape)
+
+
+def test_lz4hc_is_smaller_than_lz4_and_a_corrupt_chunk_is_an_error():
+    pytest.importorskip("lz4.block")
+    torch.manual_seed(2)
+    t = (torch.randn(20000) * 0.02).to(torch.bfloat16)
+    fast, hc = encode_tensor(t, "lz4", 3), encode_tensor(t, "lz4hc", 3)
+    assert hc.spec["codec"] == "lz4hc" and len(hc.spec["chunk_symbols"]) == 3
+    # the same block format: HC only searches harder for matches, so it is never larger
+    assert sum(map(len, hc.segments[:3])) <= sum(map(len, fast.segments[:3]))
+    spec = hc.place(0)
+    blob = bytes(hc.segments[0])
+    with pytest.raises(ValueError, match="lz4hc chunk does not decode"):
+        decode_exponent_chunk(spec, 0, blob[: len(blob) // 2])

@@ -207,8 +207,10 @@ def compress_model(
         model: a :class:`MoETransformer` whose experts are bf16 or fp32 (or any float dtype
             with ``dtype`` set; the whole model is then cast).
         dtype: ``"bf16"``/``"fp32"`` to cast the model first; None keeps its dtype.
-        codec: ``"zstd"`` (default: the authors' ZSTD level 1; releases the GIL, so the
-            scheduler's decode threads run in parallel), ``"ans"`` (``constriction``: at the
+        codec: ``"zstd"`` (default: ZSTD level 1, the authors' ``utils/config.py`` default;
+            releases the GIL, so the scheduler's decode threads run in parallel), ``"lz4hc"``
+            (LZ4HC level 9, the codec of the authors' evaluation, run there with 3 chunks;
+            needs the ``lz4`` package) or ``"lz4"`` (LZ4 fast), ``"ans"`` (``constriction``: at the
             entropy bound, but about 25× slower to decode and holding the GIL, measured on
             1 M exponents), ``"best"`` (the smaller per tensor) or ``"raw"`` (uncompressed).
         chunks: exponent chunks per tensor, 1 to :data:`MAX_CHUNKS`.

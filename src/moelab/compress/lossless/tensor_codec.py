@@ -40,7 +40,7 @@ from moelab.errors import InvalidValueError
 
 DEFAULT_CHUNKS = 5
 """Exponent chunks per tensor (the authors' ``num_file_chunks``)."""
-CODEC_CHOICES = ("best", "zstd", "ans", "raw")
+CODEC_CHOICES = ("best", "zstd", "lz4", "lz4hc", "ans", "raw")
 
 ReadFn = Callable[[int, int], bytes]
 """``read(offset, size) -> bytes``: a positioned read from the pack."""
@@ -113,8 +113,8 @@ def encode_tensor(t: Tensor, codec: str = "best", chunks: int = DEFAULT_CHUNKS) 
 
     Args:
         t: any shape, ``torch.bfloat16`` or ``torch.float32`` (CPU or not; copied to CPU).
-        codec: ``"best"`` (the smaller of zstd and ans per tensor), ``"zstd"``, ``"ans"``, or
-            ``"raw"`` (no split, plain bit patterns).
+        codec: ``"best"`` (the smaller of zstd and ans per tensor), ``"zstd"``, ``"lz4"``,
+            ``"lz4hc"``, ``"ans"``, or ``"raw"`` (no split, plain bit patterns).
         chunks: exponent chunks per tensor (>= 1).
     Raises:
         TypeError: unsupported dtype.
