@@ -19,7 +19,9 @@ CacheMb = Annotated[
     Opt(help="With --offload: expert cache budget in MiB (all layers)."),
     Range(min=0, min_open=True),
 ]
-Policy = Annotated[str, Opt(help="With --offload: cache policy zipmoe, lru, lfu or fifo.")]
+Policy = Annotated[
+    str, Opt(help="With --offload: cache policy zipmoe, lru, lfu, fifo or none (no cache).")
+]
 StorageMbps = Annotated[
     float | None,
     Opt(help="With --offload: emulate storage of this bandwidth (MB/s, at least 0.1)."),
@@ -52,8 +54,8 @@ def load_for_inference(
 
     if cache_mb is None:
         raise InvalidValueError("cache_mb: --offload needs --cache-mb N (MiB for the expert cache)")
-    if policy not in ("zipmoe", "lru", "lfu", "fifo"):
-        raise InvalidValueError(f"policy: must be zipmoe, lru, lfu or fifo; got {policy!r}")
+    if policy not in ("zipmoe", "lru", "lfu", "fifo", "none"):
+        raise InvalidValueError(f"policy: must be zipmoe, lru, lfu, fifo or none; got {policy!r}")
     model = load_offloaded(run, cache_mb=cache_mb, policy=policy, storage_mbps=storage_mbps)
     return model, load_tokenizer(run)
 

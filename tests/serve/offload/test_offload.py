@@ -59,6 +59,8 @@ def total_mib(setup, fraction):
         ("raw", "lru", 0, 0),
         ("raw", "lfu", 2, 2),
         ("raw", "fifo", 1, 0),
+        ("raw", "none", 0, 0),
+        ("zstd", "none", None, 0),
     ],
 )
 def test_offloaded_generation_equals_in_memory(setup, store, policy, threads, prefetch):
@@ -416,3 +418,21 @@ def test_layers_with_different_expert_counts_are_served_from_their_store(
     assert [len(t) for t in eng.predictor.total] == [6, 3]
     with pytest.raises(ValueError, match=r"trace: expected non-negative counts \[P, 2, 6\]"):
         load_offloaded(tmp_path / "s", cache_mb=4 * setup[2], trace=np.ones((1, 2, 8), int))
+
+
+def test_no_cache_loads_every_request_and_threads_default_to_the_free_cores(setup):
+    from moelab.serve.offload.engine import free_cores
+
+    model, root, _, _ = setup
+    om = load_offloaded(root / "raw", cache_mb=total_mib(setup, 0.5), policy="none", threads=0)
+    list(generate_ids(om, [3, 4], max_new_tokens=6, temperature=0))
+    st = offload_engine(om).snapshot()
+    assert st.requests > 0 and st.hits_full == st.hits_sm == 0 and st.misses == st.requests
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        om = load_offloaded(root / "zstd", cache_mb=total_mib(setup, 0.5))
+        assert offload_engine(om).config.threads == free_cores() >= 1
+        offload_engine(om).close()
+    finally:
+        torch.set_num_threads(before)

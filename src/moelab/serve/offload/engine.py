@@ -12,10 +12,15 @@ memory per layer; a layer never gets more slots than it has experts, ``E_l`` of 
   (:func:`plan_tiers`) from the store's routing profile, token-weighted LFU with admission;
   without a profile, or for top-1 models, one token-LFU tier (the planner's fallback);
 - ``lru``/``lfu``/``fifo``/``belady``: one tier of ``⌊budget/L / expert bytes⌋`` slots
-  (:class:`SlotCache`); ``belady`` needs the recorded request sequence of every layer.
+  (:class:`SlotCache`); ``belady`` needs the recorded request sequence of every layer;
+- ``none``: no expert cache at all, every requested expert is loaded on demand and dropped
+  after the layer (the Accelerate / DeepSpeed-style offloading of the paper's weakest
+  baselines [I: how those tools offload]).
 
 Loads: ``threads = 0`` loads serially on the calling thread (naive offloading); otherwise the
-:class:`Scheduler`'s pools load misses in parallel. ``prefetch = n`` guesses ``n`` experts of
+:class:`Scheduler`'s pools load misses in parallel. ``threads = None`` takes the cores that
+torch's intra-op threads leave free (at least 1), so decode threads do not oversubscribe the
+machine (:func:`free_cores`). ``prefetch = n`` guesses ``n`` experts of
 the next layer (``predictor``: its router on the current hidden state, or routing history) and,
 once this layer's loads are queued, queues theirs at prefetch priority: promoted when the next
 layer asks for them, cancelled when it does not. The staging buffer for them is paid from the
@@ -30,6 +35,7 @@ read/decode/merge seconds, seconds the forward pass waited for loads.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -37,10 +43,11 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from moelab.compress.lossless.model_store import OpenStore, trace_problem
-from moelab.compress.lossless.tensor_codec import assemble, decode_exponent_chunk, read_segment
+from moelab.compress.lossless.tensor_codec import decode_tensor, read_segment
 from moelab.errors import InvalidValueError
 from moelab.serve.offload.planner import PLANNERS, DelayModel, TierPlan, plan_tiers
 from moelab.serve.offload.policies import POLICIES, SlotCache, build_policy
@@ -52,6 +59,13 @@ from moelab.serve.offload.tiers import ADMISSIONS, TwoTierCache
 MIB = 1 << 20
 VERIFY = ("first", "always", "off")
 PREDICTORS = ("gate", "history")
+ENGINE_POLICIES = (*POLICIES, "none")
+
+
+def free_cores() -> int:
+    """Cores this process may use less torch's intra-op threads, at least 1."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) - torch.get_num_threads())
 
 
 @dataclass
@@ -60,8 +74,9 @@ class OffloadConfig:
 
     Attributes:
         cache_mb: cache budget in MiB for all layers (>= top_k experts' bytes).
-        policy: ``zipmoe``, ``lru``, ``lfu``, ``fifo`` or ``belady``.
-        threads: decode threads (0 = load serially on the forward thread).
+        policy: ``zipmoe``, ``lru``, ``lfu``, ``fifo``, ``belady`` or ``none`` (no cache).
+        threads: decode threads (0 = load serially on the forward thread; None = the cores
+            torch leaves free, :func:`free_cores`).
         prefetch: experts of the next layer to prefetch (0 = off).
         predictor: how they are guessed: ``gate`` (the next layer's router on the current
             hidden state, :mod:`moelab.serve.offload.lookahead`; set up by
@@ -79,7 +94,7 @@ class OffloadConfig:
 
     cache_mb: float
     policy: str = "zipmoe"
-    threads: int = 2
+    threads: int | None = None
     prefetch: int = 0
     predictor: str = "gate"
     storage_mbps: float | None = None
@@ -91,11 +106,11 @@ class OffloadConfig:
     def check(self) -> None:
         if not (isinstance(self.cache_mb, int | float) and 0 < self.cache_mb < math.inf):
             raise InvalidValueError(f"cache_mb: must be a finite number > 0, got {self.cache_mb}")
-        if self.policy not in POLICIES:
+        if self.policy not in ENGINE_POLICIES:
             raise InvalidValueError(
-                f"policy: must be one of {', '.join(POLICIES)}; got {self.policy!r}"
+                f"policy: must be one of {', '.join(ENGINE_POLICIES)}; got {self.policy!r}"
             )
-        if self.threads < 0:
+        if self.threads is not None and self.threads < 0:
             raise InvalidValueError(f"threads: must be >= 0, got {self.threads}")
         if self.prefetch < 0:
             raise InvalidValueError(f"prefetch: must be >= 0, got {self.prefetch}")
@@ -178,6 +193,8 @@ class OffloadEngine:
         self, store: OpenStore, config: OffloadConfig, trace: np.ndarray | None = None
     ) -> None:
         config.check()
+        if config.threads is None:
+            config = replace(config, threads=free_cores())
         self.store, self.config = store, config
         self.pack = store.pack
         idx = self.pack.index
@@ -225,8 +242,8 @@ class OffloadEngine:
 
     # ------------------------------------------------------------------------ setup
     def _measure_delays(self) -> DelayModel:
-        """Delay constants from the store: ``d_dec`` = (chunk decodes + recombination) of
-        expert (0, 0)'s tensors per chunk, the best of 3 timings here [I: the authors'
+        """Delay constants from the store: ``d_dec`` = (chunk decodes, segment CRC-32s and
+        recombination, as a decode thread does them) of expert (0, 0)'s tensors per chunk, the best of 3 timings here [I: the authors'
         constant is a profiled decompression time per tensor; our CPU recombination is not
         free, so it is included]; ``d_sm`` = one tensor's SM bytes at the capped or a measured read
         bandwidth; ``CR`` = coded / raw exponent bytes."""
@@ -235,16 +252,15 @@ class OffloadEngine:
         if self.raw:
             return DelayModel(T, max(1, self.config.threads), 1, 0.0, 1e-3, 1.0)
         chunks = max(1, len(specs[0]["chunks"]))
-        blobs = [[read_segment(self.pack.read, r, "chunk") for r in s["chunks"]] for s in specs]
-        sms = [read_segment(self.pack.read, s["sm"], "sm") for s in specs]
-        n = sum(len(c) for c in blobs)
+        refs = [r for s in specs for r in (*s["chunks"], s["sm"])]
+        held = {(r["offset"], r["size"]): self.pack.read(r["offset"], r["size"]) for r in refs}
+        n = sum(len(s["chunks"]) for s in specs)
+        sms = [held[(s["sm"]["offset"], s["sm"]["size"])] for s in specs]
         times = []
         for _ in range(3):  # the best of 3: the first pays for cold caches, and a noisy
             t0 = time.perf_counter()  # constant would flip the plan from run to run
-            for spec, chunk_blobs, sm in zip(specs, blobs, sms, strict=True):
-                parts = [decode_exponent_chunk(spec, i, b) for i, b in enumerate(chunk_blobs)]
-                exp = np.concatenate(parts) if parts else np.empty(0, np.uint8)
-                assemble(spec, exp, sm, False)
+            for spec in specs:  # from memory: the chunk decodes, CRCs and recombination
+                decode_tensor(spec, lambda offset, size: held[(offset, size)], verify=False)
             times.append(time.perf_counter() - t0)
         d_dec = min(times) / max(n, 1)
         sm_bytes = float(np.mean([len(b) for b in sms]))
@@ -315,6 +331,8 @@ class OffloadEngine:
 
     def _new_layer(self, li: int) -> LayerState:
         c = self.config
+        if c.policy == "none":
+            return LayerState(SlotCache(0, build_policy("lru")), None)
         if c.policy == "zipmoe":
             plan = self.plans[li]
             if plan.kind == "two_tier":

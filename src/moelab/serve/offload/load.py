@@ -27,11 +27,11 @@ def load_offloaded(
     cache_mb: float,
     policy: str = "zipmoe",
     storage_mbps: float | None = None,
-    threads: int = 2,
+    threads: int | None = None,
     prefetch: int = 0,
     predictor: str = "gate",
     verify: str = "first",
-    check_pack: bool = True,
+    check_pack: bool = False,
     trace: np.ndarray | None = None,
     future: list[list[int]] | None = None,
     planner: str = "authors",
@@ -45,15 +45,20 @@ def load_offloaded(
         cache_mb: expert cache budget in MiB, all layers together (>= one layer's top-k
             experts).
         policy: ``zipmoe`` (planned full/SM tiers, token-weighted LFU with admission),
-            ``lru``, ``lfu``, ``fifo``, or ``belady`` (needs ``future``).
+            ``lru``, ``lfu``, ``fifo``, ``belady`` (needs ``future``), or ``none`` (no cache:
+            every expert loaded on demand, the Accelerate-like baseline).
         storage_mbps: emulate storage of this bandwidth (MB/s, 10^6 B/s).
-        threads: decode threads (0 = serial loads).
+        threads: decode threads (0 = serial loads; None = the cores torch's threads leave
+            free, at least 1).
         prefetch: next-layer experts to prefetch (0 = off).
         predictor: ``gate`` (the next layer's router on the current hidden state) or
             ``history`` (routing frequencies, the ZipMoE authors' predictor).
         verify: sha256 check of decoded tensors: ``first``, ``always`` or ``off``.
         check_pack: CRC-check every segment of the pack before serving (one pass over the
-            file), so that a damaged or foreign pack fails before any output.
+            file), so that a damaged or foreign pack fails before any output. Off by default:
+            every segment is CRC-checked when it is read anyway, and the pass reads the whole
+            pack, warming the page cache (later "storage" reads then come from memory) and
+            costing a full read at start-up.
         trace: routing counts ``[P, L, E]`` for the planner (default: the store's profile).
         future: per layer, recorded expert requests (``belady``).
         planner: ``zipmoe``'s split rule, ``authors`` or ``argmin``

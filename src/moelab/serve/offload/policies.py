@@ -65,9 +65,6 @@ class EvictionPolicy:
         self.inserted_at.pop(key, None)
         self.count[key] = 0
 
-    def on_miss(self, key: Hashable) -> None:
-        """Called for every miss before the victim is chosen (Belady advances its clock)."""
-
     def victim(self, resident: Iterable[Hashable]) -> Hashable:
         """The key to evict among ``resident`` (non-empty)."""
         raise NotImplementedError
@@ -187,7 +184,6 @@ class SlotCache:
         if key in self.resident:
             p.on_hit(key, tokens)
             return Access(True, True)
-        p.on_miss(key)
         if self.capacity == 0:
             return Access(False, False)
         evicted = None
@@ -200,19 +196,6 @@ class SlotCache:
         self.resident.add(key)
         p.on_insert(key, tokens)
         return Access(False, True, evicted)
-
-    def insert(self, key: Hashable, tokens: int = 1) -> Hashable | None:
-        """Place ``key`` without counting a request (prefetch); returns the evicted key."""
-        if key in self.resident or self.capacity == 0:
-            return None
-        evicted = None
-        if len(self.resident) >= self.capacity:
-            evicted = self.policy.victim(self.resident)
-            self.resident.discard(evicted)
-            self.policy.on_evict(evicted)
-        self.resident.add(key)
-        self.policy.on_insert(key, tokens)
-        return evicted
 
 
 def simulate(
