@@ -423,7 +423,7 @@ def test_layers_with_different_expert_counts_are_served_from_their_store(
 def test_no_cache_loads_every_request_and_threads_default_to_the_free_cores(setup):
     from moelab.serve.offload.engine import free_cores
 
-    model, root, _, _ = setup
+    _, root, _, _ = setup
     om = load_offloaded(root / "raw", cache_mb=total_mib(setup, 0.5), policy="none", threads=0)
     list(generate_ids(om, [3, 4], max_new_tokens=6, temperature=0))
     st = offload_engine(om).snapshot()

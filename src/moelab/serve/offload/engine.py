@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 
 from moelab.compress.lossless.model_store import OpenStore, trace_problem
-from moelab.compress.lossless.tensor_codec import decode_tensor, read_segment
+from moelab.compress.lossless.tensor_codec import decode_tensor
 from moelab.errors import InvalidValueError
 from moelab.serve.offload.planner import PLANNERS, DelayModel, TierPlan, plan_tiers
 from moelab.serve.offload.policies import POLICIES, SlotCache, build_policy
