@@ -194,6 +194,26 @@ def test_bandwidth_cap_paces_reads():
     assert time.perf_counter() - t0 >= 0.05 - 1e-3
     with pytest.raises(ValueError, match="storage_mbps"):
         BandwidthLimiter(0)
+    # a per-request latency: 5 reads of 1 byte at 4 ms each take >= 20 ms
+    lim = BandwidthLimiter(mbps=1e6, latency_ms=4)
+    t0 = time.perf_counter()
+    for _ in range(5):
+        lim.wait(1, time.perf_counter())
+    assert time.perf_counter() - t0 >= 0.02 - 1e-3
+    with pytest.raises(ValueError, match="latency_ms"):
+        BandwidthLimiter(10, latency_ms=-1)
+
+
+def test_uncached_reads_serve_the_same_tokens(setup):
+    model, root, _, _ = setup
+    om = load_offloaded(root / "zstd", cache_mb=total_mib(setup, 0.8), uncached=True)
+    eng = offload_engine(om)
+    assert eng.pack.uncached
+    assert list(generate_ids(om, [6, 1], max_new_tokens=8, temperature=0)) == list(
+        generate_ids(model, [6, 1], max_new_tokens=8, temperature=0)
+    )
+    assert eng.snapshot().bytes_read > 0
+    eng.close()
 
 
 def test_bad_inputs(setup, tmp_path):

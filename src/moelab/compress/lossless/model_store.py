@@ -393,8 +393,16 @@ class OpenStore:
         return full, sm
 
 
-def open_store(folder: str | os.PathLike[str], storage_mbps: float | None = None) -> OpenStore:
+def open_store(
+    folder: str | os.PathLike[str],
+    storage_mbps: float | None = None,
+    *,
+    latency_ms: float = 0.0,
+    uncached: bool = False,
+) -> OpenStore:
     """Open and check a store folder (index, pack size, fingerprint, dense checksum).
+    ``storage_mbps``, ``latency_ms`` and ``uncached`` set the pack's storage regime
+    (:class:`moelab.compress.lossless.store.ExpertPack`).
 
     Raises:
         StoreError: missing files, truncated pack, a pack/index from another model, or a
@@ -408,7 +416,7 @@ def open_store(folder: str | os.PathLike[str], storage_mbps: float | None = None
             f"{folder / INDEX_FILE}: missing (write a store with: moelab compress RUN --lossless --out DIR)"
         )
     cfg = load_config(folder)
-    pack = ExpertPack(folder, storage_mbps)
+    pack = ExpertPack(folder, storage_mbps, latency_ms=latency_ms, uncached=uncached)
     idx = pack.index
     stored = read_json(folder / CONFIG_FILE, StoreError).get("model", {})
     if idx.get("model_fingerprint") != model_fingerprint(stored, idx.get("dtype", "")):

@@ -34,10 +34,19 @@ file, the layer, the expert and the tensor. The store is written inside a tempor
 is renamed into place (:func:`moelab.utils.atomic.write_folder_atomically`), so a failed write
 leaves nothing behind.
 
-Bandwidth cap (this project's emulation, not the paper's): with ``storage_mbps`` set, reads
-are timed as if the pack sat on a single-queue device of that bandwidth (MB = 10^6 bytes):
-a read of ``n`` bytes issued at ``t`` completes at ``max(t, busy_until) + n / bw`` and the
-reader sleeps until then. Reads are still real file reads.
+Two storage regimes (this project's, not the paper's):
+
+- *Uncached reads* (``uncached=True``): real reads from the device, the page cache dropped.
+  Readahead is disabled on the pack (``POSIX_FADV_RANDOM``) and after every read the pack's
+  cached pages are dropped (``POSIX_FADV_DONTNEED``, no root needed), so each read goes to the
+  disk — on an NVMe-class disk, the regime of the ZipMoE paper (its Jetson reads from NVMe
+  SSDs and drops the page cache before each run).
+- *Emulated cap* (``storage_mbps``, optional ``latency_ms``): reads are timed as if the pack
+  sat on a single-queue device of that bandwidth (MB = 10^6 bytes) and per-request latency:
+  a read of ``n`` bytes issued at ``t`` completes at ``max(t, busy_until) + latency + n / bw``
+  and the reader sleeps until then. Reads are still real file reads, normally served from the
+  page cache underneath, so the cap models a CPU-to-I/O ratio (how much decode work a read's
+  time pays for), not a particular device.
 
 What the checksums cover: ``index_sha256`` (over the rest of ``store.json``) and the
 recorded SHA-256s of ``dense.safetensors``, the profile and the ``files`` catch corruption and
@@ -82,17 +91,20 @@ class StoreError(CheckpointError):
 
 
 class BandwidthLimiter:
-    """Emulates a storage device of ``mbps`` megabytes (10^6 B) per second, one request at a
-    time, shared by all threads that read through it.
+    """Emulates a storage device of ``mbps`` megabytes (10^6 B) per second and ``latency_ms``
+    per request, one request at a time, shared by all threads that read through it.
 
     Raises:
-        ValueError: ``mbps`` is not > 0.
+        ValueError: ``mbps`` is not > 0 or ``latency_ms`` < 0.
     """
 
-    def __init__(self, mbps: float) -> None:
+    def __init__(self, mbps: float, latency_ms: float = 0.0) -> None:
         if not mbps > 0:
             raise InvalidValueError(f"storage_mbps: must be > 0, got {mbps}")
+        if not latency_ms >= 0:
+            raise InvalidValueError(f"latency_ms: must be >= 0, got {latency_ms}")
         self.bytes_per_s = mbps * 1e6
+        self.latency_s = latency_ms / 1e3
         self._busy_until = 0.0
         self._lock = threading.Lock()
 
@@ -101,7 +113,7 @@ class BandwidthLimiter:
         complete on the emulated device."""
         with self._lock:
             start = max(issued, self._busy_until)
-            done = start + nbytes / self.bytes_per_s
+            done = start + self.latency_s + nbytes / self.bytes_per_s
             self._busy_until = done
         delay = done - time.perf_counter()
         if delay > 0:
@@ -166,12 +178,21 @@ class ExpertPack:
     Args:
         folder: the store folder.
         storage_mbps: optional bandwidth cap (see the module docstring).
+        latency_ms: per-request latency of the cap.
+        uncached: drop the pack's page cache around every read (see the module docstring).
     Raises:
         StoreError: missing/unreadable index, newer format version, missing pack, or a pack
             whose size differs from the index (truncated or appended to).
     """
 
-    def __init__(self, folder: str | os.PathLike[str], storage_mbps: float | None = None) -> None:
+    def __init__(
+        self,
+        folder: str | os.PathLike[str],
+        storage_mbps: float | None = None,
+        *,
+        latency_ms: float = 0.0,
+        uncached: bool = False,
+    ) -> None:
         self.folder = Path(folder)
         ipath = self.folder / INDEX_FILE
         index = read_json(ipath, StoreError)
@@ -220,8 +241,14 @@ class ExpertPack:
                 f"{self.path}: truncated or altered ({size} bytes, {INDEX_FILE} says "
                 f"{index['pack_bytes']})" + (f"; first segment cut: {cut}" if cut else "")
             )
-        self.limiter = BandwidthLimiter(storage_mbps) if storage_mbps is not None else None
+        self.limiter = (
+            BandwidthLimiter(storage_mbps, latency_ms) if storage_mbps is not None else None
+        )
         self._fd = os.open(self.path, os.O_RDONLY)
+        self.uncached = uncached
+        if uncached:
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
+            self.drop_page_cache()
         self.bytes_read = 0
         self.read_s = 0.0
         self._stat_lock = threading.Lock()
@@ -257,10 +284,17 @@ class ExpertPack:
                 f"{self.folder / INDEX_FILE}: no entry for layer {layer} expert {expert}"
             ) from None
 
+    def drop_page_cache(self) -> None:
+        """Ask the kernel to drop the pack's cached pages (``POSIX_FADV_DONTNEED``)."""
+        os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
     def read(self, offset: int, size: int) -> bytes:
-        """``size`` bytes at ``offset`` (one ``os.pread``; throttled by the cap if set)."""
+        """``size`` bytes at ``offset`` (one ``os.pread``; throttled by the cap if set; the
+        page cache dropped afterwards if ``uncached``)."""
         issued = time.perf_counter()
         data = os.pread(self._fd, size, offset)
+        if self.uncached:
+            self.drop_page_cache()
         if self.limiter is not None:
             self.limiter.wait(len(data), issued)
         dt = time.perf_counter() - issued

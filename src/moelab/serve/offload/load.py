@@ -27,6 +27,8 @@ def load_offloaded(
     cache_mb: float,
     policy: str = "zipmoe",
     storage_mbps: float | None = None,
+    storage_latency_ms: float = 0.0,
+    uncached: bool = False,
     threads: int | None = None,
     prefetch: int = 0,
     predictor: str = "gate",
@@ -47,7 +49,11 @@ def load_offloaded(
         policy: ``zipmoe`` (planned full/SM tiers, token-weighted LFU with admission),
             ``lru``, ``lfu``, ``fifo``, ``belady`` (needs ``future``), or ``none`` (no cache:
             every expert loaded on demand, the Accelerate-like baseline).
-        storage_mbps: emulate storage of this bandwidth (MB/s, 10^6 B/s).
+        storage_mbps: emulate storage of this bandwidth (MB/s, 10^6 B/s): a CPU-to-I/O
+            ratio proxy (:mod:`moelab.compress.lossless.store`).
+        storage_latency_ms: the emulated device's per-request latency.
+        uncached: read from the disk itself, the pack's page cache dropped around every read
+            (the NVMe-class regime on a machine with an NVMe disk).
         threads: decode threads (0 = serial loads; None = the cores torch's threads leave
             free, at least 1).
         prefetch: next-layer experts to prefetch (0 = off).
@@ -71,7 +77,7 @@ def load_offloaded(
         StoreError: missing, truncated, corrupt or foreign store (names the file/expert).
         ValueError: bad settings or a budget below one layer's top-k experts.
     """
-    store = open_store(folder, storage_mbps)
+    store = open_store(folder, storage_mbps, latency_ms=storage_latency_ms, uncached=uncached)
     if check_pack:
         store.pack.verify()
     engine = OffloadEngine(
