@@ -29,7 +29,10 @@ def test_tau_one_all_masked_falls_back_to_one_token_per_step():
     assert len(r.ids) == 8 and dm.cfg.mask_token_id not in r.ids
     # 2 blocks of 4 one-token steps, plus one KV-storing forward between them (0 tokens)
     assert r.stats.accepted == [1, 1, 1, 1, 0, 1, 1, 1, 1]
-    assert r.stats.nfe == 9 and r.stats.tpf == pytest.approx(8 / 9)
+    assert r.stats.kv == [False] * 4 + [True] + [False] * 4
+    # the authors' count: denoising forwards only; the *_all variants include the KV pass
+    assert r.stats.nfe == 8 and r.stats.tpf == 1.0
+    assert r.stats.nfe_all == 9 and r.stats.tpf_all == pytest.approx(8 / 9)
 
 
 def test_transfer_set_threshold_and_fallback():
@@ -53,9 +56,18 @@ def test_counters_equal_hand_counts_from_routing():
     assert hook.experts_per_layer() == hand
     r = diffusion_generate(dm, [1, 2, 3, 4], max_new_tokens=8, options=DecodeOptions(0.5))
     s = r.stats
-    assert s.nfe == len(s.accepted) and s.tokens == 8
-    assert s.apf == pytest.approx(sum(sum(f) / len(f) for f in s.forwards) / s.nfe)
-    assert s.apt == pytest.approx(s.apf / (8 / s.nfe))
+    assert s.nfe_all == len(s.accepted) and s.tokens == 8
+    assert s.apf_all == pytest.approx(sum(sum(f) / len(f) for f in s.forwards) / s.nfe_all)
+    assert s.apt_all == pytest.approx(s.apf_all / (8 / s.nfe_all))
+    den = [f for f, kv in zip(s.forwards, s.kv, strict=True) if not kv]
+    assert s.nfe == len(den) == s.nfe_all - 1  # one KV pass between the two blocks
+    assert s.apf == pytest.approx(sum(sum(f) / len(f) for f in den) / len(den))
+    assert s.apt == pytest.approx(s.apf / (8 / len(den)))
+    # the cost proxy: one dense cost per forward plus every distinct expert's bytes
+    loaded = sum(sum(f) for f in s.forwards)
+    assert s.cost_proxy_s(0.5, 100.0, 1000.0) == pytest.approx(0.5 * s.nfe_all + loaded * 0.1)
+    # decode time excludes the prefill of the prompt's complete block
+    assert 0 < s.prefill_s < s.wall_s and s.decode_s == pytest.approx(s.wall_s - s.prefill_s)
 
 
 def test_caching_changes_no_token_when_cached_equals_recomputed():
@@ -125,6 +137,11 @@ def test_cold_rule_by_hand():
     assert cold_positions(base, ref, base, conf, M, opts, 8).nonzero().flatten().tolist() == [7]
     wide = DecodeOptions(threshold=0.95, limit=True, hot_distance=2)
     assert not cold_positions(base, ref, base, conf, M, wide, 8).any()
+    # the authors' distance is 3 by default; a branch with no unmasked position has every
+    # distance 0 in their code, so nothing is cold
+    assert DecodeOptions().hot_distance == 3
+    empty = torch.full((8,), M)
+    assert not cold_positions(empty, empty, empty, torch.zeros(8), M, opts, 8).any()
 
 
 def test_speculative_branches_equal_separate_forwards():
@@ -214,3 +231,41 @@ def test_cached_decoding_stores_the_keys_values_of_a_full_recompute():
             prefix=p1, moe_hook=hook,
         )  # fmt: skip
     assert dec.stats.forwards[-1] == hook.experts_per_layer()
+
+
+def test_speculative_fills_are_reused_at_the_next_step(monkeypatch):
+    """The authors' DCD: the tokens speculation accepted were computed from the filled tokens
+    in the accepting forward, so the next step reuses them; the earlier rule recomputes them.
+    With no attention a reused output equals the recomputed one, so both decode the same
+    tokens, and the authors' rule reuses exactly the accepted fills more rows."""
+    from moelab.serve.diffusion import decode
+
+    torch.manual_seed(2)  # blocks of 8: a block has steps after an accepted pair
+    cfg = ModelConfig.tiny(vocab_size=20, num_experts=8, max_seq_len=64)
+    dm = to_block_diffusion(MoETransformer(cfg), 8).eval()
+    with torch.no_grad():
+        for blk in dm.blocks:
+            blk.attn.o_proj.weight.zero_()
+    reused: list[int] = []
+    real = decode._hook
+
+    def spy(branches, cur, just, stored, prev_conf, mask_id, opts, b):
+        if stored is not None:
+            reused.append(int(((cur != mask_id) & ~just).sum()))
+        return real(branches, cur, just, stored, prev_conf, mask_id, opts, b)
+
+    monkeypatch.setattr(decode, "_hook", spy)
+    # accept both fills whenever the step speculates, so fills are certainly accepted
+    monkeypatch.setattr(decode, "choose_branch", lambda *a: 3)
+    # τ = 1: one transfer per step (top-1), so every block has steps that speculate
+    team = DecodeOptions.preset("team", 1.0)
+    again = DecodeOptions(threshold=1.0, cache=True, limit=True, speculate=True, reuse_fills=False)
+    a = diffusion_generate(dm, [5, 6, 7], max_new_tokens=24, options=team)
+    n_a, reused[:] = list(reused), []
+    b = diffusion_generate(dm, [5, 6, 7], max_new_tokens=24, options=again)
+    assert a.ids == b.ids and a.stats.accepted == b.stats.accepted
+    assert all(x >= y for x, y in zip(n_a, reused, strict=True))
+    # the step after an accepted pair reuses both fills: exactly 2 rows more, or none when
+    # the block ended with that step
+    diffs = [x - y for x, y in zip(n_a, reused, strict=True)]
+    assert set(diffs) <= {0, 2} and 2 in diffs

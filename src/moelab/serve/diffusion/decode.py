@@ -11,26 +11,35 @@ masked). A finished block is forwarded once more to store its keys/values (SDAR'
 TEAM adds, each switchable (:class:`DecodeOptions`):
 
 - ``cache`` (DCD, :mod:`.experts`): a decoded token (unmasked and not transferred at the
-  previous step) reuses its per-layer MoE output from the previous forward. With speculation,
+  previous step) reuses its per-layer MoE output from the previous forward. Tokens that
+  speculation accepted (the filled p1/p2 of the chosen branch) are not "transferred": that
+  forward computed their outputs from the filled tokens themselves, so the next step reuses
+  them (the authors' ``decoded_index = (cur_x != mask_id) & ~transfer_index``, where
+  ``transfer_index`` excludes the fills) [C]; ``reuse_fills=False`` recomputes them once more
+  (this project's earlier rule, +1.7 % APF on a toy model per the audit). With speculation,
   every branch reuses the outputs of the branch that was accepted (the authors'
   ``SDARMoeDecoderLayer.forward`` slices the ``choice_id`` branch's stored states and tiles
   them over the four branches).
 - ``limit`` (LAC, :mod:`.experts`): cold masked tokens may only use experts activated by the
   non-cold tokens. Cold (authors' code) = still masked, distance to every unmasked position of
-  the both-filled branch ``> hot_distance``, not one of the ``hot_top`` = 2 most confident
+  the both-filled branch ``> hot_distance`` (3), not one of the ``hot_top`` = 2 most confident
   masked positions of the current block (B0) at the previous step, previous confidence
-  ``< hot_threshold`` (0.7).
+  ``< hot_threshold`` (0.7); when that branch has no unmasked position every distance is 0,
+  so nothing is cold.
 - ``speculate`` (SEH, :mod:`.branches`): 4 branches in one forward.
 
-Our choices (labelled): the authors' code uses block 32 and distance ``> 3``; we scale the
-distance to the block, ``hot_distance = max(1, round(3·b/32))`` unless given. Nothing is cold on
-a block's first step (no previous confidences yet). SEH needs a previous step and >= 2 masked
-positions; otherwise the step runs B0 alone. The KV-storing forward of a finished block
-computes every token's MoE output, with no reuse and no limit (the authors' code runs it
-without stored states), so the keys/values later blocks attend to are exact; it counts as a
-forward (0 tokens accepted; our choice: the authors' expert logs record only the denoising
-forwards). The prompt prefill is not counted. The decoded length is rounded up to whole
-blocks and cut to ``max_new_tokens``.
+Our choices (labelled): the LAC distance is the authors' absolute 3 by default (their block is
+32); ``hot_distance=None`` scales it to the block, ``max(1, round(3·b/32))`` [I] (1 at block
+8). Nothing is cold on a block's first step (no previous confidences yet). SEH needs a previous
+step and >= 2 masked positions; otherwise the step runs B0 alone (the authors always run 4
+branches from the second step, B2 = B0 and B3 = B1 with one masked position: the same tokens
+with more rows). The KV-storing forward of a finished block computes every token's MoE output,
+with no reuse and no limit (the authors' code runs it without stored states), so the
+keys/values later blocks attend to are exact; it is recorded as a KV forward (0 tokens
+accepted), which :class:`DecodeStats` leaves out of APF/TPF/APT/NFE and keeps in their
+``*_all`` variants. The prompt prefill is not counted as a forward and its time is recorded
+apart (``prefill_s``). The decoded length is rounded up to whole blocks and cut to
+``max_new_tokens``.
 """
 
 from __future__ import annotations
@@ -69,10 +78,12 @@ class DecodeOptions:
         cache, limit, speculate: TEAM's DCD, LAC and SEH.
         hot_threshold: τ_h of LAC (0.7 in the authors' code).
         hot_distance: LAC distance (cold iff farther than this from every unmasked
-            position); None = ``max(1, round(3·block_size/32))``.
+            position); 3 in the authors' code; None = ``max(1, round(3·block_size/32))``.
         hot_top: the previous step's most confident masked positions that are always hot.
         refresh: with ``cache``, every ``refresh``-th step of a block recomputes every token
             (the paper's Refresh-k ablation); None = refresh-free, the authors' default.
+        reuse_fills: with ``cache``, the tokens speculation accepted reuse their outputs from
+            the accepting forward (the authors' rule); False recomputes them once more.
     """
 
     threshold: float = 0.95
@@ -80,9 +91,10 @@ class DecodeOptions:
     limit: bool = False
     speculate: bool = False
     hot_threshold: float = 0.7
-    hot_distance: int | None = None
+    hot_distance: int | None = 3
     hot_top: int = 2
     refresh: int | None = None
+    reuse_fills: bool = True
 
     @classmethod
     def preset(cls, name: str, threshold: float = 0.95) -> DecodeOptions:
@@ -136,10 +148,10 @@ def cold_positions(
     b: int,
 ) -> Tensor:
     """Bool ``[b]``: LAC's cold rule for ``branch [b]`` with distances measured in ``ref [b]``
-    (the both-filled branch), the ``hot_top`` most confident masked positions taken in
-    ``base [b]`` (the current block, B0: the authors' ``mask_index``; with speculation these
-    are the two positions the branches fill) and the previous step's confidences
-    ``prev_conf [b]``."""
+    (the both-filled branch; none unmasked there: every distance is 0, nothing is cold, as in
+    the authors' code), the ``hot_top`` most confident masked positions taken in ``base [b]``
+    (the current block, B0: the authors' ``mask_index``; with speculation these are the two
+    positions the branches fill) and the previous step's confidences ``prev_conf [b]``."""
     dist_max = opts.hot_distance if opts.hot_distance is not None else max(1, round(3 * b / 32))
     masked = branch == mask_id
     pos = torch.arange(b, device=branch.device)
@@ -147,7 +159,7 @@ def cold_positions(
     if unm.numel():
         dist = (pos[:, None] - unm[None, :]).abs().min(dim=1).values
     else:
-        dist = torch.full((b,), b + 1, device=branch.device)
+        dist = torch.zeros(b, dtype=torch.long, device=branch.device)
     top = prev_conf.masked_fill(base != mask_id, -1.0).topk(min(opts.hot_top, b)).indices
     in_top = torch.zeros(b, dtype=torch.bool, device=branch.device)
     in_top[top] = True
@@ -300,6 +312,7 @@ class BlockDecoder:
                     model, self.x[None, : self.j * b], pos, block_causal_mask(pos, pos, b),
                     prefix=self.prefix, store=True,
                 )  # fmt: skip
+        self.stats.prefill_s += time.perf_counter() - t0
         self.stats.wall_s += time.perf_counter() - t0
 
     @torch.no_grad()
@@ -315,7 +328,7 @@ class BlockDecoder:
         counts = torch.zeros(self.counts_shape, dtype=torch.long) if self.counts_shape else None
         experts: dict[int, list[list[int]]] = {}
         stored, prev_conf, prev_pred = None, None, None
-        just = torch.zeros(b, dtype=torch.bool, device=device)  # transferred at the last step
+        just = torch.zeros(b, dtype=torch.bool, device=device)  # recompute at the next step
         step = 0
         while bool((cur == mask_id).any()):
             masked = cur == mask_id
@@ -344,11 +357,13 @@ class BlockDecoder:
             k = choose_branch(tr, pred, p1, p2, f1, f2) if spec else 0
             new = branches[k].clone()
             new[tr[k]] = pred[k][tr[k]]
-            just = masked & (new != mask_id)
-            self.stats.add(hook.experts_per_layer(), int(just.sum()))
+            accepted = masked & (new != mask_id)  # transferred, plus the accepted fills
+            just = tr[k] if opts.reuse_fills else accepted  # outputs computed from masks
+            self.stats.add(hook.experts_per_layer(), int(accepted.sum()))
             _add_pair_counts(counts, hook)
             if self.routing:
-                experts.update(_token_experts(hook, k * b, just.nonzero().squeeze(1).tolist()))
+                pos = accepted.nonzero().squeeze(1).tolist()
+                experts.update(_token_experts(hook, k * b, pos))
             stored = {i: y.view(n, b, -1)[k] for i, y in hook.outputs.items()}
             prev_conf, prev_pred = conf[k], pred[k]
             cur = new
@@ -368,7 +383,7 @@ class BlockDecoder:
                 torch.ones(b, self.prefix.length + b, dtype=torch.bool, device=device),
                 prefix=self.prefix, store=True, moe_hook=hook,
             )  # fmt: skip
-            self.stats.add(hook.experts_per_layer(), 0)
+            self.stats.add(hook.experts_per_layer(), 0, kv=True)
             _add_pair_counts(counts, hook)
         self.stats.wall_s += time.perf_counter() - t0
         token_experts = [experts[p - s] for p in range(lo, lo + len(ids))] if self.routing else None
@@ -390,7 +405,8 @@ def _token_experts(
     hook: TeamMoEStep, row0: int, positions: list[int]
 ) -> dict[int, list[list[int]]]:
     """Per block position in ``positions``, the experts of row ``row0 + position`` in every
-    MoE layer (a transferred position was masked, so it was computed, never reused)."""
+    MoE layer (an accepted position was masked in the current block, so it was computed,
+    never reused)."""
     out: dict[int, list[list[int]]] = {p: [] for p in positions}
     for i in sorted(hook.choice):
         where = {int(r): j for j, r in enumerate(hook.computed[i].tolist())}
