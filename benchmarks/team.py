@@ -1,15 +1,28 @@
 """TEAM (arXiv 2602.08404) on a block-diffusion MoE initialised from the main AR run.
 
 Stage ``train``: leave the AR run (``--init-from``, default ``runs/main``) untouched; write a corpus folder with the
-mix corpus (capped) plus generated exact-answer task lines (copy, reverse, 3-digit addition,
-key→value lookup), then ``moelab.train.loop.train`` with ``objective="block-diffusion"``,
-``init_from`` the AR run. Held-out problems are never in the training text.
+mix corpus (capped) plus generated exact-answer task lines (copy, reverse of ``--digits``
+digits, 3-digit addition, key→value lookup), then ``moelab.train.loop.train`` with
+``objective="block-diffusion"`` and ``--block`` tokens per block, ``init_from`` the AR run.
+Held-out problems are never in the training text.
 
-Stage ``eval``: for vanilla / +caching / +caching+limited / full TEAM at the same τ and block
-size, decode held-out problems and print exact-match per task, APF, TPF, APT, NFE and tok/s,
-plus the diffusion ELBO (bits/byte) of held-out text next to the AR model's, and the AR
-model's NLL of the decoded continuations of held-out mix prompts. Decoders are interleaved
-per problem (timings on a shared box are noisy). Seeds re-draw the held-out problems.
+Stage ``eval``: for vanilla / +caching / +caching+limited / full TEAM at the same τ (0.95, the
+authors') and block size:
+
+- **long generations** (the regime of the claim): ``--text-prompts`` held-out text prompts of
+  16 tokens, each continued by ``--text-tokens`` tokens (≥ 4 blocks); APF / TPF / APT over the
+  denoising forwards (the authors' count) and over all forwards (KV-storing passes included),
+  NFE per token, decode tokens/s (prefill excluded), the memory-bound cost proxy
+  ``Σ_forwards (dense bytes + distinct experts · expert bytes) / --bandwidth-gbs`` per token,
+  the AR model's NLL of the continuation and its token agreement with vanilla's;
+- **tasks**: exact match per task on held-out problems (answers decoded to the end of the
+  line), and the paired per-problem difference from vanilla with a bootstrap 95 % interval on
+  the tasks where vanilla is above ``--floor`` % (addition and lookup sit at floor on the
+  small models);
+- the diffusion ELBO (bits/byte) of held-out text next to the AR model's.
+
+Decoders are interleaved per problem (timings on a shared box are noisy). Seeds re-draw the
+held-out problems.
 
     python benchmarks/team.py train --out /tmp/team_run --steps 400
     python benchmarks/team.py eval --run /tmp/team_run --per-task 25 --seeds 0 1 2
@@ -32,13 +45,14 @@ TASKS = ("copy", "reverse", "add", "lookup")
 AR_RUN = "runs/main"  # the main job's run (make run)
 
 
-def make_problem(task: str, rng: random.Random) -> tuple[str, str]:
-    """``(prompt, answer)``; the full line is ``prompt + answer + "\\n"``."""
+def make_problem(task: str, rng: random.Random, digits: int = 5) -> tuple[str, str]:
+    """``(prompt, answer)``; the full line is ``prompt + answer + "\\n"``; copy and reverse
+    use ``digits`` digits."""
     if task == "copy":
-        s = "".join(rng.choice(string.digits) for _ in range(5))
+        s = "".join(rng.choice(string.digits) for _ in range(digits))
         return f"C {s}=", s
     if task == "reverse":
-        s = "".join(rng.choice(string.digits) for _ in range(5))
+        s = "".join(rng.choice(string.digits) for _ in range(digits))
         return f"R {s}=", s[::-1]
     if task == "add":
         a, b = rng.randrange(100, 1000), rng.randrange(100, 1000)
@@ -57,7 +71,7 @@ HELD_OUT_PER_TASK = 200
 
 
 def held_out(
-    seed: int, per_task: int, seen: frozenset[str] = frozenset()
+    seed: int, per_task: int, seen: frozenset[str] = frozenset(), digits: int = 5
 ) -> list[tuple[str, str, str]]:
     """``(task, prompt, answer)`` test problems: per task, the first ``per_task`` problems of
     that task's own stream (so a smaller ``per_task`` gives a prefix of a larger one) whose
@@ -66,7 +80,7 @@ def held_out(
     for t in TASKS:
         rng, n, draws = random.Random(f"team held-out {seed} {t}"), 0, 0
         while n < per_task:
-            p, a = make_problem(t, rng)
+            p, a = make_problem(t, rng, digits)
             draws += 1
             if draws > 100 * per_task:
                 raise SystemExit(f"{t}: fewer than {per_task} problems not in the training text")
@@ -110,12 +124,12 @@ def _file_name(doc) -> str:
     return doc.domain + "_" + "".join(c if c.isalnum() else "_" for c in doc.name) + ".txt"
 
 
-def train_lines(n: int, exclude: set[str]) -> list[str]:
+def train_lines(n: int, exclude: set[str], digits: int = 5) -> list[str]:
     rng = random.Random(1)
     out = []
     while len(out) < n:
         t = TASKS[len(out) % len(TASKS)]
-        p, a = make_problem(t, rng)
+        p, a = make_problem(t, rng, digits)
         if p not in exclude:
             out.append(p + a)
     return out
@@ -130,15 +144,17 @@ def stage_train(args) -> None:
     data.mkdir(parents=True, exist_ok=True)
     for d in load_corpus("mix", max_bytes_per_domain=args.mix_bytes):
         (data / _file_name(d)).write_text(d.text, encoding="utf-8")
-    exclude = {p for s in range(5) for _, p, _ in held_out(s, HELD_OUT_PER_TASK)}
-    lines = train_lines(args.task_lines, exclude)
+    exclude = {
+        p for s in range(5) for _, p, _ in held_out(s, HELD_OUT_PER_TASK, digits=args.digits)
+    }
+    lines = train_lines(args.task_lines, exclude, args.digits)
     for i in range(0, len(lines), 200):
         (data / f"tasks_{i // 200:04d}.txt").write_text("\n".join(lines[i : i + 200]) + "\n")
     cfg = TrainConfig(
         data=str(data), max_bytes_per_domain=None, steps=args.steps, seq_len=args.seq_len,
         batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup, eval_every=args.steps,
         eval_tokens=4096, checkpoint_every=0, log_every=10, seed=args.seed,
-        init_from=args.init_from, time_budget_s=args.time_budget, objective="block-diffusion", block_size=8,
+        init_from=args.init_from, time_budget_s=args.time_budget, objective="block-diffusion", block_size=args.block,
     )  # fmt: skip
     res = train(None, cfg, args.out, progress=False)
     print(f"trained {res.step} steps in {res.elapsed_s:.0f} s; train loss {res.train_loss:.3f}")
@@ -149,12 +165,27 @@ def _ms(xs: list[float]) -> str:
     return f"{m:.2f}±{statistics.stdev(xs):.2f}" if len(xs) > 1 else f"{m:.2f}"
 
 
+LONG_COLS = ("APF", "TPF", "APT", "APF all", "TPF all", "APT all", "NFE/token", "tok/s",
+             "cost µs/token", "AR NLL", "agree %")  # fmt: skip
+
+
+def byte_sizes(model) -> tuple[float, float]:
+    """``(dense bytes, bytes of one expert)`` at the model's dtype: the parameters outside
+    the MoE layers' expert banks, and a bank's parameters over its experts (the mean)."""
+    banks = [blk.ffn.experts for blk in model.blocks if blk.is_moe]
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    experts = sum(p.numel() * p.element_size() for b in banks for p in b.parameters())
+    n = sum(blk.ffn.config.router.num_experts for blk in model.blocks if blk.is_moe)
+    return float(total - experts), experts / n
+
+
 def eval_run(run: Path, args, ar) -> dict:
-    """Every decoder on one trained model: ``{"info": ..., "rows": ...}``; the rows hold, per
-    decoder and column, one value per problem seed (exact match per task in %, AR NLL, APF,
-    TPF, APT, NFE per problem, tok/s); the info the held-out text's ELBO and AR bits/byte,
-    the block size and, per problem seed, how many test problems were replaced because the
-    model was trained on them."""
+    """Every decoder on one trained model: ``{"info": ..., "rows": ..., "problems": ...}``;
+    the rows hold, per decoder and column, one value per problem seed (exact match per task in
+    %, and the long-generation metrics of :data:`LONG_COLS`); ``problems`` per decoder and
+    task the 0/1 exact match of every problem in order (for paired differences); the info the
+    held-out text's ELBO and AR bits/byte, the block size and, per problem seed, how many test
+    problems were replaced because the model was trained on them."""
     import torch
 
     from moelab.data import load_tokenizer
@@ -170,80 +201,96 @@ def eval_run(run: Path, args, ar) -> dict:
     elbo = evaluate(dm, val, seq_len=n, batch_size=8, max_tokens=8192, nats_fn=batch_elbo_nats)
     arb = evaluate(ar, val, seq_len=n, batch_size=8, max_tokens=8192)
     seen = trained_prompts(run)
+    b = dm.cfg.block_size
     info = {
         "run": str(run), "elbo_bpb": elbo.overall.bits_per_byte, "ar_bpb": arb.overall.bits_per_byte,
-        "text_bytes": elbo.overall.bytes, "block": dm.cfg.block_size, "skipped": [],
+        "text_bytes": elbo.overall.bytes, "block": b, "skipped": [],
+        "blocks_per_text": -(-(16 + args.text_tokens) // b) - 16 // b,
     }  # fmt: skip
+    dense_bytes, expert_bytes = byte_sizes(dm)
+    bw = args.bandwidth_gbs * 1e9
     nl = tok.encode("\n")[0]
-    text = [w.tolist() for st in val.values() for w in st.ids[:4096].split(24)[:-1]]
-    text = [w for w in text if nl not in w[16:]][: args.text_prompts]
+    span = 16 + args.text_tokens
+    windows = [st.ids[: 64 * span].split(span)[:-1] for st in val.values()]
+    text = [w.tolist() for ws in zip(*windows, strict=False) for w in ws]  # domains in turn
+    text = text[: args.text_prompts]
     decoders = {d: DecodeOptions.preset(d, args.tau) for d in DECODERS}
     for k in args.refresh:  # the paper's Refresh-k ablation of DCD
         decoders[f"cache+refresh{k}"] = dataclasses.replace(decoders["cache"], refresh=k)
     rows: dict[str, dict[str, list[float]]] = {d: {} for d in decoders}
+    problems: dict[str, dict[str, list[int]]] = {d: {t: [] for t in TASKS} for d in decoders}
     for seed in args.seeds:
-        probs = held_out(seed, args.per_task, seen)
-        info["skipped"].append(sum(p in seen for _, p, _ in held_out(seed, args.per_task)))
-        stats = {d: DecodeStats() for d in decoders}
+        probs = held_out(seed, args.per_task, seen, args.digits)
+        info["skipped"].append(
+            sum(p in seen for _, p, _ in held_out(seed, args.per_task, digits=args.digits))
+        )
         hits = {d: {t: 0 for t in TASKS} for d in decoders}
         for task, prompt, answer in probs:
             ids = tok.encode("\n" + prompt)
+            room = len(tok.encode(answer + "\n"))
             for d in decoders:  # interleaved: the box is shared and noisy
                 r = diffusion_generate(
-                    dm, ids, max_new_tokens=8, stop_id=nl,
-                    options=decoders[d],
-                )  # fmt: skip
-                stats[d].merge(r.stats)
-                hits[d][task] += tok.decode(r.ids).split("\n")[0] == answer
+                    dm, ids, max_new_tokens=room, stop_id=nl, options=decoders[d]
+                )
+                ok = tok.decode(r.ids).split("\n")[0] == answer
+                hits[d][task] += ok
+                problems[d][task].append(int(ok))
+        stats = {d: DecodeStats() for d in decoders}
         nll = {d: [] for d in decoders}
-        for w in text:  # held-out continuation likelihood under the AR model
+        agree = {d: [] for d in decoders}
+        for w in text:  # long generations: held-out text continuations
+            outs = {}
             for d in decoders:
-                r = diffusion_generate(dm, w[:16], max_new_tokens=8, options=decoders[d])
+                r = diffusion_generate(dm, w[:16], max_new_tokens=args.text_tokens,
+                                       options=decoders[d])  # fmt: skip
+                stats[d].merge(r.stats)
+                outs[d] = r.ids
                 ids = torch.tensor([w[:16] + r.ids])
                 with torch.no_grad():
                     lp = ar(ids[:, :-1]).logits.float().log_softmax(-1)[0, 15:]
                 nll[d].append(-lp.gather(-1, ids[0, 16:, None]).mean().item())
+            for d in decoders:
+                same = sum(x == y for x, y in zip(outs[d], outs["vanilla"], strict=False))
+                agree[d].append(100 * same / max(len(outs["vanilla"]), 1))
         for d in decoders:
             row = rows[d]
-            row.setdefault("AR NLL", []).append(statistics.fmean(nll[d]))
             for t in TASKS:
                 row.setdefault(t, []).append(100 * hits[d][t] / args.per_task)
             row.setdefault("all", []).append(100 * sum(hits[d].values()) / len(probs))
             st = stats[d]
-            for key, v in (("APF", st.apf), ("TPF", st.tpf), ("APT", st.apt),
-                           ("NFE/prob", st.nfe / len(probs)), ("tok/s", st.tokens_per_s)):  # fmt: skip
+            cost = st.cost_proxy_s(dense_bytes / bw, expert_bytes, bw) / max(st.tokens, 1)
+            for key, v in (
+                ("APF", st.apf), ("TPF", st.tpf), ("APT", st.apt), ("APF all", st.apf_all),
+                ("TPF all", st.tpf_all), ("APT all", st.apt_all),
+                ("NFE/token", st.nfe / max(st.tokens, 1)), ("tok/s", st.tokens_per_s),
+                ("cost µs/token", 1e6 * cost), ("AR NLL", statistics.fmean(nll[d])),
+                ("agree %", statistics.fmean(agree[d])),
+            ):  # fmt: skip
                 row.setdefault(key, []).append(v)
-    return {"info": info, "rows": rows}
+    return {"info": info, "rows": rows, "problems": problems}
 
 
 def stage_eval(args) -> None:
     """One model: mean ± sd over the problem seeds. Several (``--run A B C``, e.g. training
     seeds): each model's mean over the problem seeds, then mean ± sd over the models; the
-    differences from vanilla are paired by model. ``--json`` files carry their settings;
-    ``--combine`` refuses files (or ``--run`` flags) whose settings differ."""
+    ratios to vanilla are paired by model, the accuracy differences by problem (all models'
+    problems pooled). ``--json`` files carry their settings; ``--combine`` refuses files (or
+    ``--run`` flags) whose settings differ."""
     import torch
 
     from moelab.models import load_model
+    from moelab.utils.results import bootstrap_interval
 
-    settings = {"tau": args.tau, "seeds": args.seeds, "per_task": args.per_task}
-    models = []
+    want = {"tau": args.tau, "seeds": args.seeds, "per_task": args.per_task,
+            "digits": args.digits, "text_tokens": args.text_tokens,
+            "text_prompts": args.text_prompts, "bandwidth_gbs": args.bandwidth_gbs}  # fmt: skip
+    settings, models = want, []
     for f in args.combine:
         saved = json.loads(Path(f).read_text())
-        if "settings" not in saved:
-            raise SystemExit(
-                f"{f}: no settings recorded (written by an older team.py); re-run eval"
-            )
-        if models and saved["settings"] != settings:
-            raise SystemExit(f"{f}: settings {saved['settings']} differ from {settings}")
-        settings = saved["settings"]
+        if saved.get("settings") != want:
+            raise SystemExit(f"{f}: settings {saved.get('settings')} differ from {want}")
         models.append(saved["model"])
     if args.run:
-        if args.combine and settings != {
-            "tau": args.tau,
-            "seeds": args.seeds,
-            "per_task": args.per_task,
-        }:
-            raise SystemExit(f"--run flags differ from the --combine files' settings {settings}")
         torch.set_num_threads(1)
         ar = load_model(Path(args.ar_run)).eval()
         models += [eval_run(Path(run), args, ar) for run in args.run]
@@ -267,24 +314,49 @@ def stage_eval(args) -> None:
             for d in per_run[0]
         }
     names = list(rows)
-    cols = [*TASKS, "all", "AR NLL", "APF", "TPF", "APT", "NFE/prob", "tok/s"]
     over = "problem seeds" if len(per_run) == 1 else f"{len(per_run)} trained models"
-    print(f"tau={settings['tau']} block={blocks.pop()} problem seeds={settings['seeds']} "
-          f"problems/task/seed={settings['per_task']}; mean ± sd over {over}")  # fmt: skip
-    print(
-        "| decoder | " + " | ".join(f"EM {c}" if c in (*TASKS, "all") else c for c in cols) + " |"
-    )
-    print("|" + "---|" * (len(cols) + 1))
+    b = blocks.pop()
+    print(f"tau={settings['tau']} block={b} problem seeds={settings['seeds']} "
+          f"problems/task/seed={settings['per_task']} digits={settings['digits']}; "
+          f"mean ± sd over {over}")  # fmt: skip
+    print(f"\nLong generations: {settings['text_prompts']} held-out text prompts × "
+          f"{settings['text_tokens']} new tokens ({models[0]['info']['blocks_per_text']} blocks "
+          f"of {b}); APF/TPF/APT over denoising forwards (the authors' count), 'all' with the "
+          f"KV-storing forwards; tok/s = decode only; cost proxy at "
+          f"{settings['bandwidth_gbs']:g} GB/s")  # fmt: skip
+    print("| decoder | " + " | ".join(LONG_COLS) + " |")
+    print("|" + "---|" * (len(LONG_COLS) + 1))
     for d in names:
-        print(f"| {d} | " + " | ".join(_ms(rows[d][c]) for c in cols) + " |")
+        print(f"| {d} | " + " | ".join(_ms(rows[d][c]) for c in LONG_COLS) + " |")
+    print("\nTasks: exact match (%)")
+    print("| decoder | " + " | ".join(f"EM {c}" for c in (*TASKS, "all")) + " |")
+    print("|" + "---|" * (len(TASKS) + 2))
+    for d in names:
+        print(f"| {d} | " + " | ".join(_ms(rows[d][c]) for c in (*TASKS, "all")) + " |")
     base = rows["vanilla"]
+    pooled = {
+        d: {t: [x for m in models for x in m["problems"][d][t]] for t in TASKS} for d in names
+    }
+    above = [t for t in TASKS if 100 * statistics.fmean(pooled["vanilla"][t]) > args.floor]
+    print(f"\nAgainst vanilla (tasks above the {args.floor:g} % floor: {', '.join(above)}):")
     for d in names[1:]:
-        apt = [1 - a / b for a, b in zip(rows[d]["APT"], base["APT"], strict=True)]
-        sp = [a / b for a, b in zip(rows[d]["tok/s"], base["tok/s"], strict=True)]
-        em = [a - b for a, b in zip(rows[d]["all"], base["all"], strict=True)]  # paired
-        print(f"{d}: APT -{_ms([100 * x for x in apt])} % vs vanilla; "
-              f"tok/s x{_ms(sp)}; EM all {_ms(rows[d]['all'])} vs {_ms(base['all'])} "
-              f"(difference {_ms(em)} points)")  # fmt: skip
+
+        def ratio(col: str, d: str = d) -> list[float]:
+            return [a / v for a, v in zip(rows[d][col], base[col], strict=True)]
+
+        apt = [100 * (1 - x) for x in ratio("APT")]
+        apt_all = [100 * (1 - x) for x in ratio("APT all")]
+        diffs = [
+            a - v for t in above for a, v in zip(pooled[d][t], pooled["vanilla"][t], strict=True)
+        ]
+        em = ""
+        if diffs:
+            lo, hi = bootstrap_interval(diffs)
+            em = (f"; EM {100 * statistics.fmean(diffs):+.2f} points "
+                  f"[{100 * lo:+.2f}, {100 * hi:+.2f}] (paired, {len(diffs)} problems)")  # fmt: skip
+        print(f"{d}: APT -{_ms(apt)} % (all forwards -{_ms(apt_all)} %); decode tok/s "
+              f"x{_ms(ratio('tok/s'))}; cost proxy x{_ms(ratio('cost µs/token'))}; NFE/token "
+              f"x{_ms(ratio('NFE/token'))}{em}")  # fmt: skip
 
 
 def main() -> None:
@@ -301,6 +373,8 @@ def main() -> None:
     t.add_argument("--warmup", type=int, default=20)
     t.add_argument("--mix-bytes", type=int, default=300_000)
     t.add_argument("--task-lines", type=int, default=60_000)
+    t.add_argument("--block", type=int, default=8, help="tokens per diffusion block")
+    t.add_argument("--digits", type=int, default=5, help="digits of copy/reverse problems")
     t.add_argument(
         "--seed",
         type=int,
@@ -317,8 +391,18 @@ def main() -> None:
     e.add_argument("--ar-run", default=AR_RUN)
     e.add_argument("--per-task", type=int, default=25)
     e.add_argument("--seeds", type=int, nargs="+", default=[0])
-    e.add_argument("--tau", type=float, default=0.9)
+    e.add_argument("--tau", type=float, default=0.95)
     e.add_argument("--text-prompts", type=int, default=8)
+    e.add_argument("--text-tokens", type=int, default=48, help="new tokens per text prompt")
+    e.add_argument("--digits", type=int, default=5, help="digits of copy/reverse problems")
+    e.add_argument(
+        "--floor",
+        type=float,
+        default=20.0,
+        help="paired EM differences only on tasks where vanilla is above this %%",
+    )
+    e.add_argument("--bandwidth-gbs", type=float, default=2000.0,
+                   help="bandwidth of the cost proxy (GB/s; 2000 ~ a GPU's HBM)")  # fmt: skip
     e.add_argument("--refresh", type=int, nargs="*", default=[],
                    help="also DCD with Refresh-k for these k")  # fmt: skip
     args = ap.parse_args()

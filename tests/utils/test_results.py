@@ -185,3 +185,18 @@ def test_tables_refuse_mixed_confidence_levels(tmp_path):
         summary_table([_result(), _result(confidence=0.9)])
     with pytest.raises(InvalidValueError, match="got no result"):
         paired_table([])
+
+
+def test_bootstrap_interval_brackets_the_mean_and_is_degenerate_for_constants():
+    from moelab.utils.results import bootstrap_interval
+
+    assert bootstrap_interval([2.0, 2.0, 2.0]) == (2.0, 2.0)
+    # paired 0/1 differences: mean 0.25; the interval holds it and stays inside [0, 1]
+    lo, hi = bootstrap_interval([1, 0, 0, 0] * 25, resamples=2000)
+    assert 0.0 <= lo < 0.25 < hi <= 1.0
+    # about ±1.96 standard errors: sd of the mean = sqrt(0.25·0.75/100) ≈ 0.0433
+    assert hi - lo == pytest.approx(2 * 1.96 * 0.0433, rel=0.15)
+    with pytest.raises(ValueError, match="finite"):
+        bootstrap_interval([])
+    with pytest.raises(ValueError, match="confidence"):
+        bootstrap_interval([1.0], confidence=1.0)

@@ -155,6 +155,31 @@ def t_interval(values: Sequence[float], confidence: float = 0.95) -> Stats:
     return Stats(n=n, mean=mean, sd=sd, ci=(mean - half, mean + half))
 
 
+def bootstrap_interval(
+    values: Sequence[float], confidence: float = 0.95, resamples: int = 10_000, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``values`` (e.g. paired per-problem
+    differences): the ``(1 ± confidence)/2`` quantiles of the means of ``resamples``
+    resamples of ``values`` with replacement (numpy ``default_rng(seed)``; Efron 1979).
+
+    Raises:
+        InvalidValueError: ``values`` is empty or holds a non-finite number, ``confidence``
+            is not in (0, 1), or ``resamples < 1``.
+    """
+    import numpy as np
+
+    if not 0.0 < confidence < 1.0:
+        raise InvalidValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    if resamples < 1:
+        raise InvalidValueError(f"resamples must be >= 1, got {resamples!r}")
+    x = np.asarray([float(v) for v in values])
+    if not x.size or not np.isfinite(x).all():
+        raise InvalidValueError(f"bootstrap_interval needs finite values, got {list(values)!r}")
+    means = x[np.random.default_rng(seed).integers(0, x.size, (resamples, x.size))].mean(1)
+    lo, hi = np.quantile(means, [(1 - confidence) / 2, (1 + confidence) / 2])
+    return float(lo), float(hi)
+
+
 @dataclasses.dataclass(frozen=True)
 class Provenance:
     """Where and when a result was made.
