@@ -50,7 +50,8 @@ def limited_topk(
 
 
 class TeamMoEStep:
-    """A :data:`moelab.models.block_diffusion.MoEHook` for one forward over ``T`` rows.
+    """A :data:`moelab.models.block_diffusion.MoEHook` for one forward over ``T`` rows, on
+    blocks whose routers passed :func:`check_team_router`.
 
     Args:
         reuse: ``[T]`` bool, rows whose MoE output is copied from ``stored`` (DCD), or None.
@@ -78,7 +79,7 @@ class TeamMoEStep:
         self.computed: dict[int, Tensor] = {}
 
     def __call__(self, layer: int, block: DecoderBlock, x: Tensor) -> Tensor:
-        check_team_router(block)
+        # the router is checked once, when a decoder or engine is built (check_team_router)
         moe = block.ffn
         cfg = moe.config.router
         T = x.shape[0]
