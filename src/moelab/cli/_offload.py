@@ -56,7 +56,11 @@ def load_for_inference(
         raise InvalidValueError("cache_mb: --offload needs --cache-mb N (MiB for the expert cache)")
     if policy not in ("zipmoe", "lru", "lfu", "fifo", "none"):
         raise InvalidValueError(f"policy: must be zipmoe, lru, lfu, fifo or none; got {policy!r}")
-    model = load_offloaded(run, cache_mb=cache_mb, policy=policy, storage_mbps=storage_mbps)
+    # the CLI checks the whole pack first, so a damaged store fails before any output (the
+    # library leaves it opt-in: segments are checked on read, and the pass warms the page cache)
+    model = load_offloaded(
+        run, cache_mb=cache_mb, policy=policy, storage_mbps=storage_mbps, check_pack=True
+    )
     return model, load_tokenizer(run)
 
 
