@@ -228,10 +228,8 @@ class OffloadEngine:
         self.trace = trace if trace is not None else store.trace
         self.plans = self._zipmoe_plans() if config.policy == "zipmoe" else None
         self.layers = [self._new_layer(li) for li in range(self.L)]
-        self.scheduler = (
-            Scheduler(self.pack, config.threads, self.delay_model.d_dec, self.delay_model.d_sm)
-            if config.threads > 0
-            else Scheduler(self.pack, 1, self.delay_model.d_dec, self.delay_model.d_sm)
+        self.scheduler = Scheduler(
+            self.pack, config.threads, self.delay_model.d_dec, self.delay_model.d_sm
         )
         self.predictor = ExpertPredictor(self.experts_per_layer)
         self.prefetching: dict[tuple[int, int], _Loading] = {}
@@ -387,14 +385,7 @@ class OffloadEngine:
 
     def _start(self, tasks: list[TensorTask]) -> dict[tuple[int, str], Future]:
         if self.config.threads == 0:
-            out = {}
-            for t in tasks:
-                f: Future = Future()
-                tensor, sm = self.scheduler.load_serial(t)
-                f.set_result(tensor)
-                f.sm = sm  # type: ignore[attr-defined]
-                out[(t.expert, t.name)] = f
-            return out
+            return {(t.expert, t.name): self.scheduler.load_serial(t) for t in tasks}
         return {(t.expert, t.name): f for t, f in self.scheduler.submit(tasks)}
 
     def _install(
@@ -406,8 +397,7 @@ class OffloadEngine:
         elif loading.after == "sm":
             sm = {}
             for name, f in loading.futures.items():
-                job = getattr(f, "job", None)
-                sm[name] = job.sm if job is not None else getattr(f, "sm", None)
+                sm[name] = f.job.sm  # type: ignore[attr-defined]
             if all(v is not None for v in sm.values()):
                 st.sm[e] = sm
 

@@ -170,23 +170,40 @@ class Scheduler:
 
     Args:
         pack: the store's pack reader.
-        threads: P decode threads (>= 1); one extra thread does every read.
+        threads: P decode threads (>= 1; 0 = no pools, only :meth:`load_serial`); one extra
+            thread does every read.
         d_dec, d_sm: delay constants for :func:`dispatch_order` (seconds).
     """
 
     def __init__(self, pack: ExpertPack, threads: int, d_dec: float, d_sm: float) -> None:
-        if threads < 1:
-            raise InvalidValueError(f"threads: must be >= 1, got {threads}")
+        if threads < 0:
+            raise InvalidValueError(f"threads: must be >= 0, got {threads}")
         self.pack = pack
         self.threads = threads
         self.d_dec, self.d_sm = d_dec, d_sm
-        self.compute = PriorityPool(threads, "moelab-decode")
-        self.io = PriorityPool(1, "moelab-read")
+        self.pools = (
+            (PriorityPool(threads, "moelab-decode"), PriorityPool(1, "moelab-read"))
+            if threads
+            else None
+        )
         self.stats = LoadStats()
 
+    @property
+    def compute(self) -> PriorityPool:
+        return self._pools()[0]
+
+    @property
+    def io(self) -> PriorityPool:
+        return self._pools()[1]
+
+    def _pools(self) -> tuple[PriorityPool, PriorityPool]:
+        if self.pools is None:
+            raise RuntimeError("Scheduler: built with threads=0 (serial loads only)")
+        return self.pools
+
     def close(self) -> None:
-        self.compute.shutdown()
-        self.io.shutdown()
+        for pool in self.pools or ():
+            pool.shutdown()
 
     # -------------------------------------------------------------- the pieces
     def _fail(self, task: TensorTask, e: BaseException) -> BaseException:
@@ -351,16 +368,17 @@ class Scheduler:
                     entry.claim()
                 f.cancel()
 
-    def load_serial(self, task: TensorTask) -> tuple[Tensor, np.ndarray | None]:
-        """Load one tensor on the calling thread (naive offloading); returns it and, for the
-        split layout, its SM bytes.
+    def load_serial(self, task: TensorTask) -> Future:
+        """Load one tensor on the calling thread (naive offloading); returns a finished
+        future like :meth:`submit`'s (its ``job.sm`` holds the SM bytes of a split tensor).
 
         Raises:
             StoreError: a segment or the tensor fails its checksum.
         """
-        if task.spec["layout"] == "raw":
-            return self._raw_tensor(task, self._read(task.spec["raw"])), None
         job = _Job(task, 0, DEMAND)
+        if task.spec["layout"] == "raw":
+            job.settle(self._raw_tensor(task, self._read(task.spec["raw"])))
+            return job.future
         edges = _edges(task.spec)
         for i, blob in enumerate(self._chunk_blobs(task)):
             self._decode_into(job, i, edges[i], blob)
@@ -371,4 +389,5 @@ class Scheduler:
                 ),
                 np.uint8,
             )
-        return self._assembled(job), job.sm
+        job.settle(self._assembled(job))
+        return job.future
