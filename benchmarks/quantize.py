@@ -73,7 +73,6 @@ from moelab.compress.calibration import (
 from moelab.compress.quant import QuantizeConfig, collect_hessians, quantize_layer
 from moelab.compress.quant.lowrank import tileq_code_lora_params, tileq_grid
 from moelab.compress.quant.pipeline import run_data
-from moelab.core.experts.lowrank import expert_of_rows
 from moelab.core.experts.quantized import QuantSpec
 from moelab.data import load_tokenizer
 from moelab.models import ModelConfig, MoETransformer, load_model
@@ -140,13 +139,12 @@ def fused_speed(model, calib, specs_models: dict[str, object]) -> dict[str, floa
     route(model, calib.batches[:2], grab, upto_layer=0)
     del layer0
     a, counts = got["a"], got["counts"]
-    experts = expert_of_rows(counts)
     out = {}
     for scheme, qmodel in specs_models.items():
         lr = moe_layers(qmodel)[0].experts.projections["down"].lowrank
         t = interleaved_medians(
             {
-                "fused": lambda lr=lr: lr.apply_rows(a, experts),
+                "fused": lambda lr=lr: lr.apply_rows(a, counts),
                 "loop": lambda lr=lr: lr.apply_loop(a, counts),
             },
             repeats=7,
