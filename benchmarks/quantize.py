@@ -48,6 +48,11 @@ Usage::
     python benchmarks/quantize.py --ranks 2 4 8                  # both runs
     python benchmarks/quantize.py --runs /work/runs/e16 --ranks 2 4 8 --old --rotate-block 64 \\
         --w1-weightings awq diag
+    # the SmolLM2 testbed (benchmarks/smol_testbed.py; a folder without run.json reads --data)
+    python benchmarks/quantize.py --runs runs/smol/g8 --bits 2 3 4 --ranks 4 --old \\
+        --rotate-block 64 --only none/- per-expert/W1 shared-1d/A tileq/W1 \\
+        --calib-tokens 32768 --eval-tokens 2048 --seeds 0 1 2 --json quantize-smol.json
+    python benchmarks/quantize.py --runs /tmp/tiny --quick      # smoke (any small model folder)
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ import argparse
 import copy
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -173,7 +179,16 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=64)
     ap.add_argument("--calib-tokens", type=int, default=16384)
     ap.add_argument("--eval-tokens", type=int, default=4096, help="per domain")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--seeds", nargs="+", type=int, default=[0], help="calibration seeds (mean ± sd printed)"
+    )
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        help="run only these rows, as scheme/target (none/-, per-expert/W1, tileq/W1, "
+        "shared-1d/A, ...); default: every row the other options make",
+    )
     ap.add_argument(
         "--old",
         action="store_true",
@@ -219,7 +234,7 @@ def main() -> None:
     if args.quick:
         args.bits, args.methods, args.ranks = [2], ["rtn"], [2]
         args.calib_tokens, args.eval_tokens = 1024, 256
-    torch.manual_seed(args.seed)
+    torch.manual_seed(args.seeds[0])
     torch.set_num_threads(args.threads)
     rows = []
     t_start = time.time()
@@ -244,10 +259,6 @@ def main() -> None:
         rd = run_data(run) or RunData(args.data)
         calib_docs, eval_docs = held_out_documents(rd)
         seq_len = min(256, fp.cfg.max_seq_len)
-        calib = calibration_set(
-            domain_streams(calib_docs, tok), tokens=args.calib_tokens, seq_len=seq_len,
-            batch_size=8, seed=args.seed,
-        )  # fmt: skip
         streams = domain_streams(eval_docs, tok)
         E = fp.cfg.moe.router.num_experts
         grids = {"tileq": tileq_grid(E), "tileq-core": default_grid(E)}
@@ -274,65 +285,102 @@ def main() -> None:
         dom, overall, fp_wins, n_bytes = score(fp)
         n_exp = sum(b.experts.w_in.numel() + b.experts.w_down.numel() for b in moe_layers(fp))
         bits_fp = 8 * fp.blocks[0].ffn.experts.w_down.element_size()
-        rows.append(dict(run=name, bits="fp", method="-", lowrank="-", target="-", rank=0,
+        rows.append(dict(run=name, seed=None, bits="fp", method="-", lowrank="-", target="-", rank=0,
                          per_domain=dom, overall=overall, bits_per_param=bits_fp,
                          lowrank_bytes=0, code_lr_params=0, overhead=None, under=0, seconds=0.0,
                          noise=0.0))  # fmt: skip
         print(f"[{name}] fp32 overall {overall:.4f} bpb; {n_exp:,} expert weights; "
               f"tileq grid {grids['tileq']}, tileq-core grid {grids['tileq-core']}; "
               f"{fp_wins.numel()} eval windows", flush=True)  # fmt: skip
-        hess = collect_hessians(fp, calib)
-        x_layer0 = layer_inputs(fp, calib.batches[:1])  # the quantized models' too
-        for bits in args.bits:
-            for method in args.methods:
-                for scheme, target, rank in settings(args.ranks, args.old, args.w1_weightings):
-                    t0 = time.time()
-                    rot = args.rotate_block if method == "gptq" and target.startswith("W1") else 0
-                    spec = QuantSpec(
-                        method=method, bits=bits, group_size=args.group_size, symmetric=False,
-                        act_order=method == "gptq" and not rot, lowrank=scheme, rank=rank,
-                        grid=grids.get(scheme), rotate_block=rot,
-                    )  # fmt: skip
-                    tgt, wt = TARGETS.get(target, (None, None))
-                    cfg = QuantizeConfig(
-                        spec=spec, sequential=False, seed=args.seed, target=tgt,
-                        weighting=wt if target != "A" else args.weighting,
-                    )  # fmt: skip
-                    m = copy.deepcopy(fp)
-                    reps = [
-                        quantize_layer(layer, hess[i], cfg, i)
-                        for i, layer in enumerate(moe_layers(m))
-                    ]
-                    dom, overall, wins, _ = score(m)
-                    d = (wins - fp_wins) / math.log(2)  # paired per-window bits
-                    noise = float(d.std() * math.sqrt(d.numel()) / n_bytes)
-                    total = {}
-                    for r in reps:
-                        for k, v in r.bytes.items():
-                            total[k] = total.get(k, 0) + v
-                    weights = sum(r.weights for r in reps)
-                    overhead = None
-                    if scheme != "none":
-                        overhead = lowrank_overhead(moe_layers(m)[0], x_layer0, budget_s=1.0)
-                    rows.append(dict(
-                        run=name, bits=bits, method=method, lowrank=scheme, target=target,
-                        rank=rank, per_domain=dom, overall=overall,
-                        bits_per_param=8 * sum(total.values()) / weights,
-                        lowrank_bytes=total.get("lowrank", 0), code_lr_params=code_lora_params(m),
-                        overhead=overhead, under=sum(len(r.under_calibrated) for r in reps),
-                        seconds=time.time() - t0, noise=noise,
-                    ))  # fmt: skip
-                    print(
-                        f"  {bits}b {method:4s} {scheme:10s} {target:2s} r{rank} {overall:.4f} bpb "
-                        f"({time.time() - t0:.0f}s)",
-                        flush=True,
-                    )
-    print_table(rows)
+        for seed in args.seeds:
+            calib = calibration_set(
+                domain_streams(calib_docs, tok), tokens=args.calib_tokens, seq_len=seq_len,
+                batch_size=8, seed=seed,
+            )  # fmt: skip
+            hess = collect_hessians(fp, calib)
+            x_layer0 = layer_inputs(fp, calib.batches[:1])  # the quantized models' too
+            for bits in args.bits:
+                for method in args.methods:
+                    for scheme, target, rank in settings(args.ranks, args.old, args.w1_weightings):
+                        if args.only is not None and f"{scheme}/{target}" not in args.only:
+                            continue
+                        if method == "rtn" and scheme == "none" and seed != args.seeds[0]:
+                            # calibration-free: the first seed's row stands for every seed
+                            first = next(r for r in rows if (r["run"], r["bits"], r["method"],
+                                         r["lowrank"]) == (name, bits, "rtn", "none"))  # fmt: skip
+                            rows.append({**first, "seed": seed})
+                            continue
+                        t0 = time.time()
+                        rot = (
+                            args.rotate_block if method == "gptq" and target.startswith("W1") else 0
+                        )
+                        spec = QuantSpec(
+                            method=method, bits=bits, group_size=args.group_size, symmetric=False,
+                            act_order=method == "gptq" and not rot, lowrank=scheme, rank=rank,
+                            grid=grids.get(scheme), rotate_block=rot,
+                        )  # fmt: skip
+                        tgt, wt = TARGETS.get(target, (None, None))
+                        cfg = QuantizeConfig(
+                            spec=spec, sequential=False, seed=seed, target=tgt,
+                            weighting=wt if target != "A" else args.weighting,
+                        )  # fmt: skip
+                        m = copy.deepcopy(fp)
+                        reps = [
+                            quantize_layer(layer, hess[i], cfg, i)
+                            for i, layer in enumerate(moe_layers(m))
+                        ]
+                        dom, overall, wins, _ = score(m)
+                        d = (wins - fp_wins) / math.log(2)  # paired per-window bits
+                        noise = float(d.std() * math.sqrt(d.numel()) / n_bytes)
+                        total = {}
+                        for r in reps:
+                            for k, v in r.bytes.items():
+                                total[k] = total.get(k, 0) + v
+                        weights = sum(r.weights for r in reps)
+                        overhead = None
+                        if scheme != "none":
+                            overhead = lowrank_overhead(moe_layers(m)[0], x_layer0, budget_s=1.0)
+                        rows.append(dict(
+                            run=name, seed=seed, bits=bits, method=method, lowrank=scheme,
+                            target=target, rank=rank, per_domain=dom, overall=overall,
+                            bits_per_param=8 * sum(total.values()) / weights,
+                            lowrank_bytes=total.get("lowrank", 0), code_lr_params=code_lora_params(m),
+                            overhead=overhead, under=sum(len(r.under_calibrated) for r in reps),
+                            seconds=time.time() - t0, noise=noise,
+                        ))  # fmt: skip
+                        print(
+                            f"  {bits}b {method:4s} {scheme:10s} {target:2s} r{rank} {overall:.4f} bpb "
+                            f"({time.time() - t0:.0f}s)",
+                            flush=True,
+                        )
+    print_table(aggregate(rows))
     print(
         f"\ntotal wall time {time.time() - t_start:.0f}s (torch threads: {torch.get_num_threads()})"
     )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
+
+
+def aggregate(rows: list[dict]) -> list[dict]:
+    """One row per setting over the calibration seeds: bits per byte (overall, per domain),
+    noise and overheads averaged, ``overall_sd`` their standard deviation over the seeds."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        key = (r["run"], r["bits"], r["method"], r["lowrank"], r["target"], r["rank"])
+        groups.setdefault(key, []).append(r)
+    out = []
+    for g in groups.values():
+        a = dict(g[0])
+        a["overall"] = statistics.fmean(r["overall"] for r in g)
+        a["overall_sd"] = statistics.stdev(r["overall"] for r in g) if len(g) > 1 else 0.0
+        a["per_domain"] = {d: statistics.fmean(r["per_domain"][d] for r in g)
+                           for d in g[0]["per_domain"]}  # fmt: skip
+        a["noise"] = statistics.fmean(r["noise"] for r in g)
+        if a["overhead"] is not None:
+            a["overhead"] = {k: statistics.fmean(r["overhead"][k] for r in g)
+                             for k in a["overhead"]}  # fmt: skip
+        out.append(a)
+    return out
 
 
 def print_table(rows: list[dict]) -> None:
@@ -345,7 +393,7 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         cells = [r["run"], str(r["bits"]), r["method"], r["lowrank"], r["target"],
                  str(r["rank"] or "-"), *[f"{r['per_domain'][d]:.4f}" for d in domains],
-                 f"{r['overall']:.4f}", f"{r['bits_per_param']:.3f}",
+                 f"{r['overall']:.4f}±{r['overall_sd']:.4f}", f"{r['bits_per_param']:.3f}",
                  f"{r['lowrank_bytes'] / 1024:.1f}", f"{r['code_lr_params']:,}",
                  *_overhead_cells(r["overhead"]), str(r["under"])]  # fmt: skip
         print("| " + " | ".join(cells) + " |")
