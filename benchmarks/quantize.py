@@ -230,7 +230,16 @@ def main() -> None:
     )
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared box)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        help="print the table of saved --json files (e.g. one per calibration seed)",
+    )
     args = ap.parse_args()
+    if args.merge:
+        print_table(aggregate([r for f in args.merge for r in json.loads(f.read_text())]))
+        return
     if args.quick:
         args.bits, args.methods, args.ranks = [2], ["rtn"], [2]
         args.calib_tokens, args.eval_tokens = 1024, 256
