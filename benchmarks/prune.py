@@ -2,7 +2,11 @@
 
 For each run (the ``make run`` model, 8 experts top-2, and its 16-expert twin), each kept
 fraction, each criterion (RaGEP Spectral-Salience, REAP, frequency, soft frequency, NAEE
-enumeration) and each budget rule (uniform, RaGEP's rank-aware), over 3 calibration seeds:
+enumeration) and each budget rule (uniform, RaGEP's rank-aware, and the control
+``shuffled-rank``: the rank budgets given to other layers, uneven but not rank-derived), over 3
+calibration seeds; RaGEP once per (r, β) of ``--pca-ranks × --betas`` (the authors set both per
+model), with each layer's Expert Subspace Novelty spread printed next to the value random
+r-dimensional subspaces give, ``1 − (E−1)·r/D``:
 
 - validation bits per byte per domain and overall, on the *evaluation half* of the run's
   held-out documents (:func:`moelab.compress.held_out_documents`); calibration windows come
@@ -25,6 +29,9 @@ Usage::
 
     python benchmarks/prune.py --runs /work/runs/main /work/runs/e16
     python benchmarks/prune.py --runs /work/runs/main --calib-tokens 2048 --eval-tokens 2048
+    # the SmolLM2 testbed (benchmarks/smol_testbed.py; a folder without run.json reads --data)
+    python benchmarks/prune.py --runs runs/smol/g8k2 --calib-tokens 32768 --seq-len 256 \
+        --pca-ranks 2 4 8 --betas 0.5 0.8 1.0 --min-experts 2 --save prune-smol.json
 """
 
 from __future__ import annotations
@@ -49,14 +56,14 @@ from moelab.compress import (
     held_out_documents,
 )
 from moelab.compress.prune import build_criterion, calibrate, prune_experts
+from moelab.compress.quant.pipeline import run_data
 from moelab.data import Document, load_tokenizer
 from moelab.models import load_model
 from moelab.models.hooks import moe_layers
 from moelab.train.evaluate import evaluate
-from moelab.train.loop import run_train_config
 
 METHODS = ("ragep", "reap", "frequency", "soft-frequency", "naee")
-BUDGETS = ("uniform", "rank")
+BUDGETS = ("uniform", "rank", "shuffled-rank")
 
 
 @dataclass(frozen=True)
@@ -170,15 +177,13 @@ def bench_run(run: Path, args, seeds: list[int]) -> list[dict]:
     """Every setting of one run for the calibration ``seeds`` (rows of the table)."""
     model = load_model(run).eval()
     tok = load_tokenizer(run)
-    cfg = run_train_config(run)
-    calib_docs, eval_docs = held_out_documents(
-        RunData(cfg.data, cfg.max_bytes_per_domain, cfg.val_fraction, cfg.seed)
-    )
+    calib_docs, eval_docs = held_out_documents(run_data(run) or RunData(args.data))
     calib_streams = domain_streams(calib_docs, tok, prefix="calib/")
     eval_streams = domain_streams(eval_docs, tok, prefix="eval/")
     items = mc_items(eval_docs, tok, args.mc_items, args.mc_context)
     seq_len = min(args.seq_len, model.cfg.max_seq_len)
     E = moe_layers(model)[0].experts.num_experts
+    D = model.cfg.d_model
     t0 = time.perf_counter()
     prefix = tok.encode("\n")
     base = score(model, eval_streams, items, seq_len, args.eval_tokens, prefix)
@@ -192,17 +197,22 @@ def bench_run(run: Path, args, seeds: list[int]) -> list[dict]:
             calib_streams, tokens=args.calib_tokens, seq_len=seq_len, batch_size=8, seed=seed
         )
         stats = calibrate(model, calib)
+        esn_done = set()
         for keep in args.keeps:
             for budget in BUDGETS:
-                for method in args.methods:
+                for method, opts in variants(args):
                     t = time.perf_counter()
-                    opts = (
-                        {"pca_rank": args.pca_rank, "beta": args.beta} if method == "ragep" else {}
-                    )
                     res = prune_experts(
-                        model, calib, build_criterion(method, **opts), keep,
-                        per_layer=budget, stats=stats, min_experts=args.min_experts,
+                        model, calib, build_criterion(method.split(" ")[0], **opts), keep,
+                        per_layer=budget, stats=stats, min_experts=args.min_experts, seed=seed,
                     )  # fmt: skip
+                    if "pca_rank" in opts and opts["pca_rank"] not in esn_done:
+                        # ESN depends on r only (not on β, the budget or the keep: every layer's
+                        # subspaces are those of all E experts); the first pass records it
+                        esn_done.add(opts["pca_rank"])
+                        rows.append({"run": run.name, "E": E, "D": D, "seed": seed,
+                                     "method": "esn", "pca_rank": opts["pca_rank"],
+                                     "esn": [x.details["esn"] for x in res.layers]})  # fmt: skip
                     key = tuple(tuple(r.keep) for r in res.layers)
                     hit = key in cache
                     if not hit:
@@ -213,14 +223,47 @@ def bench_run(run: Path, args, seeds: list[int]) -> list[dict]:
                     rows.append({"run": run.name, "E": E, "keep": keep, "budget": budget,
                                  "method": method, "seed": seed, "counts":
                                  [x.kept for x in res.layers], **r})  # fmt: skip
-                    print(f"[{run.name}] seed {seed} keep {keep} {budget:7s} {method:14s} "
+                    print(f"[{run.name}] seed {seed} keep {keep} {budget:13s} {method:16s} "
                           f"counts {[x.kept for x in res.layers]} bpb {r['bpb']:.4f} "
                           f"mc {r['mc/all']:.3f} {'(cached) ' if hit else ''}"
                           f"{time.perf_counter() - t:.0f}s", flush=True)  # fmt: skip
     return rows
 
 
+def variants(args) -> list[tuple[str, dict]]:
+    """``(label, criterion options)`` of every criterion setting: RaGEP once per (r, β) of the
+    sweep (labelled ``"ragep r{r} b{β}"`` when there is more than one), the others once."""
+    out = []
+    for method in args.methods:
+        if method != "ragep":
+            out.append((method, {}))
+            continue
+        grid = [(r, b) for r in args.pca_ranks for b in args.betas]
+        for r, b in grid:
+            label = "ragep" if len(grid) == 1 else f"ragep r{r} b{b:g}"
+            out.append((label, {"pca_rank": r, "beta": b, "span": args.span}))
+    return out
+
+
+def print_esn(rows: list[dict]) -> None:
+    """Each layer's ESN spread (min–max over the experts, seed-averaged) next to the value of
+    random r-dimensional subspaces, ``1 − (E−1)·r/D`` (the expected novelty when the other
+    experts' bases are random: they cover a fraction ``(E−1)·r/D`` of the space)."""
+    esn = [r for r in rows if r["method"] == "esn"]
+    for run in dict.fromkeys(r["run"] for r in esn):
+        for rank in sorted({r["pca_rank"] for r in esn if r["run"] == run}):
+            g = [r for r in esn if r["run"] == run and r["pca_rank"] == rank]
+            E, D = g[0]["E"], g[0]["D"]
+            rand = max(0.0, 1 - (E - 1) * rank / D)
+            lo = [statistics.fmean(min(r["esn"][i]) for r in g) for i in range(len(g[0]["esn"]))]
+            hi = [statistics.fmean(max(r["esn"][i]) for r in g) for i in range(len(g[0]["esn"]))]
+            print(f"\n{run} ESN r={rank} (random subspaces: {rand:.3f}), per layer min–max:")
+            print("  " + " ".join(f"{a:.2f}–{b:.2f}" for a, b in zip(lo, hi, strict=True)))
+
+
 def print_table(rows: list[dict], args) -> None:
+    print_esn(rows)
+    rows = [r for r in rows if r["method"] != "esn"]
     domains = sorted({k[4:] for r in rows for k in r if k.startswith("bpb/")})
     cols = ["run", "keep", "budget", "method", "counts", "bpb", "Δbpb"]
     cols += [f"bpb {d}" for d in domains] + ["MC acc"]
@@ -237,7 +280,7 @@ def print_table(rows: list[dict], args) -> None:
         for keep in args.keeps:
             deltas = {}
             for budget in BUDGETS:
-                for method in args.methods:
+                for method, _ in variants(args):
                     g = [r for r in rows if r["run"] == run and r["keep"] == keep
                          and r["budget"] == budget and r["method"] == method]  # fmt: skip
                     if not g:
@@ -254,12 +297,13 @@ def print_table(rows: list[dict], args) -> None:
                         f"{statistics.fmean(accs):.3f}±{statistics.stdev(accs) if len(accs) > 1 else 0.0:.3f}"
                     )
                     print("| " + " | ".join(cells) + " |")
-            if ("rank", "ragep") in deltas:
-                mine = deltas[("rank", "ragep")]
+            for (budget, mine_m), mine in deltas.items():
+                if budget != "rank" or not mine_m.startswith("ragep"):
+                    continue
                 worse = [f"{b}/{m} ({v:+.4f})" for (b, m), v in deltas.items()
-                         if (b, m) != ("rank", "ragep") and v < mine - 1e-12]  # fmt: skip
+                         if not m.startswith("ragep") and v < mine - 1e-12]  # fmt: skip
                 claims.append(
-                    f"{run} keep {keep}: RaGEP Δbpb {mine:+.4f} — "
+                    f"{run} keep {keep}: {mine_m} (rank budgets) Δbpb {mine:+.4f} — "
                     + ("holds (no baseline lower)" if not worse else "does NOT hold; lower: "
                        + ", ".join(worse))
                 )  # fmt: skip
@@ -284,8 +328,15 @@ def main() -> None:
     p.add_argument("--save", type=Path, help="also write the per-seed rows as JSON here")
     p.add_argument("--jobs", type=int, default=1, help="(run, seed) tasks in parallel processes")
     p.add_argument("--merge", nargs="+", type=Path, help="print the table of saved --save files")
-    p.add_argument("--pca-rank", type=int, default=8)
-    p.add_argument("--beta", type=float, default=0.5)
+    p.add_argument("--pca-ranks", nargs="+", type=int, default=[8], help="RaGEP's r (a sweep)")
+    p.add_argument("--betas", nargs="+", type=float, default=[0.5], help="RaGEP's β (a sweep)")
+    p.add_argument("--span", default="svd", choices=["svd", "qr"], help="RaGEP's Q_{-e} rule")
+    p.add_argument(
+        "--data",
+        default="mix",
+        help="corpus of a model folder without run.json (e.g. an upcycled SmolLM2): its "
+        "validation split is held out as for a run",
+    )
     p.add_argument("--min-experts", type=int, default=1)
     p.add_argument(
         "--threads", type=int, default=1, help="torch threads (1 is far faster on a busy box)"

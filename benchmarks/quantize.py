@@ -26,8 +26,10 @@ Printed per row: validation bits per byte per domain and overall, total bits per
 parameter (codes + scales + zeros + g_idx + low-rank factors + TileQ's input scales), the
 extra low-rank bytes as stored, the low-rank entries as the authors' code counts them
 (``lora_size``: ``r·(M·O + N·I)`` for TileQ, ``r·(I + O)`` per matrix; no Σ, no input
-scales), and the speed of the fused low-rank path against a per-expert loop on one layer's
-routed rows (down projection).
+scales), and the low-rank overhead as a share of MoE-layer latency, TileQ's speed metric
+(``quant_overhead.py``: layer 0's whole forward with and without its low-rank path, on a
+prefill batch of 8 calibration sequences and on a decode step of 8 tokens; each scheme on its
+own path).
 
 The claim printout compares TileQ with per-expert **at the same rank and the same target**
 (memory ratio as stored and as the code counts it; the fraction of per-expert's bits-per-byte
@@ -46,6 +48,11 @@ Usage::
     python benchmarks/quantize.py --ranks 2 4 8                  # both runs
     python benchmarks/quantize.py --runs /work/runs/e16 --ranks 2 4 8 --old --rotate-block 64 \\
         --w1-weightings awq diag
+    # the SmolLM2 testbed (benchmarks/smol_testbed.py; a folder without run.json reads --data)
+    python benchmarks/quantize.py --runs runs/smol/g8 --bits 2 3 4 --ranks 4 --old \\
+        --rotate-block 64 --only none/- per-expert/W1 shared-1d/A tileq/W1 \\
+        --calib-tokens 32768 --eval-tokens 2048 --seeds 0 1 2 --json quantize-smol.json
+    python benchmarks/quantize.py --runs /tmp/tiny --quick      # smoke (any small model folder)
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ import argparse
 import copy
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -62,23 +70,21 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import interleaved_medians
 from moelab.compress.calibration import (
+    RunData,
     calibration_set,
     domain_streams,
     held_out_documents,
-    route,
-    routed_pairs,
 )
 from moelab.compress.quant import QuantizeConfig, collect_hessians, quantize_layer
 from moelab.compress.quant.lowrank import tileq_code_lora_params, tileq_grid
 from moelab.compress.quant.pipeline import run_data
-from moelab.core.experts.lowrank import expert_of_rows
 from moelab.core.experts.quantized import QuantSpec
 from moelab.data import load_tokenizer
 from moelab.models import ModelConfig, MoETransformer, load_model
 from moelab.models.hooks import moe_layers
 from moelab.train.evaluate import evaluate
+from quant_overhead import layer_inputs, lowrank_overhead
 
 # target label -> (QuantizeConfig.target, QuantizeConfig.weighting)
 TARGETS = {"W1": ("weight-once", "awq"), "W1d": ("weight-once", "diag"), "A": ("error", None)}
@@ -124,36 +130,6 @@ def split_experts(model: MoETransformer) -> MoETransformer:
             state[k] = 2 * torch.stack([v[:, :h], v[:, h:]], 1).flatten(0, 1)
     new.load_state_dict(state)
     return new
-
-
-def fused_speed(model, calib, specs_models: dict[str, object]) -> dict[str, float]:
-    """Loop time / fused time of the down projection's correction on layer 0's routed rows."""
-    layer0 = moe_layers(model)[0]
-    got = {}
-
-    def grab(i, layer, x, out):
-        if i == 0 and not got:
-            pairs = routed_pairs(layer, x, out.plan)
-            _, a = layer.experts(pairs.x, pairs.counts, return_activations=True)
-            got["a"], got["counts"] = a, pairs.counts
-
-    route(model, calib.batches[:2], grab, upto_layer=0)
-    del layer0
-    a, counts = got["a"], got["counts"]
-    experts = expert_of_rows(counts)
-    out = {}
-    for scheme, qmodel in specs_models.items():
-        lr = moe_layers(qmodel)[0].experts.projections["down"].lowrank
-        t = interleaved_medians(
-            {
-                "fused": lambda lr=lr: lr.apply_rows(a, experts),
-                "loop": lambda lr=lr: lr.apply_loop(a, counts),
-            },
-            repeats=7,
-            budget_s=2.0,
-        )
-        out[scheme] = t["loop"] / t["fused"]
-    return out
 
 
 def settings(ranks: list[int], old: bool, w1: list[str]) -> list[tuple[str, str, int]]:
@@ -203,7 +179,16 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=64)
     ap.add_argument("--calib-tokens", type=int, default=16384)
     ap.add_argument("--eval-tokens", type=int, default=4096, help="per domain")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--seeds", nargs="+", type=int, default=[0], help="calibration seeds (mean ± sd printed)"
+    )
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        help="run only these rows, as scheme/target (none/-, per-expert/W1, tileq/W1, "
+        "shared-1d/A, ...); default: every row the other options make",
+    )
     ap.add_argument(
         "--old",
         action="store_true",
@@ -232,10 +217,33 @@ def main() -> None:
         "W1) and/or diag (one layer-pooled sqrt(diag H) shared by the experts [I]; target W1d)",
     )
     ap.add_argument("--methods", nargs="+", default=["rtn", "gptq"], choices=["rtn", "gptq"])
+    ap.add_argument(
+        "--data",
+        default="mix",
+        help="corpus of a model folder without run.json (e.g. an upcycled SmolLM2): its "
+        "validation split is held out as for a run",
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 2 bits, RTN, rank 2, 1,024 calibration and 256 evaluation tokens",
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared box)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        help="print the table of saved --json files (e.g. one per calibration seed)",
+    )
     args = ap.parse_args()
-    torch.manual_seed(args.seed)
+    if args.merge:
+        print_table(aggregate([r for f in args.merge for r in json.loads(f.read_text())]))
+        return
+    if args.quick:
+        args.bits, args.methods, args.ranks = [2], ["rtn"], [2]
+        args.calib_tokens, args.eval_tokens = 1024, 256
+    torch.manual_seed(args.seeds[0])
     torch.set_num_threads(args.threads)
     rows = []
     t_start = time.time()
@@ -257,13 +265,9 @@ def main() -> None:
             with torch.no_grad():
                 diff = (fp(probe).logits - fp32(probe).logits).abs().max().item()
             print(f"[{name}] split copy of {run}: max |logit diff| vs the original {diff:.2e}")
-        rd = run_data(run)
+        rd = run_data(run) or RunData(args.data)
         calib_docs, eval_docs = held_out_documents(rd)
         seq_len = min(256, fp.cfg.max_seq_len)
-        calib = calibration_set(
-            domain_streams(calib_docs, tok), tokens=args.calib_tokens, seq_len=seq_len,
-            batch_size=8, seed=args.seed,
-        )  # fmt: skip
         streams = domain_streams(eval_docs, tok)
         E = fp.cfg.moe.router.num_experts
         grids = {"tileq": tileq_grid(E), "tileq-core": default_grid(E)}
@@ -290,64 +294,75 @@ def main() -> None:
         dom, overall, fp_wins, n_bytes = score(fp)
         n_exp = sum(b.experts.w_in.numel() + b.experts.w_down.numel() for b in moe_layers(fp))
         bits_fp = 8 * fp.blocks[0].ffn.experts.w_down.element_size()
-        rows.append(dict(run=name, bits="fp", method="-", lowrank="-", target="-", rank=0,
+        rows.append(dict(run=name, seed=None, bits="fp", method="-", lowrank="-", target="-", rank=0,
                          per_domain=dom, overall=overall, bits_per_param=bits_fp,
-                         lowrank_bytes=0, code_lr_params=0, fused=None, under=0, seconds=0.0,
+                         lowrank_bytes=0, code_lr_params=0, overhead=None, under=0, seconds=0.0,
                          noise=0.0))  # fmt: skip
         print(f"[{name}] fp32 overall {overall:.4f} bpb; {n_exp:,} expert weights; "
               f"tileq grid {grids['tileq']}, tileq-core grid {grids['tileq-core']}; "
               f"{fp_wins.numel()} eval windows", flush=True)  # fmt: skip
-        hess = collect_hessians(fp, calib)
-        speed_models = {}
-        for bits in args.bits:
-            for method in args.methods:
-                for scheme, target, rank in settings(args.ranks, args.old, args.w1_weightings):
-                    t0 = time.time()
-                    rot = args.rotate_block if method == "gptq" and target.startswith("W1") else 0
-                    spec = QuantSpec(
-                        method=method, bits=bits, group_size=args.group_size, symmetric=False,
-                        act_order=method == "gptq" and not rot, lowrank=scheme, rank=rank,
-                        grid=grids.get(scheme), rotate_block=rot,
-                    )  # fmt: skip
-                    tgt, wt = TARGETS.get(target, (None, None))
-                    cfg = QuantizeConfig(
-                        spec=spec, sequential=False, seed=args.seed, target=tgt,
-                        weighting=wt if target != "A" else args.weighting,
-                    )  # fmt: skip
-                    m = copy.deepcopy(fp)
-                    reps = [
-                        quantize_layer(layer, hess[i], cfg, i)
-                        for i, layer in enumerate(moe_layers(m))
-                    ]
-                    dom, overall, wins, _ = score(m)
-                    d = (wins - fp_wins) / math.log(2)  # paired per-window bits
-                    noise = float(d.std() * math.sqrt(d.numel()) / n_bytes)
-                    total = {}
-                    for r in reps:
-                        for k, v in r.bytes.items():
-                            total[k] = total.get(k, 0) + v
-                    weights = sum(r.weights for r in reps)
-                    key = (scheme, rank)
-                    if scheme != "none" and key not in speed_models:  # shapes only matter
-                        speed_models[key] = m
-                    rows.append(dict(
-                        run=name, bits=bits, method=method, lowrank=scheme, target=target,
-                        rank=rank, per_domain=dom, overall=overall,
-                        bits_per_param=8 * sum(total.values()) / weights,
-                        lowrank_bytes=total.get("lowrank", 0), code_lr_params=code_lora_params(m),
-                        fused=None, under=sum(len(r.under_calibrated) for r in reps),
-                        seconds=time.time() - t0, noise=noise,
-                    ))  # fmt: skip
-                    print(
-                        f"  {bits}b {method:4s} {scheme:10s} {target:2s} r{rank} {overall:.4f} bpb "
-                        f"({time.time() - t0:.0f}s)",
-                        flush=True,
-                    )
-        speeds = fused_speed(fp, calib, speed_models)
-        for r in rows:
-            if r["run"] == name and (r["lowrank"], r["rank"]) in speeds:
-                r["fused"] = speeds[(r["lowrank"], r["rank"])]
-    print_table(rows)
+        for seed in args.seeds:
+            calib = calibration_set(
+                domain_streams(calib_docs, tok), tokens=args.calib_tokens, seq_len=seq_len,
+                batch_size=8, seed=seed,
+            )  # fmt: skip
+            hess = collect_hessians(fp, calib)
+            x_layer0 = layer_inputs(fp, calib.batches[:1])  # the quantized models' too
+            for bits in args.bits:
+                for method in args.methods:
+                    for scheme, target, rank in settings(args.ranks, args.old, args.w1_weightings):
+                        if args.only is not None and f"{scheme}/{target}" not in args.only:
+                            continue
+                        if method == "rtn" and scheme == "none" and seed != args.seeds[0]:
+                            # calibration-free: the first seed's row stands for every seed
+                            first = next(r for r in rows if (r["run"], r["bits"], r["method"],
+                                         r["lowrank"]) == (name, bits, "rtn", "none"))  # fmt: skip
+                            rows.append({**first, "seed": seed})
+                            continue
+                        t0 = time.time()
+                        rot = (
+                            args.rotate_block if method == "gptq" and target.startswith("W1") else 0
+                        )
+                        spec = QuantSpec(
+                            method=method, bits=bits, group_size=args.group_size, symmetric=False,
+                            act_order=method == "gptq" and not rot, lowrank=scheme, rank=rank,
+                            grid=grids.get(scheme), rotate_block=rot,
+                        )  # fmt: skip
+                        tgt, wt = TARGETS.get(target, (None, None))
+                        cfg = QuantizeConfig(
+                            spec=spec, sequential=False, seed=seed, target=tgt,
+                            weighting=wt if target != "A" else args.weighting,
+                        )  # fmt: skip
+                        m = copy.deepcopy(fp)
+                        reps = [
+                            quantize_layer(layer, hess[i], cfg, i)
+                            for i, layer in enumerate(moe_layers(m))
+                        ]
+                        dom, overall, wins, _ = score(m)
+                        d = (wins - fp_wins) / math.log(2)  # paired per-window bits
+                        noise = float(d.std() * math.sqrt(d.numel()) / n_bytes)
+                        total = {}
+                        for r in reps:
+                            for k, v in r.bytes.items():
+                                total[k] = total.get(k, 0) + v
+                        weights = sum(r.weights for r in reps)
+                        overhead = None
+                        if scheme != "none":
+                            overhead = lowrank_overhead(moe_layers(m)[0], x_layer0, budget_s=1.0)
+                        rows.append(dict(
+                            run=name, seed=seed, bits=bits, method=method, lowrank=scheme,
+                            target=target, rank=rank, per_domain=dom, overall=overall,
+                            bits_per_param=8 * sum(total.values()) / weights,
+                            lowrank_bytes=total.get("lowrank", 0), code_lr_params=code_lora_params(m),
+                            overhead=overhead, under=sum(len(r.under_calibrated) for r in reps),
+                            seconds=time.time() - t0, noise=noise,
+                        ))  # fmt: skip
+                        print(
+                            f"  {bits}b {method:4s} {scheme:10s} {target:2s} r{rank} {overall:.4f} bpb "
+                            f"({time.time() - t0:.0f}s)",
+                            flush=True,
+                        )
+    print_table(aggregate(rows))
     print(
         f"\ntotal wall time {time.time() - t_start:.0f}s (torch threads: {torch.get_num_threads()})"
     )
@@ -355,21 +370,55 @@ def main() -> None:
         args.json.write_text(json.dumps(rows, indent=1))
 
 
+def aggregate(rows: list[dict]) -> list[dict]:
+    """One row per setting over the calibration seeds: bits per byte (overall, per domain),
+    noise and overheads averaged, ``overall_sd`` their standard deviation over the seeds."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        key = (r["run"], r["bits"], r["method"], r["lowrank"], r["target"], r["rank"])
+        groups.setdefault(key, []).append(r)
+    out = []
+    for g in groups.values():
+        a = dict(g[0])
+        a["overall"] = statistics.fmean(r["overall"] for r in g)
+        a["overall_sd"] = statistics.stdev(r["overall"] for r in g) if len(g) > 1 else 0.0
+        a["per_domain"] = {d: statistics.fmean(r["per_domain"][d] for r in g)
+                           for d in g[0]["per_domain"]}  # fmt: skip
+        a["noise"] = statistics.fmean(r["noise"] for r in g)
+        if a["overhead"] is not None:
+            a["overhead"] = {k: statistics.fmean(r["overhead"][k] for r in g)
+                             for k in a["overhead"]}  # fmt: skip
+        out.append(a)
+    return out
+
+
 def print_table(rows: list[dict]) -> None:
     domains = sorted({d for r in rows for d in r["per_domain"]})
     head = ["run", "bits", "method", "low-rank", "target", "rank",
             *[f"bpb {d}" for d in domains], "bpb all", "bits/param", "extra LR KiB",
-            "code-count LR", "fused x", "under-cal"]  # fmt: skip
+            "code-count LR", "LR overhead prefill", "LR overhead decode", "under-cal"]  # fmt: skip
     print("\n| " + " | ".join(head) + " |")
     print("|" + "|".join("---" for _ in head) + "|")
     for r in rows:
         cells = [r["run"], str(r["bits"]), r["method"], r["lowrank"], r["target"],
                  str(r["rank"] or "-"), *[f"{r['per_domain'][d]:.4f}" for d in domains],
-                 f"{r['overall']:.4f}", f"{r['bits_per_param']:.3f}",
+                 f"{r['overall']:.4f}±{r['overall_sd']:.4f}", f"{r['bits_per_param']:.3f}",
                  f"{r['lowrank_bytes'] / 1024:.1f}", f"{r['code_lr_params']:,}",
-                 "-" if r["fused"] is None else f"{r['fused']:.2f}", str(r["under"])]  # fmt: skip
+                 *_overhead_cells(r["overhead"]), str(r["under"])]  # fmt: skip
         print("| " + " | ".join(cells) + " |")
     print_claim(rows)
+
+
+def _overhead_cells(o: dict | None) -> list[str]:
+    if o is None:
+        return ["-", "-"]
+    return [f"{100 * o[f'{p}_overhead']:+.1f}% of {1e3 * o[f'{p}_without']:.2f} ms"
+            for p in ("prefill", "decode")]  # fmt: skip
+
+
+def _pct(row: dict) -> str:
+    o = row["overhead"]
+    return f"{100 * o['prefill_overhead']:+.0f}%/{100 * o['decode_overhead']:+.0f}%"
 
 
 def print_claim(rows: list[dict]) -> None:
@@ -410,7 +459,8 @@ def print_claim(rows: list[dict]) -> None:
                               f"memory {mem:.2f}x / {mem_code:.2f}x less; quantization "
                               f"+{inc:.4f} bpb (noise {none['noise']:.4f}); gains "
                               f"{gain_pe:+.4f} (per-expert) vs {gain_t:+.4f} (TileQ) -> "
-                              f"{kept}")  # fmt: skip
+                              f"{kept}; LR overhead prefill/decode: per-expert "
+                              f"{_pct(pe)} vs TileQ {_pct(tq)} (paper: ~5%)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -300,19 +300,27 @@ def test_fused_low_rank_path_equals_per_expert_reference(scheme, weighting):
         assert f.in_scale is not None and not torch.equal(f.in_scale[0], f.in_scale[1])
     else:
         f = fit_lowrank(scheme, T, d, r, (4, 4))
+    f = f.double()  # float64 factors: every path agrees to rounding
     counts = torch.tensor([3, 0, 1, 5, 2, 0, 0, 4, 1, 1, 7, 2, 0, 3, 1, 2])
-    x = torch.randn(int(counts.sum()), I, generator=g)
-    experts = expert_of_rows(counts)
-    ref = torch.stack([f.delta(int(e)) @ x[i] for i, e in enumerate(experts)])
-    for got in (f.apply_rows(x, experts), f.apply_loop(x, counts)):
-        assert float((got - ref).norm() / ref.norm()) <= 1e-5
-    # token form: routing-weighted accumulation per token
+    n_rows = int(counts.sum())
     T_tok = 9
-    token_idx = torch.randint(0, T_tok, (x.shape[0],), generator=g)
-    w = torch.rand(x.shape[0], generator=g)
-    want = torch.zeros(T_tok, O).index_add(0, token_idx, w[:, None] * ref)
-    got = f.apply_tokens(x, experts, token_idx, w, T_tok)
-    assert float((got - want).norm() / want.norm()) <= 1e-5
+    x_T = torch.randn(T_tok, I, generator=g, dtype=torch.float64)
+    token_idx = torch.randint(0, T_tok, (n_rows,), generator=g)
+    x = x_T[token_idx]
+    experts = expert_of_rows(counts)
+    ref = torch.stack([f.delta(int(e)).double() @ x[i] for i, e in enumerate(experts)])
+    # the once-per-token projection exactly where the column factors are shared and plain
+    assert f.projects_tokens == (scheme in ("shared-1d", "tileq-core"))
+    for got in (f.apply_rows(x, counts), f.apply_rows(x, counts, x_T, token_idx),
+                f.apply_loop(x, counts)):  # fmt: skip
+        assert float((got - ref).norm() / ref.norm()) <= 1e-12
+    # token form: routing-weighted accumulation per token (the TileQ schemes' down path)
+    assert f.accumulates_tokens == scheme.startswith("tileq")
+    w = torch.rand(n_rows, generator=g, dtype=torch.float64)
+    want = torch.zeros(T_tok, O, dtype=torch.float64).index_add(0, token_idx, w[:, None] * ref)
+    got = f.apply_tokens(x, counts, token_idx, w, T_tok)
+    assert got.dtype == torch.float64
+    assert float((got - want).norm() / want.norm()) <= 1e-12
 
 
 def test_factor_grid_validation():

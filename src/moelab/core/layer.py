@@ -129,7 +129,7 @@ class MoELayer(nn.Module):
             expert_out, acts = self.experts(d.x, d.counts, return_activations=True)
             return self.dispatcher.combine(expert_out, d, T), d, acts
         if hasattr(self.experts, "forward_combined"):  # quantized bank: fused low-rank path
-            return self.experts.forward_combined(d, T, self.dispatcher.combine), d, None
+            return self.experts.forward_combined(d, T, self.dispatcher.combine, x_TD), d, None
         return self.dispatcher.combine(self.experts(d.x, d.counts), d, T), d, None
 
     def _fuses_dispatch(self, x_TD: Tensor, plan: RoutingPlan) -> bool:

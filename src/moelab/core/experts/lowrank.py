@@ -25,24 +25,30 @@ correction of a matrix ``W_e [O, I]`` is
 Except for ``tileq``'s ``in_scale``, ``Ṽ`` already carries the inverse activation scaling
 (``Ṽ = D⁻¹V``), so inference never touches the calibration statistics.
 
-The fused path (TileQ's "global input projection, routing-weighted accumulation,
-reconstruction") runs every selected expert's correction with three dense GEMMs and two
-masks, no per-expert loop:
+The single pass (TileQ's "global input projection, routing-weighted accumulation,
+reconstruction", arXiv 2605.09281 §4 [S]) — rows sorted by expert, ``counts [K]`` per expert:
 
-0. (``tileq`` only) ``x ← x ⊙ in_scale[e]`` — one gathered element-wise product per row;
-1. ``z = x · [Ṽ_1 … Ṽ_N]`` — one GEMM ``[rows, I] × [I, N·r]`` (the input projection onto all
-   column factors), then keep only the block ``col(e)`` of each row's expert;
-2. ``h = z · C`` with the block matrix ``C [N·r, M·r]`` whose block ``(col(e), row(e))`` is
-   ``S_eᵀ`` (identity without cores; the expert → cell map is injective, so ``C`` holds every
-   core once and an empty cell's block is zero), then keep
-   only block ``row(e)``; for the token form the rows are scaled by their combine weights and
-   summed per token (routing-weighted accumulation into each grid row's ``r`` slots);
-3. ``y = h · [U_1 … U_M]ᵀ`` — one GEMM ``[., M·r] × [M·r, O]`` (the reconstruction).
+1. input projection ``z = x · Ṽ_{col(e)}`` (``[rows, r]``):
+   - once per **token** when the column factors are shared and expert-independent
+     (``shared-1d``, ``tileq-core``: no ``in_scale``; :attr:`LowRankFactors.projects_tokens`):
+     one GEMM ``[T, I] × [I, N·r]`` over the token inputs, then each row gathers its
+     expert's ``r``-block ``col(e)`` — the gate/up input is the same ``x_t`` for a token's
+     k experts, so this is k rows' projections for the price of ``N·r / (k·r)`` of them;
+   - per **row** otherwise: for ``tileq`` the input un-scaling makes the projection
+     expert-specific (``(x ⊙ s_e) Ṽ_c = x · (diag(s_e) Ṽ_c)``, a per-expert factor), for
+     ``per-expert`` every expert has its own factor, and for the down projection the input
+     (the activation) differs per row anyway — a grouped matmul by expert, ``I·r`` MACs a row;
+2. (``tileq-core``) the core ``z ← z S_eᵀ``, a grouped matmul by expert;
+3. reconstruction ``y = z U_{row(e)}ᵀ``: per row (grouped matmul by expert, ``r·O`` MACs a
+   row) — gate/up must stay per row because the activation follows them; for the down
+   projection of the TileQ schemes (:meth:`LowRankFactors.apply_tokens`) the rows' ``z`` are
+   scaled by their combine weights and accumulated per token into grid row ``row(e)``'s ``r``
+   slots, then one GEMM ``[T, M·r] × [M·r, O]`` reconstructs every token (exact because the
+   down projection is linear and followed by the weighted combine).
 
-The token form is exact only for a linear map followed by the weighted combine (the down
-projection): the gate/up corrections must stay per row because the activation follows them.
-Choice [I]: the masked dense GEMMs (rather than gathers per row) are our reading of the paper's
-"sparse per-expert work as batched dense GEMMs"; the paper's kernel (LoTileMoE) is not public.
+The per-expert and shared-1d baselines keep their own simplest kernels (per-row grouped
+matmuls; shared-1d's single column factor is projected once per token), not TileQ's form.
+Choice [I]: grouped matmuls stand in for the paper's kernel (LoTileMoE, not public).
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from moelab.core.experts.grouped_mm import grouped_mm
 from moelab.errors import InvalidValueError
 
 SCHEMES = ("per-expert", "shared-1d", "tileq-core", "tileq")
@@ -157,66 +164,76 @@ class LowRankFactors(nn.Module):
         return torch.stack([self.delta(e) for e in range(self.num_experts)])
 
     # --------------------------------------------------------------- compute
-    def _mixing(self, dtype: torch.dtype) -> Tensor:
-        """The block matrix ``C [N·r, M·r]`` with block ``(col(e), row(e)) = S_eᵀ``."""
-        M, N = self.grid
-        r = self.rank
-        C = torch.zeros(N, r, M, r, dtype=dtype, device=self.U.device)
-        if self.S is not None:
-            cores = self.S.to(dtype).transpose(1, 2)
-        else:
-            cores = torch.eye(r, dtype=dtype, device=self.U.device).expand(self.num_experts, r, r)
-        C[self.col_of, :, self.row_of, :] = cores
-        return C.view(N * r, M * r)
+    @property
+    def projects_tokens(self) -> bool:
+        """Whether the input projection is done once per token: the column factors are shared
+        (fewer than the experts) and expert-independent (no ``in_scale``)."""
+        return self.in_scale is None and self.V.shape[0] < self.num_experts
 
-    def _row_slots(self, x_N: Tensor, experts: Tensor) -> Tensor:
-        """Steps 1-2 of the fused path: ``[rows, M·r]`` with only block ``row(e)`` filled."""
-        M, N = self.grid
-        r = self.rank
+    @property
+    def accumulates_tokens(self) -> bool:
+        """Whether :meth:`apply_tokens` applies (the TileQ schemes' routing-weighted
+        accumulation into grid-row slots)."""
+        return self.scheme in ("tileq", "tileq-core")
+
+    def _coords(
+        self, x_N: Tensor, counts: Tensor, x_T: Tensor | None, token_idx: Tensor | None
+    ) -> Tensor:
+        """Steps 1-2: ``[rows, r]`` coordinates ``(x Ṽ_{col(e)}) S_eᵀ`` of every row."""
         dt = x_N.dtype
-        rows = x_N.shape[0]
-        if self.in_scale is not None:
-            x_N = x_N * self.in_scale.to(dt)[experts]
-        V_cat = self.V.to(dt).permute(1, 0, 2).reshape(-1, N * r)
-        z = (x_N @ V_cat).view(rows, N, r)
-        if N > 1:
-            z = z * nn.functional.one_hot(self.col_of[experts], N).to(dt).unsqueeze(-1)
-        h = (z.view(rows, N * r) @ self._mixing(dt)).view(rows, M, r)
-        if M > 1:
-            h = h * nn.functional.one_hot(self.row_of[experts], M).to(dt).unsqueeze(-1)
-        return h.view(rows, M * r)
+        if x_T is not None and self.projects_tokens:
+            N, r = self.V.shape[0], self.rank
+            V_cat = self.V.to(dt).permute(1, 0, 2).reshape(-1, N * r)
+            z_T = (x_T.to(dt) @ V_cat).view(x_T.shape[0], N, r)
+            z = z_T[token_idx, self.col_of[expert_of_rows(counts)]]
+        else:
+            V_e = self.V.to(dt)[self.col_of]
+            if self.in_scale is not None:
+                V_e = V_e * self.in_scale.to(dt).unsqueeze(-1)
+            z = grouped_mm(x_N, V_e, counts)
+        if self.S is not None:
+            z = grouped_mm(z, self.S.to(dt).transpose(1, 2), counts)
+        return z
 
-    def _reconstruct(self, h: Tensor) -> Tensor:
-        M, d_out, r = self.U.shape
-        U_cat = self.U.to(h.dtype).permute(0, 2, 1).reshape(M * r, d_out)
-        return h @ U_cat
-
-    def apply_rows(self, x_N: Tensor, experts: Tensor) -> Tensor:
-        """Fused per-row correction ``y[i] = L_{experts[i]} x[i]``.
+    def apply_rows(
+        self,
+        x_N: Tensor,
+        counts: Tensor,
+        x_T: Tensor | None = None,
+        token_idx: Tensor | None = None,
+    ) -> Tensor:
+        """Per-row correction ``y[i] = L_{e_i} x[i]`` (single pass, see module doc).
 
         Args:
-            x_N: ``[rows, I]`` inputs (any float dtype; computed in it).
-            experts: ``[rows]`` int64 expert of every row (any order).
+            x_N: ``[rows, I]`` inputs sorted by expert (any float dtype; computed in it).
+            counts: ``[K]`` int64 rows per expert.
+            x_T: ``[T, I]`` token inputs with ``x_N == x_T[token_idx]`` (gate/up): lets the
+                shared-factor schemes project each token once; None projects per row.
+            token_idx: ``[rows]`` int64 token of every row (with ``x_T``).
         Returns:
             ``[rows, O]``.
         """
-        return self._reconstruct(self._row_slots(x_N, experts))
+        z = self._coords(x_N, counts, x_T, token_idx)
+        return grouped_mm(z, self.U.to(z.dtype)[self.row_of].transpose(1, 2), counts)
 
     def apply_tokens(
-        self, x_N: Tensor, experts: Tensor, token_idx: Tensor, weight: Tensor, num_tokens: int
+        self, x_N: Tensor, counts: Tensor, token_idx: Tensor, weight: Tensor, num_tokens: int
     ) -> Tensor:
-        """Fused routing-weighted correction ``y[t] = Σ_{rows i of t} w_i · L_{e_i} x_i``.
+        """Routing-weighted correction ``y[t] = Σ_{rows i of t} w_i · L_{e_i} x_i`` with the
+        ``r``-dim coordinates accumulated per token into grid row ``row(e)``'s slots before one
+        reconstruction GEMM (TileQ schemes; see module doc).
 
-        The ``r``-dim row-slot vectors are accumulated per token (``h_{t,m} = Σ g_e S_e z``)
-        before the one reconstruction GEMM. Args as :meth:`apply_rows` plus ``token_idx``
-        ``[rows]`` int64 and ``weight`` ``[rows]`` float combine weights. Returns
-        ``[num_tokens, O]`` in float32 (float64 for float64 inputs), like the combine.
+        Args as :meth:`apply_rows` (rows sorted by expert) plus ``token_idx [rows]`` int64 and
+        ``weight [rows]`` float combine weights. Returns ``[num_tokens, O]`` in float32
+        (float64 for float64 inputs), like the combine.
         """
-        h = self._row_slots(x_N, experts)
+        M, d_out, r = self.U.shape
         acc = torch.float64 if x_N.dtype == torch.float64 else torch.float32
-        h = h.to(acc) * weight.to(acc).unsqueeze(-1)
-        h_T = h.new_zeros(num_tokens, h.shape[1]).index_add(0, token_idx, h)
-        return self._reconstruct(h_T)
+        z = self._coords(x_N, counts, None, None).to(acc) * weight.to(acc).unsqueeze(-1)
+        slot = token_idx * M + self.row_of[expert_of_rows(counts)]
+        h_T = z.new_zeros(num_tokens * M, r).index_add(0, slot, z)
+        U_cat = self.U.to(acc).permute(0, 2, 1).reshape(M * r, d_out)
+        return h_T.view(num_tokens, M * r) @ U_cat
 
     def apply_loop(self, x_N: Tensor, counts: Tensor) -> Tensor:
         """Reference: one expert at a time on rows sorted by expert (``counts [K]``),

@@ -5,11 +5,13 @@ Each projection (gate, up, down for SwiGLU; up, down for GELU) of all E experts 
 act-order group indices (format in :mod:`moelab.core.experts.qformat`), plus an optional
 :class:`~moelab.core.experts.lowrank.LowRankFactors` correction of the quantization error.
 The bank dequantizes on the fly (every forward; nothing dense is kept) and adds the
-low-rank corrections with the fused path: per row for gate/up (the activation follows them),
-and for the down projection — which is linear and followed by the weighted combine — either
-per row (:meth:`QuantizedExpertBank.forward`, the plain Experts interface) or accumulated per
-token with the routing weights (:meth:`QuantizedExpertBank.forward_combined`, what
-:class:`~moelab.core.layer.MoELayer` calls), TileQ's single-pass form.
+low-rank corrections with TileQ's single pass (:mod:`moelab.core.experts.lowrank`): per row
+for gate/up (the activation follows them; shared column factors project each token once when
+the layer passes its tokens), and for the down projection either per row
+(:meth:`QuantizedExpertBank.forward`, the plain Experts interface, and the per-expert /
+shared-1d schemes) or, for the TileQ schemes, accumulated per token with the routing weights
+(:meth:`QuantizedExpertBank.forward_combined`, what :class:`~moelab.core.layer.MoELayer`
+calls).
 
 The bank's tensors are buffers named ``{proj}.codes``, ``{proj}.scales``, ``{proj}.zeros``,
 ``{proj}.g_idx`` and ``{proj}.lowrank.{U,V,S,in_scale,row_of,col_of}``, so a model holding it saves and
@@ -475,10 +477,17 @@ class QuantizedExpertBank(nn.Module):
         return self.projections["down"].weight(self._dtype).transpose(1, 2).contiguous()
 
     def _compute(
-        self, x_ND: Tensor, counts: Tensor, down_lowrank: bool
+        self,
+        x_ND: Tensor,
+        counts: Tensor,
+        down_lowrank: bool,
+        x_TD: Tensor | None = None,
+        token_idx: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
+        """``(expert rows [N, D], activations [N, F], counts [E])``; ``x_TD``/``token_idx``
+        (``x_ND == x_TD[token_idx]``) let the gate/up corrections project each token once."""
         dt = x_ND.dtype
-        experts = expert_of_rows(counts)
+        all_counts = counts
         # Only the experts that receive rows are dequantized (rows stay sorted by expert, so
         # dropping the empty groups keeps the grouped matmul's layout).
         active = counts.nonzero().squeeze(1)
@@ -491,22 +500,22 @@ class QuantizedExpertBank(nn.Module):
             [self._project(n, x_ND, counts, active, rows) for n in self.proj_names[:-1]], dim=1
         )
         corr = [
-            self.projections[n].lowrank.apply_rows(x_ND, experts)
+            self.projections[n].lowrank.apply_rows(x_ND, all_counts, x_TD, token_idx)
             for n in self.proj_names[:-1]
             if self.projections[n].lowrank is not None
         ]
         if corr:
             h = h + torch.cat(corr, dim=-1)
         if self.b_in is not None:
-            h = h + self.b_in.to(dt)[experts]
+            h = h + self.b_in.to(dt)[expert_of_rows(all_counts)]
         a = self.activation(h)
         down = self.projections["down"]
         y = self._project("down", a, counts, active, rows)
         if self.b_down is not None:
-            y = y + self.b_down.to(dt)[experts]
+            y = y + self.b_down.to(dt)[expert_of_rows(all_counts)]
         if down_lowrank and down.lowrank is not None:
-            y = y + down.lowrank.apply_rows(a, experts)
-        return y, a, experts
+            y = y + down.lowrank.apply_rows(a, all_counts)
+        return y, a, all_counts
 
     def _kernel_rows(
         self, x: Tensor, counts: Tensor, active: Tensor | None
@@ -561,27 +570,35 @@ class QuantizedExpertBank(nn.Module):
 
     def forward(self, x_ND: Tensor, counts: Tensor, return_activations: bool = False):
         """Expert outputs ``[N, D]`` for rows sorted by expert (see :class:`ExpertBank`)."""
-        y, a, _ = self._compute(x_ND, counts, down_lowrank=True)
+        y, a, _ = self._compute(x_ND, counts, True)
         return (y, a) if return_activations else y
 
-    def forward_combined(self, d, num_tokens: int, combine: Callable) -> Tensor:
-        """Experts plus combine in one: ``combine(expert rows)`` plus the down projection's
-        low-rank correction accumulated per token with the routing weights (fused path).
+    def forward_combined(
+        self, d, num_tokens: int, combine: Callable, x_TD: Tensor | None = None
+    ) -> Tensor:
+        """Experts plus combine in one: TileQ's single pass (module doc of
+        :mod:`moelab.core.experts.lowrank`) — the gate/up corrections project each token of
+        ``x_TD`` once where the factors allow it, and the TileQ schemes' down correction is
+        accumulated per token with the routing weights after ``combine(expert rows)``.
 
         Args:
             d: the dispatcher's :class:`~moelab.core.dispatch.Dispatched` rows.
             num_tokens: T.
             combine: ``combine(y_ND, d, T) -> [T, D]`` (the dispatcher's).
+            x_TD: ``[T, D]`` the tokens ``d.x`` was gathered from (``d.x == x_TD[d.token_idx]``);
+                None projects every row.
         Returns:
             ``[T, D]`` float32 (float64 for float64 inputs).
         """
-        y_rows, a, experts = self._compute(d.x, d.counts, down_lowrank=False)
-        y = combine(y_rows, d, num_tokens)
         lr = self.projections["down"].lowrank
-        if lr is None:
+        fuse = lr is not None and lr.accumulates_tokens
+        token_idx = d.token_idx if x_TD is not None else None
+        y_rows, a, counts = self._compute(d.x, d.counts, not fuse, x_TD, token_idx)
+        y = combine(y_rows, d, num_tokens)
+        if not fuse:
             return y
         w = d.weight if d.weight is not None else d.pair_weight[d.order]
-        return y + lr.apply_tokens(a, experts, d.token_idx, w, num_tokens).to(y.dtype)
+        return y + lr.apply_tokens(a, counts, d.token_idx, w, num_tokens).to(y.dtype)
 
     def expert_output(self, x_TD: Tensor, expert: int) -> Tensor:
         """Output of one expert on all tokens ``[T, D]`` (effective weights)."""
