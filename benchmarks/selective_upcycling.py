@@ -41,6 +41,7 @@ from moelab.utils.result_tables import paired_table, summary_table
 from moelab.utils.results import make_result, write_result
 
 ARMS = ("selective-upcycling", "full-upcycling", "seqft-replay")
+KEYS = ("metrics", "seconds", "streams", "upcycling")
 
 
 def _log(method: str, seed: int, t: int, T: int, acc: float) -> None:
@@ -116,18 +117,20 @@ def plot(result, details: dict, path: Path) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
-def _job(base: ContinualConfig, seed: int, parts: Path) -> dict:
-    """The three arms on one seed; also written to ``parts`` as soon as it ends (``--merge``
-    builds a result from the finished seeds of a run stopped early)."""
+def _job(base: ContinualConfig, seed: int, arms: tuple[str, ...], parts: Path) -> dict:
+    """``arms`` on one seed, merged into the seed's part in ``parts`` (the other arms' entries
+    are kept) and written as soon as it ends (``--merge`` builds a result from the finished
+    seeds of a run stopped early; ``--arms`` reruns some arms only)."""
     recipe = ContinualRecipe(progress=_log)
-    part = run_seeds(recipe, base, [seed], arms={a: {"method": a} for a in ARMS}, pairs=[])
-    out = {
-        "metrics": {a: part.metrics[a][seed] for a in ARMS},
-        "seconds": {a: recipe.seconds[(a, seed)] for a in ARMS},
-        "streams": {a: stream_extra(recipe.history[(a, seed)]) for a in ARMS},
-        "upcycling": {a: recipe.details[(a, seed)] for a in ARMS},
-    }
-    atomic_write_json(parts / f"seed{seed}.json", out)
+    part = run_seeds(recipe, base, [seed], arms={a: {"method": a} for a in arms}, pairs=[])
+    path = parts / f"seed{seed}.json"
+    out = read_json(path) if path.is_file() else {k: {} for k in KEYS}
+    for a in arms:
+        out["metrics"][a] = part.metrics[a][seed]
+        out["seconds"][a] = recipe.seconds[(a, seed)]
+        out["streams"][a] = stream_extra(recipe.history[(a, seed)])
+        out["upcycling"][a] = recipe.details[(a, seed)]
+    atomic_write_json(path, out)
     return out
 
 
@@ -143,6 +146,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=3, help="seeds run side by side")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=Path("docs/results/cka_upcycling.json"))
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS, help="arms to run")
     p.add_argument("--merge", action="store_true", help="build the result from finished seeds")
     args = p.parse_args()
     base = ContinualConfig(
@@ -166,12 +170,14 @@ def main() -> None:
         args.seeds = [s for s, f in found.items() if f.is_file()]
         outs = [read_json(found[s]) for s in args.seeds]
     else:
-        outs = run_jobs([(_job, (base, s, parts)) for s in args.seeds], args.workers, args.threads)
+        arms = tuple(args.arms)
+        jobs = [(_job, (base, s, arms, parts)) for s in args.seeds]
+        outs = run_jobs(jobs, args.workers, args.threads)
     seeds = args.seeds
     metrics = {a: {s: o["metrics"][a] for s, o in zip(seeds, outs, strict=True)} for a in ARMS}
     extra = {
         key: {a: {str(s): o[key][a] for s, o in zip(seeds, outs, strict=True)} for a in ARMS}
-        for key in ("seconds", "streams", "upcycling")
+        for key in KEYS[1:]
     }
     extra["run_seconds"] = extra.pop("seconds")
     extra["wall_seconds"] = round(time.perf_counter() - start, 1)
