@@ -17,7 +17,7 @@ lower than SeqFT+replay's.
 
 Usage::
 
-    python benchmarks/selective_upcycling.py                       # 3 seeds (≈ 45 min alone on 2 cores)
+    python benchmarks/selective_upcycling.py                       # 3 seeds (25 min on 2 shared cores)
     python benchmarks/selective_upcycling.py --seeds 0 --steps 6   # a quick look
 """
 
