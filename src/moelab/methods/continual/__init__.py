@@ -1,9 +1,10 @@
 """Continual learning on a frozen pretrained encoder: the shared harness (streams, the accuracy
 matrix and its metrics, heads, classifier alignment, a per-class reservoir, the cached
 backbone) and its methods: CaRE (bi-level routing MoE adapters) with the SimpleCIL, APER and
-sequential fine-tuning baselines.
+sequential fine-tuning baselines; CKA-guided selective upcycling with full upcycling and
+sequential fine-tuning with replay (:mod:`~moelab.methods.continual.upcycling`).
 
-Later continual methods (MoRAM, SAME, CKA-guided upcycling) plug in as a new
+Later continual methods (MoRAM, SAME) plug in as a new
 :class:`~moelab.methods.continual.learner.Learner` subclass (``learn(t)``, ``logits``) on the
 same :class:`~moelab.methods.continual.stream.Stream` (class-, task- or domain-incremental;
 the five real text domains of :mod:`~moelab.methods.continual.domains` for the latter two),
@@ -23,6 +24,13 @@ from moelab.methods.continual.stream import (
     class_incremental_stream,
     domain_incremental_stream,
 )
+from moelab.methods.continual.upcycling import (
+    FullUpcyclingLearner,
+    SelectiveUpcyclingLearner,
+    SeqFTReplayLearner,
+    UpcyclingLearner,
+)
+from moelab.methods.continual.upcycling_settings import UpcyclingSettings
 
 __all__ = [
     "LEARNERS",
@@ -32,10 +40,15 @@ __all__ = [
     "CaRELearner",
     "ContinualConfig",
     "ContinualRecipe",
+    "FullUpcyclingLearner",
+    "SelectiveUpcyclingLearner",
+    "SeqFTReplayLearner",
     "Stream",
     "StreamResult",
     "Task",
     "TextDomain",
+    "UpcyclingLearner",
+    "UpcyclingSettings",
     "class_incremental_stream",
     "domain_incremental_stream",
     "load_text_domains",

@@ -8,14 +8,17 @@ project's choice (mostly sizes scaled from ViT-B's D = 768 to MiniLM's D = 384).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from moelab.errors import require
+from moelab.methods.continual.upcycling_settings import UPCYCLING_ARMS, UpcyclingSettings
 from moelab.utils.fields import check_fields
 
-Method = Literal["care", "simplecil", "aper", "finetune"]
-METHODS: tuple[str, ...] = ("care", "simplecil", "aper", "finetune")
+Method = Literal[
+    "care", "simplecil", "aper", "finetune", "seqft-replay", "full-upcycling", "selective-upcycling"
+]
+METHODS: tuple[str, ...] = ("care", "simplecil", "aper", "finetune", *UPCYCLING_ARMS)
 StreamName = Literal["wordnet", "synthetic", "domains", "synthetic-domains"]
 DOMAIN_STREAMS = ("domains", "synthetic-domains")
 """Streams with one task per domain (the rest are class-incremental over one labelled set)."""
@@ -68,6 +71,9 @@ class ContinualConfig:
         batch_size, lr, weight_decay: 16, 0.01, 5e-4 (SGD, momentum 0.9) [C].
         ca_epochs, ca_lr: classifier alignment, 3 epochs at 0.005 [C]; 5·batch_size
             samples per class and epoch [C].
+        upcycling: the upcycling arms' settings (``seqft-replay``, ``full-upcycling``,
+            ``selective-upcycling``; :class:`~moelab.methods.continual.upcycling_settings.
+            UpcyclingSettings`); their batches are ``batch_size`` task texts.
     Raises (construction):
         InvalidValueError: a field of the wrong type or out of range (named).
     """
@@ -101,8 +107,11 @@ class ContinualConfig:
     weight_decay: float = 5e-4
     ca_epochs: int = 3
     ca_lr: float = 0.005
+    upcycling: UpcyclingSettings = field(default_factory=UpcyclingSettings)
 
     def __post_init__(self) -> None:
+        if isinstance(self.upcycling, dict):  # read back from a saved run's JSON
+            object.__setattr__(self, "upcycling", UpcyclingSettings(**self.upcycling))
         check_fields(self)
         for name in (
             "num_classes",

@@ -25,6 +25,8 @@ from moelab.methods.continual.learner import Learner
 from moelab.methods.continual.loop import StreamResult, router_hit_rate, run_stream
 from moelab.methods.continual.report import plot_curves, stream_extra
 from moelab.methods.continual.stream import Stream, class_incremental_stream
+from moelab.methods.continual.upcycling import LEARNERS as UPCYCLING_LEARNERS
+from moelab.methods.continual.upcycling import UpcyclingLearner
 from moelab.methods.runner import run_seeds
 from moelab.models.encoder import BertEncoder, Tokenize
 from moelab.utils.results import BenchmarkResult, write_result
@@ -34,6 +36,7 @@ LEARNERS: dict[str, type[Learner]] = {
     "simplecil": SimpleCILLearner,
     "aper": APERLearner,
     "finetune": FinetuneLearner,
+    **UPCYCLING_LEARNERS,
 }
 
 
@@ -60,6 +63,7 @@ class ContinualRecipe:
         self.progress = progress
         self.history: dict[tuple[str, int], StreamResult] = {}
         self.seconds: dict[tuple[str, int], float] = {}
+        self.details: dict[tuple[str, int], dict] = {}  # the upcycling arms' growth and CKA
 
     def backbone(self, config: ContinualConfig) -> tuple[BertEncoder, Tokenize]:
         if self._backbone is None:
@@ -125,6 +129,9 @@ class ContinualRecipe:
         metrics = result.metrics()
         if config.method == "care" and config.scenario == "class":
             metrics["router_hit_rate"] = router_hit_rate(learner)
+        if isinstance(learner, UpcyclingLearner):
+            metrics.update(learner.growth_metrics())
+            self.details[(config.method, seed)] = learner.details()
         return metrics
 
 
