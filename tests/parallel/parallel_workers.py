@@ -184,6 +184,28 @@ def ep_dp_training(rank, world, ep, fsdp=(False,), latent=False, steps=20):
     return runs
 
 
+def expert_memory(rank, world, ep, steps=4):
+    """Replicated vs FSDP2-sharded experts at EP=``ep``: this rank's expert parameter +
+    AdamW-state bytes after ``steps`` steps, the losses and rank 0's full state."""
+    from moelab.models import MoETransformer
+    from moelab.parallel import ExpertParallel
+
+    out = {}
+    for use_fsdp in (False, True):
+        torch.manual_seed(0)
+        model = MoETransformer(tiny_lm_config()).double()
+        parallel = ExpertParallel(ep, fsdp=use_fsdp)
+        parallel.prepare(model)
+        losses, opt = train_steps(model, steps, world, rank, parallel)
+        full = parallel_full_state(model, parallel)  # collective: on every rank
+        out[use_fsdp] = {
+            "bytes": parallel.expert_state_bytes(model, opt),
+            "losses": losses,
+            "state": full if rank == 0 else None,
+        }
+    return out
+
+
 def parallel_full_state(model, parallel):
     from moelab.parallel import full_state_dict
 
@@ -223,13 +245,13 @@ def frozen_through_sharding(rank, world):
 
 
 # ------------------------------------------------------------------ sharded checkpoints
-def save_at(rank, world, ep, folder):
+def save_at(rank, world, ep, folder, fsdp=False):
     from moelab.models import MoETransformer
     from moelab.parallel import ExpertParallel
 
     torch.manual_seed(0)
     model = MoETransformer(tiny_lm_config())
-    parallel = ExpertParallel(ep)
+    parallel = ExpertParallel(ep, fsdp=fsdp)
     parallel.prepare(model)
     _, opt = train_steps(model, 2, world, rank, parallel)
     parallel.save_checkpoint(folder, model, opt, {"step": 2}, 2)
