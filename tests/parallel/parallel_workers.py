@@ -106,7 +106,13 @@ def tiny_lm_config(num_experts=4, latent=False, bias=False):
     base = dict(vocab_size=40, d_model=16, n_layers=2, n_heads=2, max_seq_len=16, init_std=0.1)
     if latent:
         lat = LatentMoEConfig(
-            num_heads=4, head_dim=4, num_experts=4, top_k=2, expert_size=8, init_std=0.1
+            num_heads=4,
+            head_dim=4,
+            num_experts=4,
+            top_k=2,
+            expert_size=8,
+            init_std=0.1,
+            bias_update_rate=0.1,
         )
         return ModelConfig(moe=None, latent_moe=lat, **base)
     moe = MoEConfig(

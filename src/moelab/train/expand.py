@@ -111,6 +111,7 @@ from moelab.train.expand_spec import (
     INITS,
     PAPER_REWARM_STEPS,
     REWARM_RATIO,
+    REWARM_TAILS,
     STATES,
     ExpandSpec,
     default_rewarm_steps,
@@ -168,6 +169,7 @@ def expansion_record(step: int, cfg: ModelConfig, spec: ExpandSpec) -> dict[str,
         "state": spec.state,
         "rewarm_steps": spec.rewarm_steps,
         "rewarm_ratio": spec.rewarm_ratio,
+        "rewarm_tail": spec.rewarm_tail,
         "logit_scale": cfg.logit_scale,
     }
 
@@ -251,6 +253,7 @@ __all__ = [
     "INITS",
     "PAPER_REWARM_STEPS",
     "REWARM_RATIO",
+    "REWARM_TAILS",
     "STATES",
     "ExpandSpec",
     "ExpandedModel",

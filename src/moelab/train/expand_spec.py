@@ -14,6 +14,7 @@ from moelab.train.config import TrainConfig
 
 INITS = ("sparkling", "random", "naive", "copy")
 STATES = ("asymmetric", "scaled", "symmetric")
+REWARM_TAILS = ("base", "own")
 REWARM_RATIO = 1.3
 """The paper's re-warmup peak ratio ρ (§4.2.2, App. G–H: best region ρ ≈ 1.25–1.3)."""
 PAPER_REWARM_STEPS = 250
@@ -43,7 +44,12 @@ class ExpandSpec:
         rewarm_steps: τ_w, re-warmup steps of the new entries' groups (asymmetric and
             scaled only; 0 = jump straight to ``ρ·η_e`` and decay from there).
         rewarm_ratio: ρ, the new groups' re-warmup peak over the rate at the expansion
-            (paper: 1.3; 1 with ``rewarm_steps=0`` is no boost).
+            (paper: 1.3; 1 is no boost).
+        rewarm_tail: after the rise, ``"base"``: fall back to the base schedule over another
+            ``rewarm_steps`` and follow it (a short re-warmup [I]; with ``rewarm_ratio`` 1 or
+            ``rewarm_steps`` 0 the new entries run exactly on the base schedule); ``"own"``:
+            their own cosine from ``ρ·η_e`` to the base minimum (moelab's reading of Eq. 28;
+            the new entries then stay above the old ones' rate to the end).
     """
 
     hidden: float | None = None
@@ -52,6 +58,7 @@ class ExpandSpec:
     state: str = "asymmetric"
     rewarm_steps: int = 0
     rewarm_ratio: float = REWARM_RATIO
+    rewarm_tail: str = "base"
 
     def __post_init__(self) -> None:
         for name in ("hidden", "inner"):
@@ -70,6 +77,10 @@ class ExpandSpec:
             )
         if not isinstance(self.rewarm_steps, int) or self.rewarm_steps < 0:
             raise InvalidValueError(f"rewarm_steps: must be an int >= 0, got {self.rewarm_steps!r}")
+        if self.rewarm_tail not in REWARM_TAILS:
+            raise InvalidValueError(
+                f"rewarm_tail: must be one of {', '.join(REWARM_TAILS)}, got {self.rewarm_tail!r}"
+            )
         r = self.rewarm_ratio
         if not (isinstance(r, (int, float)) and math.isfinite(r) and r > 0):
             raise InvalidValueError(f"rewarm_ratio: must be a finite number > 0, got {r!r}")
@@ -87,6 +98,7 @@ class ExpandSpec:
             state=cfg.expand_state,
             rewarm_steps=rewarm,
             rewarm_ratio=cfg.rewarm_ratio,
+            rewarm_tail=cfg.rewarm_tail,
         )
 
 

@@ -110,6 +110,7 @@ def expand_optimizer(
             "rewarm_from": step,
             "rewarm_steps": spec.rewarm_steps,
             "rewarm_ratio": float(spec.rewarm_ratio),
+            "rewarm_tail": spec.rewarm_tail,
             "rewarm_lr": eta_e,
             "rewarm_min_lr": cfg.lr * cfg.min_lr_ratio,
             "rewarm_total_steps": cfg.steps,

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from moelab.core.latent_moe import MultiHeadLatentMoE
+from moelab.core.latent_moe import BIAS_RATE_PER_LR, MultiHeadLatentMoE
 from moelab.core.layer import MoELayer
 from moelab.core.routers import update_expert_bias
 from moelab.data import TokenStream, sample_batch
@@ -115,8 +115,8 @@ def apply_update(
 ) -> float:
     """Synchronise the gradients (``parallel``'s own sync; DDP has already reduced them),
     clip them to ``cfg.grad_clip`` (0 = off), take the optimizer step, and update the routers'
-    aux-loss-free biases from ``counts``. Returns the pre-clip gradient norm (NaN when
-    clipping is off)."""
+    aux-loss-free biases from ``counts`` (Multi-Head LatentMoE's at 50 × ``cfg.lr`` unless its
+    config fixes the rate). Returns the pre-clip gradient norm (NaN when clipping is off)."""
     if parallel is not None:
         parallel.sync_gradients(model)
     clip = parallel.clip_grad_norm if parallel is not None else _clip
@@ -129,7 +129,8 @@ def apply_update(
         layer.reset_loss_state()
     for m in model.modules():
         if isinstance(m, MultiHeadLatentMoE):
-            m.update_bias()
+            tied = m.config.bias_update_rate is None  # the authors' 50 × peak lr
+            m.update_bias(BIAS_RATE_PER_LR * cfg.lr if tied else None)
     return grad_norm
 
 
