@@ -155,6 +155,38 @@ def t_interval(values: Sequence[float], confidence: float = 0.95) -> Stats:
     return Stats(n=n, mean=mean, sd=sd, ci=(mean - half, mean + half))
 
 
+def bootstrap_interval(
+    values: Sequence[float],
+    confidence: float = 0.95,
+    resamples: int = 10_000,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``values`` (Efron & Tibshirani 1993,
+    §13.3): ``resamples`` means of ``n`` values drawn with replacement (a NumPy generator
+    seeded by ``seed``, so the interval is reproducible), and their ``(1−c)/2`` and
+    ``(1+c)/2`` quantiles. With paired per-seed differences it makes no normality
+    assumption, unlike :func:`t_interval`; with few seeds it is coarse (n = 3 has only 10
+    distinct resample means) and narrower than the t-interval, so report both.
+
+    Raises:
+        InvalidValueError: ``values`` empty or non-finite, ``confidence`` not in (0, 1), or
+            ``resamples`` not an int >= 1.
+    """
+    import numpy as np
+
+    if not 0.0 < confidence < 1.0:
+        raise InvalidValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 1:
+        raise InvalidValueError(f"resamples must be an int >= 1, got {resamples!r}")
+    xs = np.asarray([float(v) for v in values], dtype=np.float64)
+    if xs.size == 0 or not np.isfinite(xs).all():
+        raise InvalidValueError(f"bootstrap_interval needs finite values, got {xs.tolist()!r}")
+    rng = np.random.default_rng(seed)
+    means = xs[rng.integers(0, xs.size, size=(resamples, xs.size))].mean(axis=1)
+    lo, hi = np.quantile(means, [(1.0 - confidence) / 2.0, (1.0 + confidence) / 2.0])
+    return float(lo), float(hi)
+
+
 @dataclasses.dataclass(frozen=True)
 class Provenance:
     """Where and when a result was made.
@@ -591,6 +623,7 @@ __all__ = [
     "ResultFieldError",
     "ResultFileError",
     "Stats",
+    "bootstrap_interval",
     "check_metrics",
     "git_state",
     "load_result",
