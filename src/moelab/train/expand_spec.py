@@ -42,7 +42,8 @@ class ExpandSpec:
         init: ``sparkling`` (the paper's copy-copy), ``random``, ``naive`` or ``copy``.
         state: ``asymmetric`` (the paper's), ``scaled`` or ``symmetric`` optimizer state.
         rewarm_steps: τ_w, re-warmup steps of the new entries' groups (asymmetric and
-            scaled only; 0 = jump straight to ``ρ·η_e`` and decay from there).
+            scaled only; 0 = no re-warmup with ``rewarm_tail="base"``, a jump straight to
+            ``ρ·η_e`` and its own decay from there with ``"own"``).
         rewarm_ratio: ρ, the new groups' re-warmup peak over the rate at the expansion
             (paper: 1.3; 1 is no boost).
         rewarm_tail: after the rise, ``"base"``: fall back to the base schedule over another
