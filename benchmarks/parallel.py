@@ -11,12 +11,17 @@
    more processes cannot run faster: the figure is the communication/synchronisation cost,
    not a speed-up.
 3. Validation loss on the mix corpus after equal steps of a standard top-2 MoE and a
-   Multi-Head LatentMoE with equal active parameters per token (both with aux-loss-free bias
-   balancing and softmax over the selected logits, the authors' MoEEP baseline), single
-   process, small budget.
+   Multi-Head LatentMoE with equal active parameters per token, ``--seeds`` seeds on one
+   held-out set (split seed 0), paired Δ per seed with t and bootstrap intervals. The
+   standard MoE is the authors' ``MoEEP`` baseline: 2-layer GELU experts, aux-loss-free bias
+   balancing, softmax over the selected logits; both arms update their biases at
+   γ = 50 × the peak learning rate, as the authors' ``launch_training.py`` does.
+4. FSDP2 with expert parallelism on W=4 gloo ranks (EP=2 × DP=2): each rank's expert
+   parameter + AdamW-state bytes with the experts replicated over DP and sharded over DP
+   (``ExpertParallel(2, fsdp=True)``), and the two runs' losses over the same steps.
 
-    python benchmarks/parallel.py                 # ~10 min on 2 busy cores
-    python benchmarks/parallel.py --steps 60 --rounds 1
+    python benchmarks/parallel.py                 # ~25 min on 2 busy cores
+    python benchmarks/parallel.py --steps 60 --rounds 1 --seeds 1
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import time
 
 import torch
 
+from _paired import paired_line
 from moelab.core.config import ExpertsConfig, LossConfig, MoEConfig, RouterConfig
 from moelab.core.latent_moe import LatentMoEConfig, MultiHeadLatentMoE
 from moelab.core.layer import MoELayer
@@ -122,16 +128,51 @@ def step_worker(rank, world, steps, batch=4, seq=64):
     return out
 
 
+LR = 2e-3
+BIAS_RATE = 50 * LR  # the authors' auxfree_update_ratio = 50 × peak lr, in both arms
+
+
 def quality_configs():
-    """Standard MoE and MH-LatentMoE with equal active parameters per token (D=128, 4 layers)."""
+    """The authors' MoEEP baseline (GELU experts) and MH-LatentMoE with equal active
+    parameters per token (D=128, 4 layers): 8 GELU experts of 384, top-2 (2·2·128·384 =
+    196,608 active expert weights per layer) against 4 heads of 32 with 8 experts of 320 per
+    head, top-2, plus fc_mh and fc_mg (4·2·2·32·320 + 2·128·128 = 196,608)."""
     base = dict(vocab_size=256, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, max_seq_len=128)
     router = RouterConfig(
-        num_experts=8, top_k=2, expert_bias=True, bias_update_rate=0.1, softmax_before_topk=False
-    )
+        num_experts=8, top_k=2, expert_bias=True, bias_update_rate=BIAS_RATE,
+        softmax_before_topk=False,
+    )  # fmt: skip
     losses = LossConfig(load_balance="none", z_loss_coeff=0.0)
-    moe = MoEConfig(router, ExpertsConfig(hidden_size=128, ffn_hidden_size=256), losses)
+    experts = ExpertsConfig(hidden_size=128, ffn_hidden_size=384, activation="gelu")
+    moe = MoEConfig(router, experts, losses)
     lat = LatentMoEConfig(num_heads=4, head_dim=32, num_experts=8, top_k=2, expert_size=320)
     return ModelConfig(moe=moe, **base), ModelConfig(moe=None, latent_moe=lat, **base)
+
+
+def memory_worker(rank, world, steps=4):
+    """EP=2 × DP=2: this rank's expert bytes and the losses, experts replicated vs sharded."""
+    out = {}
+    for fsdp in (False, True):
+        torch.manual_seed(0)
+        model = MoETransformer(_step_model("ep"))
+        parallel = ExpertParallel(2, fsdp=fsdp)
+        parallel.prepare(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        gen = torch.Generator().manual_seed(rank)
+        losses = []
+        for _ in range(steps):
+            ids = torch.randint(0, 256, (4, 65), generator=gen)
+            loss = model.loss(ids[:, :-1], ids[:, 1:]).loss
+            loss.backward()
+            parallel.sync_gradients(model)
+            parallel.clip_grad_norm(model, 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            mean = loss.detach().clone()
+            torch.distributed.all_reduce(mean)
+            losses.append(mean.item() / world)
+        out[fsdp] = {"bytes": parallel.expert_state_bytes(model, opt), "losses": losses}
+    return out
 
 
 def main() -> None:
@@ -141,6 +182,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200, help="training steps per model (part 3)")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds (part 2)")
     ap.add_argument("--timed-steps", type=int, default=8)
+    ap.add_argument("--seeds", type=int, default=3, help="seeds of the quality comparison (part 3)")
     args = ap.parse_args()
     ks = (1, 2, 4, 8)
     rows = []
@@ -192,22 +234,45 @@ def main() -> None:
         moe_layer_params(moe_cfg.moe)["active_per_token"],
         lat_cfg.latent_moe.active_params(128),
     )
-    cfg = TrainConfig(
-        data="mix", steps=args.steps, batch_size=8, seq_len=128, warmup_steps=20,
-        eval_every=10**9, checkpoint_every=0, log_every=50, eval_tokens=16384, seed=0,
-    )  # fmt: skip
-    vals = []
-    for model_cfg in (moe_cfg, lat_cfg):
-        with tempfile.TemporaryDirectory() as tmp:
-            res = train(copy.deepcopy(model_cfg), cfg, tmp, progress=False)
-            vals.append(res.final_eval.overall)
+    losses: dict[str, list[float]] = {"MoEEP (GELU)": [], "MH-LatentMoE": []}
+    for seed in range(args.seeds):
+        cfg = TrainConfig(
+            data="mix", steps=args.steps, batch_size=8, seq_len=128, warmup_steps=20, lr=LR,
+            eval_every=10**9, checkpoint_every=0, log_every=50, eval_tokens=16384, seed=seed,
+            split_seed=0,
+        )  # fmt: skip
+        for name, model_cfg in zip(losses, (moe_cfg, lat_cfg), strict=True):
+            with tempfile.TemporaryDirectory() as tmp:
+                res = train(copy.deepcopy(model_cfg), cfg, tmp, progress=False)
+                losses[name].append(res.final_eval.overall.loss)
+    a, b = (losses[k] for k in losses)
     rows.append(
         [
             "val loss, mix (nats/token)",
-            f"{args.steps} steps × 8×128 tok, active {active[0]} vs {active[1]}",
-            f"{vals[0].loss:.4f} ({vals[0].bits_per_byte:.3f} bpb)",
-            f"{vals[1].loss:.4f} ({vals[1].bits_per_byte:.3f} bpb)",
-            f"{vals[0].loss / vals[1].loss:.3f}",
+            f"{args.steps} steps × 8×128 tok, {args.seeds} seeds, active {active[0]} vs {active[1]}",
+            f"{statistics.fmean(a):.4f}",
+            f"{statistics.fmean(b):.4f}",
+            f"{statistics.fmean(a) / statistics.fmean(b):.3f}",
+        ]
+    )
+    paired = paired_line(b, a)  # MH-LatentMoE − MoEEP, seed by seed
+
+    # 4. FSDP2 on the experts, EP=2 × DP=2
+    mem = spawn_ranks(memory_worker, 4)
+    rep = [r[False]["bytes"] for r in mem]
+    shd = [r[True]["bytes"] for r in mem]
+    gap = max(
+        abs(x - y) / abs(y)
+        for r in mem
+        for x, y in zip(r[True]["losses"], r[False]["losses"], strict=True)
+    )
+    rows.append(
+        [
+            "expert params + AdamW state / rank",
+            "W=4: EP=2 × DP=2, FSDP2 on experts vs replicated",
+            f"{statistics.fmean(rep) / 1024:.1f} KiB replicated",
+            f"{statistics.fmean(shd) / 1024:.1f} KiB sharded",
+            f"{statistics.fmean(rep) / statistics.fmean(shd):.2f} (max rel. loss gap {gap:.1e})",
         ]
     )
 
@@ -218,6 +283,7 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for r in rows:
         print("| " + " | ".join(r) + " |")
+    print(f"\nval loss, MH-LatentMoE − MoEEP (GELU), paired by seed: {paired}")
 
 
 if __name__ == "__main__":

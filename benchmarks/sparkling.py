@@ -15,9 +15,10 @@ every run including scratch:
 - ``sparkling``: the paper's method (arXiv 2602.02472 v2): copy-copy initialisation with the
   analytic fan-in scale (½ at 2×, so the grown model computes the same function), old
   entries' optimizer state kept unscaled and new entries' at zero (Eq. 24), and the new
-  entries' learning rate re-warmed from the current rate to 1.3× over τ_w steps and then
-  decayed by its own cosine (Eq. 28); τ_w defaults to 0.8 % of the remaining steps (the
-  paper's 250 of ≈ 31.8k), i.e. 5 steps here (``--rewarm-steps`` overrides);
+  entries' learning rate re-warmed from the current rate to 1.3× over τ_w steps and back
+  onto the base schedule over as many (a short re-warmup, ``rewarm_tail="base"``); τ_w
+  defaults to 0.8 % of the remaining steps (the paper's 250 of ≈ 31.8k), i.e. 5 steps here
+  (``--rewarm-steps`` overrides);
 - ``naive``: default-initialised new entries, symmetric optimizer state (new entries join the
   old step counter with zero moments, no re-warmup);
 - ``copy``: plain function-preserving copies (HyperCloning for hidden, Net2Net for the inner
@@ -82,6 +83,7 @@ from pathlib import Path
 
 import torch
 
+from _paired import paired_block, paired_line
 from _pool import run_jobs
 from moelab.core.config import ExpertsConfig, LossConfig, MoEConfig, RouterConfig
 from moelab.models import ModelConfig, count_params, load_model
@@ -108,11 +110,17 @@ METHODS = {
 ABLATIONS = {  # --ablation: which ingredient does what
     "sparkling+sym": {"expand_init": "sparkling", "expand_state": "symmetric"},
     "sparkling+scaled": {"expand_init": "sparkling", "expand_state": "scaled"},
+    # the boost isolated: the same state reset with the new entries exactly on the base
+    # schedule (ρ = 1 with the short tail), and the earlier reading's own-cosine tail
     "sparkling-noboost": {
-        "expand_init": "sparkling", "expand_state": "asymmetric", "rewarm_steps": 0,
-        "rewarm_ratio": 1.0,
+        "expand_init": "sparkling", "expand_state": "asymmetric", "rewarm_ratio": 1.0,
+        "rewarm_tail": "base",
+    },
+    "sparkling-owntail": {
+        "expand_init": "sparkling", "expand_state": "asymmetric", "rewarm_tail": "own",
     },
 }  # fmt: skip
+SPLIT_SEED = 0  # one held-out set for every seed: the Δ vs scratch is paired on it
 SETTINGS = (
     ("dense", "hidden", "adamw"),
     ("dense", "inner", "adamw"),
@@ -257,8 +265,7 @@ def run_setting(
             grown_probe = None
         else:
             extra = {"rewarm_steps": how.get("rewarm_steps", rewarm_steps)}
-            if "rewarm_ratio" in how:
-                extra["rewarm_ratio"] = how["rewarm_ratio"]
+            extra.update({k: how[k] for k in ("rewarm_ratio", "rewarm_tail") if k in how})
             expand_run(
                 base, run, init=how["expand_init"], state=how["expand_state"], **factors, **extra
             )
@@ -303,7 +310,7 @@ def run_seed_setting(root: Path, seed: int, setting: tuple, args: argparse.Names
         data="mix", max_bytes_per_domain=args.max_bytes, seq_len=args.seq_len,
         batch_size=args.batch_size, steps=args.steps, lr=args.lr, warmup_steps=args.warmup,
         eval_every=10**6, eval_tokens=args.eval_tokens, checkpoint_every=50, log_every=1,
-        seed=seed, optimizer=opt,
+        seed=seed, split_seed=SPLIT_SEED, optimizer=opt,
     ).to_dict()  # fmt: skip
     key = f"{kind}-{axis}-{opt}-s{seed}"
     return run_setting(
@@ -422,6 +429,15 @@ def main() -> None:
                 f"{fmt(paired, '+.4f') if method != 'scratch' else '—'} | "
                 f"{fmt(fl)} | {fmt(wall)} | {reached}/{len(runs)} |"
             )
+    print("\nPaired Δ val bpb (same seeds, same held-out documents; benchmarks/_paired.py)")
+    for (kind, axis, opt), by_method in results.items():
+        bpb = {m: [r["bpb"] for r in runs] for m, runs in by_method.items()}
+        print(f"{kind} {LABELS[axis]} 2× {opt}:")
+        print("\n".join(paired_block(bpb, "scratch", width=40)))
+        for other in ("random", *ABLATIONS):  # the paper's own ablations against its method
+            if other in bpb and "sparkling" in bpb:
+                line = paired_line(bpb["sparkling"], bpb[other])
+                print(f"  {'sparkling − ' + other:<40} {line}")
     print(f"\ntotal time {time.time() - t_start:.0f} s; runs in {root}")
 
 

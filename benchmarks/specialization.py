@@ -4,9 +4,11 @@ Four arms on the same budget (same steps, data order and init per seed): load ba
 + the intra-layer specialization loss (R_sp: cos² over ordered co-activated pairs per token);
 + the cross-layer loss in the Eq. 7 product form (``joint_topk``); + both. Two settings:
 fine-grained E=16, k=4 (many co-activated pairs), and the same with a shared expert (the paper
-claims both). λ of each loss is chosen by a sweep over ``--sweep`` on seed 0 of the first
-setting (lowest validation loss of its single-loss arm); then every arm runs ``--seeds`` seeds.
-For each run, on the same validation tokens:
+claims both). λ of each loss is chosen by a sweep over ``--sweep`` on a separate seed (99) of
+the first setting (lowest validation loss of its single-loss arm), so the table's seeds do not
+select their own λ; then every arm runs ``--seeds`` seeds. Every run holds out the same
+documents (split seed 0, ``TrainConfig.split_seed``). For each run, on the same validation
+tokens:
 
 - validation bits per byte (``moelab.train.evaluate``);
 - mean routing entropy (nats, mean over tokens and MoE layers; ``confidence_stats``);
@@ -16,15 +18,16 @@ For each run, on the same validation tokens:
 - cross-layer pathway consistency: NMI of adjacent layers' top-1 experts (``transitions``).
 
 The paper's claim: lower routing entropy, higher specialization (lower similarity), no worse
-loss. Every number is mean ± sd over seeds.
+loss. Every number is mean ± sd over seeds; below the table every arm is compared with "LB
+only" of the same setting and seed as paired differences (mean ± sd, t and bootstrap
+intervals, per seed; ``benchmarks/_paired.py``).
 
 Usage::
 
     python benchmarks/specialization.py                          # sweep + 2 settings × 4 arms × 3 seeds
     python benchmarks/specialization.py --steps 200 --seeds 1 --sweep 0.01   # quick look
 
-The training runs go to ``--workers`` processes of ``--threads`` torch threads each; the sweep's
-run at the chosen λ is reused as that arm's seed-0 run (same config, seed and data order).
+The training runs go to ``--workers`` processes of ``--threads`` torch threads each.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from _paired import paired_block
 from _pool import run_jobs
 from moelab.analysis import confidence_stats, expert_redundancy, transitions
 from moelab.core.config import ExpertsConfig, LossConfig, MoEConfig, RouterConfig
@@ -141,7 +145,7 @@ def run_arm(root: Path, name: str, losses: LossConfig, shared: bool, seed: int, 
     tcfg = TrainConfig(
         data="mix", max_bytes_per_domain=400_000, seq_len=SEQ_LEN, batch_size=8,
         steps=args.steps, lr=3e-3, warmup_steps=30, eval_every=10**6, eval_tokens=1024,
-        checkpoint_every=0, log_every=100, seed=seed,
+        checkpoint_every=0, log_every=100, seed=seed, split_seed=SPLIT_SEED,
     )  # fmt: skip
     run = (
         root
@@ -164,6 +168,8 @@ def mean_sd(values: list[float]) -> str:
 
 
 SETTINGS = {"E=16 k=4": False, "E=16 k=4 + shared": True}
+SPLIT_SEED = 0  # one held-out set for every seed: differences are paired
+SWEEP_SEED = 99  # λ is chosen on a seed the table does not use
 SWEPT = {"spec": "LB + spec", "cross": "LB + cross (Eq. 7)"}
 
 
@@ -177,6 +183,13 @@ def print_table(table: dict, steps: int, seeds: int, chosen: dict) -> None:
     print(f"{'setting / arm':<40}" + "".join(f"{h:>16}" for h in heads))
     for key, cell in table.items():
         print(f"{key:<40}" + "".join(f"{mean_sd(cell[c]):>16}" for c in cols))
+    for setting in SETTINGS:
+        for col, head in zip(cols, heads, strict=True):
+            rows = {
+                k.split(" / ")[1]: v[col] for k, v in table.items() if k.startswith(setting + " /")
+            }
+            print(f"\n{setting}, {head}: paired against LB only")
+            print("\n".join(paired_block(rows, "LB only", width=38)))
 
 
 def main() -> None:
@@ -193,22 +206,22 @@ def main() -> None:
     args = ap.parse_args()
     t0 = time.time()
     root = Path(tempfile.mkdtemp(prefix="spec-bench-"))
-    done: dict[str, dict] = {}  # a sweep run is also its arm's seed-0 run: train it once
+    done: dict[str, dict] = {}  # every table run's metrics, by config and seed
 
     def key(losses: LossConfig, shared: bool, seed: int) -> str:
         return f"{losses!r}|{shared}|{seed}"
 
-    # λ per loss: the single-loss arm's lowest validation loss on seed 0, E=16 k=4 setting
+    # λ per loss: the single-loss arm's lowest validation loss on SWEEP_SEED, E=16 k=4 setting
     chosen = dict(zip(("spec", "cross"), args.lambdas, strict=True)) if args.lambdas else {}
     if not args.lambdas:
         sweep = [(loss, lam, arms(lam, lam)[SWEPT[loss]]) for loss in SWEPT for lam in args.sweep]
         rows = run_jobs(
-            [(run_arm, (root, f"sweep-{loss}", cfg, False, 0, args)) for loss, lam, cfg in sweep],
+            [(run_arm, (root, f"sweep-{loss}", cfg, False, SWEEP_SEED, args))
+             for loss, lam, cfg in sweep],
             args.workers, args.threads,
         )  # fmt: skip
         scores: dict[str, dict[float, float]] = {loss: {} for loss in SWEPT}
-        for (loss, lam, cfg), row in zip(sweep, rows, strict=True):
-            done[key(cfg, False, 0)] = row
+        for (loss, lam, _), row in zip(sweep, rows, strict=True):
             scores[loss][lam] = row["loss"]
         for loss in SWEPT:
             chosen[loss] = min(scores[loss], key=scores[loss].get)
@@ -222,7 +235,7 @@ def main() -> None:
     ]
     # the loss arms are the slow ones: start them first
     todo = sorted(
-        (c for c in cells if key(c[2], c[3], c[4]) not in done),
+        cells,
         key=lambda c: -(c[2].specialization + c[2].cross_layer),
     )
     rows = run_jobs(

@@ -6,9 +6,12 @@ shared expert, switch balancing 0.01 — trained on the real ``mix`` corpus unti
 loss flattens (the curve is printed). Then:
 
 (a) training-free, as the paper evaluates it (MoEE/MTEB protocol, non-causal): embed held-out
-    128-token windows by mean-pooled hidden states (HS) and by the per-layer mean routing
-    weights (RW), and classify each window's source (KJV book, Shakespeare work, stdlib
-    top-level module) with logistic regression on a stratified half of the windows. Routing
+    128-token windows and classify each window's source (KJV book, Shakespeare work, stdlib
+    top-level module) with logistic regression on a stratified half of the windows. Two
+    embeddings: the authors' MoEE (``Training_Free/moee.py``): the last token's final hidden
+    state (HS), the raw router logits of *all* experts at the last token of every layer (RW),
+    and their concatenation (MoEE), z-scored; and mean pooling (HS: mean hidden state; RW:
+    per-layer mean of the *selected* routing weights). Routing
     rules, each ranked per window (``selection_scope="sequence"``) at 100 % and 86 % of S·k
     pairs: token choice (TC: at 86 % the weakest pairs are dropped), expert choice (EC: the LP
     with a per-expert cap), USMoE with the released sigmoid score and with the paper's EC-style
@@ -21,7 +24,10 @@ loss flattens (the curve is printed). Then:
     adds others), against the TC + balancing backbone at equal steps.
 
 Claim (paper): up to 10 % better, or 14 % fewer pairs at competitive accuracy. Every number is
-mean ± sd over ``--seeds`` seeds (seed = model init and data order).
+mean ± sd over ``--seeds`` seeds (seed = model init and data order); every seed is scored on
+the same held-out documents and windows (split seed 0, ``TrainConfig.split_seed``), and each
+rule is compared with the TC row of its seed as paired differences (mean ± sd, t and
+bootstrap intervals, per-seed values; ``benchmarks/_paired.py``).
 
 Usage::
 
@@ -44,6 +50,7 @@ from pathlib import Path
 
 import torch
 
+from _paired import paired_block, paired_line
 from _pool import run_jobs
 from moelab.core.config import ExpertsConfig, LossConfig, MoEConfig, RouterConfig
 from moelab.data import load_corpus, load_tokenizer
@@ -54,6 +61,7 @@ from moelab.train.loop import train, validation_streams
 
 BUDGETS = (1.0, 0.86)
 WINDOW = 128
+SPLIT_SEED = 0  # one held-out set for every seed: differences are paired
 
 
 def backbone(shared_expert: bool, router: RouterConfig | None = None, balance="switch"):
@@ -75,7 +83,7 @@ def train_cfg(seed: int, steps: int) -> TrainConfig:
     return TrainConfig(
         data="mix", max_bytes_per_domain=600_000, seq_len=WINDOW, batch_size=16, steps=steps,
         lr=3e-3, warmup_steps=30, eval_every=max(steps // 6, 1), eval_tokens=8192,
-        checkpoint_every=0, log_every=max(steps // 6, 1), seed=seed,
+        checkpoint_every=0, log_every=max(steps // 6, 1), seed=seed, split_seed=SPLIT_SEED,
     )  # fmt: skip
 
 
@@ -103,7 +111,7 @@ def rules(scope: str) -> dict[str, Callable[[float], RouterConfig]]:
 
 def windows(seed: int, per_class: int = 16) -> tuple[list[list[int]], list[str], list[str]]:
     """Held-out windows of WINDOW+1 bytes with their source label and task name."""
-    gen = torch.Generator().manual_seed(10_000 + seed)
+    gen = torch.Generator().manual_seed(10_000 + SPLIT_SEED)  # the same windows every seed
     by_label: dict[tuple[str, str], list[str]] = {}
     for doc in load_corpus("mix", max_bytes_per_domain=600_000):
         task = {"kjv": "KJV book", "shakespeare": "Shakespeare work", "code": "stdlib module"}
@@ -123,23 +131,48 @@ def windows(seed: int, per_class: int = 16) -> tuple[list[list[int]], list[str],
 
 
 @torch.no_grad()
-def embed(model: MoETransformer, ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean-pooled final hidden states ``[N, D]`` and per-layer mean routing weights
-    ``[N, L·E]`` of each window."""
+def embed(model: MoETransformer, ids: list[list[int]]) -> dict[str, torch.Tensor]:
+    """Window embeddings ``[N, ·]`` by protocol and kind: ``"last HS"`` the last token's final
+    hidden state ``[N, D]``, ``"last RW"`` the raw router logits of all experts at the last
+    token, every layer ``[N, L·E]``, ``"last MoEE"`` both (the authors' ``moee.py``);
+    ``"mean HS"`` the mean hidden state and ``"mean RW"`` the per-layer mean of the selected
+    routing weights (zero for unselected experts)."""
     model.eval()
-    hs, rw = [], []
-    for i in range(0, len(ids), 32):
-        x = torch.tensor(ids[i : i + 32])
-        out = model(x)
-        B, S = x.shape
-        hs.append(out.hidden_states.mean(1))
-        per_layer = []
-        for plan in out.plans:
-            dense = torch.zeros(B * S, plan.num_experts)
-            dense[plan.token_idx, plan.expert_idx] = plan.weight.float()
-            per_layer.append(dense.view(B, S, -1).mean(1))
-        rw.append(torch.cat(per_layer, dim=1))
-    return torch.cat(hs), torch.cat(rw)
+    routers = [b.ffn.router for b in model.blocks if b.is_moe]
+    logits: list[torch.Tensor] = []
+    hooks = [
+        r.register_forward_pre_hook(lambda m, a: logits.append(a[0].float() @ m.weight.float().T))
+        for r in routers
+    ]  # the router's input [T, D] -> raw logits [T, E], before any selection rule
+    out_rows: dict[str, list[torch.Tensor]] = {
+        k: [] for k in ("last", "last RW", "mean", "mean RW")
+    }
+    try:
+        for i in range(0, len(ids), 32):
+            x = torch.tensor(ids[i : i + 32])
+            logits.clear()
+            out = model(x)
+            B, S = x.shape
+            out_rows["last"].append(out.hidden_states[:, -1])
+            out_rows["mean"].append(out.hidden_states.mean(1))
+            out_rows["last RW"].append(torch.cat([lg.view(B, S, -1)[:, -1] for lg in logits], 1))
+            per_layer = []
+            for plan in out.plans:
+                dense = torch.zeros(B * S, plan.num_experts)
+                dense[plan.token_idx, plan.expert_idx] = plan.weight.float()
+                per_layer.append(dense.view(B, S, -1).mean(1))
+            out_rows["mean RW"].append(torch.cat(per_layer, dim=1))
+    finally:
+        for h in hooks:
+            h.remove()
+    cat = {k: torch.cat(v) for k, v in out_rows.items()}
+    return {
+        "last HS": cat["last"],
+        "last RW": cat["last RW"],
+        "last MoEE": torch.cat([cat["last"], cat["last RW"]], 1),
+        "mean HS": cat["mean"],
+        "mean RW": cat["mean RW"],
+    }
 
 
 def accuracy(features: torch.Tensor, labels: list[str], seed: int) -> float:
@@ -185,13 +218,13 @@ def backbone_job(root: Path, seed: int, args: argparse.Namespace) -> dict:
     ids, labels, tasks = windows(seed, args.windows_per_class)
     for name, make in rules("sequence").items():
         for f in BUDGETS:
-            hs, rw = embed(with_router(model, make(f)), ids)
+            feats_by_kind = embed(with_router(model, make(f)), ids)
             for task in sorted(set(tasks)):
                 keep = [i for i, t in enumerate(tasks) if t == task]
                 lab = [labels[i] for i in keep]
-                for kind, feats in (("HS", hs), ("RW", rw)):
+                for kind, feats in feats_by_kind.items():
                     key = f"{task} {kind} | {name} @{int(f * 100)}%"
-                    res["a"][key] = accuracy(feats[keep], lab, seed)
+                    res["a"][key] = accuracy(feats[keep], lab, SPLIT_SEED)
     for name, make in rules("position").items():
         for f in BUDGETS:
             res["b"][f"{name} @{int(f * 100)}%"] = bits_per_byte(
@@ -224,7 +257,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2400)
     ap.add_argument("--shared-expert", action="store_true", help="backbone with a shared expert")
     ap.add_argument("--eval-tokens", type=int, default=16384, help="validation tokens per domain")
-    ap.add_argument("--windows-per-class", type=int, default=16, help="part (a) windows per source")
+    ap.add_argument("--windows-per-class", type=int, default=64, help="part (a) windows per source")
     ap.add_argument("--released-budgets", type=float, nargs="*", default=[1.0],
                     help="part (c): pair budgets of the trained USMoE runs (none: omit (c))")  # fmt: skip
     ap.add_argument("--json", type=Path, default=None)
@@ -256,13 +289,22 @@ def main() -> None:
     print("\n(a) training-free, non-causal (per-window ranking): source classification accuracy %")
     for key, vals in res["a"].items():
         print(f"  {key:<62} {fmt(vals, 100.0)}")
+    print("\n(a) paired: each rule − TC @100 % of the same seed, task and embedding (points %)")
+    for key, vals in res["a"].items():
+        head = key.split(" | ")[0]
+        base = f"{head} | TC @100%"
+        if key != base:
+            print(f"  {key:<62} {paired_line(vals, res['a'][base], 100.0)}")
     print("\n(b) causal LM, validation bits/byte (causal scopes only)")
     for key, vals in res["b"].items():
         print(f"  {key:<62} {fmt(vals)}")
+    print("\n".join(["(b) paired against TC @100 %", *paired_block(res["b"], "TC @100%")]))
     if res["c"]:
         print("\n(c) training-based, validation bits/byte at equal steps")
         for key, vals in res["c"].items():
             print(f"  {key:<62} {fmt(vals)}")
+        base = "TC + balancing (backbone)"
+        print("\n".join(["(c) paired against the backbone", *paired_block(res["c"], base)]))
     print(f"\ntotal time {time.time() - t0:.0f} s")
     if args.json:
         args.json.write_text(json.dumps({"curves": curves, **res}, indent=1))

@@ -91,3 +91,30 @@ def test_config_errors_and_model_option_round_trip(tmp_path):
     again = load_model(tmp_path / "m")
     assert torch.equal(again(ids).logits, model(ids).logits)
     assert lat.active_params(16) == 2 * 16 * 16 + 2 * (8 * 4 + 2 * 2 * 8 * 8)
+
+
+def test_bias_rate_defaults_to_50_times_the_peak_learning_rate():
+    """The authors tie γ to the learning rate (auxfree_update_ratio = 50 · max lr); the
+    training step passes that rate when the config leaves it None."""
+    from moelab.train.config import TrainConfig
+    from moelab.train.loop_step import apply_update
+
+    lat = LatentMoEConfig(num_heads=2, head_dim=16, num_experts=4, top_k=2, expert_size=8)
+    assert lat.bias_update_rate is None
+    torch.manual_seed(0)
+    base = dict(vocab_size=64, d_model=32, n_layers=2, n_heads=2, max_seq_len=16)
+    model = MoETransformer(ModelConfig(moe=None, latent_moe=lat, **base))
+    layer = model.blocks[0].ffn
+    ids = torch.randint(0, 64, (2, 9))
+    model.loss(ids[:, :-1], ids[:, 1:]).loss.backward()
+    counts = layer._counts.clone()
+    before = layer.expert_bias.clone()
+    with pytest.raises(ValueError, match="bias_update_rate"):
+        layer.update_bias()  # nothing to tie it to outside training
+    layer._counts = counts
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    apply_update(model, opt, [], [], TrainConfig(lr=3e-3, grad_clip=0.0), None)
+    u = torch.sign(counts.sum(-1, keepdim=True) - 4 * counts).float()
+    step = layer.expert_bias - before
+    assert torch.allclose(step, 50 * 3e-3 * (u - u.mean(-1, keepdim=True)))
+    assert step.abs().max() > 0

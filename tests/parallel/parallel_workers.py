@@ -106,7 +106,13 @@ def tiny_lm_config(num_experts=4, latent=False, bias=False):
     base = dict(vocab_size=40, d_model=16, n_layers=2, n_heads=2, max_seq_len=16, init_std=0.1)
     if latent:
         lat = LatentMoEConfig(
-            num_heads=4, head_dim=4, num_experts=4, top_k=2, expert_size=8, init_std=0.1
+            num_heads=4,
+            head_dim=4,
+            num_experts=4,
+            top_k=2,
+            expert_size=8,
+            init_std=0.1,
+            bias_update_rate=0.1,
         )
         return ModelConfig(moe=None, latent_moe=lat, **base)
     moe = MoEConfig(
@@ -184,6 +190,28 @@ def ep_dp_training(rank, world, ep, fsdp=(False,), latent=False, steps=20):
     return runs
 
 
+def expert_memory(rank, world, ep, steps=4):
+    """Replicated vs FSDP2-sharded experts at EP=``ep``: this rank's expert parameter +
+    AdamW-state bytes after ``steps`` steps, the losses and rank 0's full state."""
+    from moelab.models import MoETransformer
+    from moelab.parallel import ExpertParallel
+
+    out = {}
+    for use_fsdp in (False, True):
+        torch.manual_seed(0)
+        model = MoETransformer(tiny_lm_config()).double()
+        parallel = ExpertParallel(ep, fsdp=use_fsdp)
+        parallel.prepare(model)
+        losses, opt = train_steps(model, steps, world, rank, parallel)
+        full = parallel_full_state(model, parallel)  # collective: on every rank
+        out[use_fsdp] = {
+            "bytes": parallel.expert_state_bytes(model, opt),
+            "losses": losses,
+            "state": full if rank == 0 else None,
+        }
+    return out
+
+
 def parallel_full_state(model, parallel):
     from moelab.parallel import full_state_dict
 
@@ -223,13 +251,13 @@ def frozen_through_sharding(rank, world):
 
 
 # ------------------------------------------------------------------ sharded checkpoints
-def save_at(rank, world, ep, folder):
+def save_at(rank, world, ep, folder, fsdp=False):
     from moelab.models import MoETransformer
     from moelab.parallel import ExpertParallel
 
     torch.manual_seed(0)
     model = MoETransformer(tiny_lm_config())
-    parallel = ExpertParallel(ep)
+    parallel = ExpertParallel(ep, fsdp=fsdp)
     parallel.prepare(model)
     _, opt = train_steps(model, 2, world, rank, parallel)
     parallel.save_checkpoint(folder, model, opt, {"step": 2}, 2)

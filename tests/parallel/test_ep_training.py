@@ -7,6 +7,7 @@ import pytest
 import torch
 from parallel_workers import (
     ep_dp_training,
+    expert_memory,
     frozen_through_sharding,
     load_at,
     save_at,
@@ -42,6 +43,31 @@ def test_20_steps_ep_dp_equal_single_process():
     for run in results[0]:
         for k, v in ref_state.items():
             assert torch.allclose(run["state"][k], v, rtol=1e-5, atol=1e-6), k
+
+
+@pytest.mark.slow
+def test_fsdp_shards_experts_over_dp_halving_their_memory():
+    """EP=2 × DP=2: FSDP2 on the experts (over each EP shard's DP group of 2) halves every
+    rank's expert parameter + AdamW-state bytes and trains exactly as the replicated run."""
+    results = run_ranks(expert_memory, 4, ep=2)
+    # tiny_lm_config: 2 layers × (w_gate_up [4, 16, 16] + w_down [4, 8, 16]) float64, 2 of
+    # the 4 experts per EP rank; weights + exp_avg + exp_avg_sq = 3 copies
+    replicated = 3 * 2 * 2 * (16 * 16 + 8 * 16) * 8
+    for r in results:
+        assert r[False]["bytes"] == replicated
+        assert r[True]["bytes"] * 2 == replicated
+        assert r[True]["losses"] == pytest.approx(r[False]["losses"], rel=1e-6)  # fp32 loss
+    for k, v in results[0][False]["state"].items():
+        assert torch.allclose(results[0][True]["state"][k], v, rtol=1e-5, atol=1e-6), k
+
+
+@pytest.mark.slow
+def test_checkpoint_with_fsdp_sharded_experts_loads_in_one_process(tmp_path):
+    saved = run_ranks(save_at, 4, ep=2, folder=str(tmp_path), fsdp=True)[0]
+    model = MoETransformer(tiny_lm_config())
+    load_sharded(latest_sharded_dir(tmp_path), model, [], ParallelGroups())
+    for k, v in saved["model"].items():
+        assert torch.equal(model.state_dict()[k], v), k
 
 
 @pytest.mark.slow

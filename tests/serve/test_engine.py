@@ -286,3 +286,24 @@ def test_position_scope_usmoe_is_served_one_sequence_at_a_time():
         [1, 2, 3], SamplingParams(max_tokens=4, temperature=0)
     )
     assert seq.output_ids == _greedy_reference(usmoe, [1, 2, 3], 4)
+
+
+def test_position_scope_usmoe_warns_that_serving_alone_is_not_the_trained_model():
+    import warnings
+
+    from moelab.core.config import RouterConfig
+    from moelab.models import with_router
+    from moelab.serve.batching import BatchDependentRoutingWarning
+
+    torch.manual_seed(5)
+    base = MoETransformer(ModelConfig.tiny(vocab_size=61, max_seq_len=48, n_kv_heads=2))
+    for scope, warns in (("position", True), ("causal_prefix", False)):
+        router = RouterConfig(num_experts=4, top_k=2, kind="usmoe", selection_scope=scope)
+        model = with_router(base, router).eval()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            Engine(model, max_batch=1)
+        hits = [w for w in caught if issubclass(w.category, BatchDependentRoutingWarning)]
+        assert len(hits) == (1 if warns else 0), scope
+        if warns:
+            assert "selection_scope='position'" in str(hits[0].message)

@@ -340,14 +340,14 @@ def test_legacy_rewarm_factor_formula():  # layouts saved before the paper's re-
 
 
 def test_new_groups_follow_the_papers_asymmetric_rewarmup():
-    # Eq. 28: new groups start at eta_e = eta(t_e), rise linearly to 1.3 eta_e over tau_w
-    # steps, then their own cosine to eta_min at T; old groups stay on the base schedule
+    # Eq. 28 (rewarm_tail "own"): new groups start at eta_e = eta(t_e), rise linearly to
+    # 1.3 eta_e over tau_w steps, then their own cosine to eta_min at T; old groups stay on
+    # the base schedule
     cfg = TrainConfig(steps=1000, warmup_steps=30, lr=1e-2, min_lr_ratio=0.1)
     m = _model(_cfg()).float()
     opt = build_optimizer(m, cfg)
-    e = expand_live(
-        m, opt, ExpandSpec(inner=2, rewarm_steps=4), cfg, step=500, calib_ids=None, seed=0
-    )
+    spec = ExpandSpec(inner=2, rewarm_steps=4, rewarm_tail="own")
+    e = expand_live(m, opt, spec, cfg, step=500, calib_ids=None, seed=0)
     eta_e = 1e-2 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 470 / 970)))  # by hand
     peak, lo = 1.3 * eta_e, 1e-3
     new_gi = [i for i, g in enumerate(e.optimizer.layout) if g["rewarm_from"] == 500]
@@ -375,6 +375,26 @@ def test_new_groups_follow_the_papers_asymmetric_rewarmup():
     cfg = TrainConfig(steps=1000, expand_at=500, expand_hidden=2.0)
     assert ExpandSpec.from_train_config(cfg).rewarm_steps == 4  # 0.8 % of the 500 left
     assert ExpandSpec.from_train_config(cfg).rewarm_ratio == 1.3
+
+
+@pytest.mark.parametrize("ratio", [1.3, 1.0])
+def test_short_rewarmup_returns_to_the_base_schedule(ratio):
+    # rewarm_tail "base" (the default): the base rate times 1 -> rho over tau_w steps, back
+    # to 1 over as many, then exactly the base rate; rho = 1 is the base schedule throughout
+    cfg = TrainConfig(steps=1000, warmup_steps=30, lr=1e-2, min_lr_ratio=0.1)
+    m = _model(_cfg()).float()
+    spec = ExpandSpec(inner=2, rewarm_steps=4, rewarm_ratio=ratio)
+    assert spec.rewarm_tail == "base" and TrainConfig().rewarm_tail == "base"
+    e = expand_live(m, build_optimizer(m, cfg), spec, cfg, step=500, calib_ids=None, seed=0)
+    new_gi = [i for i, g in enumerate(e.optimizer.layout) if g["rewarm_from"] == 500]
+    assert new_gi
+    rise = {500: 0.0, 501: 0.25, 502: 0.5, 504: 1.0, 506: 0.5, 507: 0.25, 508: 0.0, 900: 0.0}
+    for step, r in rise.items():
+        base = lr_at(step, lr=1e-2, warmup_steps=30, total_steps=1000, min_lr_ratio=0.1)
+        e.optimizer.set_lr(step, base)
+        want = base * (1 + (ratio - 1) * r)
+        for i in new_gi:
+            assert e.optimizer.param_groups[i]["lr"] == pytest.approx(want, rel=1e-12), step
 
 
 def _losses(run):

@@ -191,3 +191,20 @@ def test_validation_streams_equal_prepare_datas_without_the_training_split(corpu
         assert torch.equal(again[name].ids, val[name].ids)
         assert torch.equal(again[name].token_bytes, val[name].token_bytes)
         assert again[name].name == val[name].name == "val/user"
+
+
+def test_split_seed_fixes_the_held_out_documents_across_training_seeds():
+    from moelab.data import Document
+    from moelab.train.config import TrainConfig
+    from moelab.train.loop import split_run_documents
+
+    docs = [Document(f"d{i}", "user", f"text {i} " * 20) for i in range(60)]
+
+    def held_out(**kw):
+        cfg = TrainConfig(val_fraction=0.2, **kw)
+        return sorted(d.name for d in split_run_documents(cfg, docs)[1])
+
+    assert held_out(seed=0) != held_out(seed=1)  # the old rule: the split follows the seed
+    assert held_out(seed=0) == held_out(seed=0, split_seed=0)
+    fixed = [held_out(seed=s, split_seed=7) for s in (0, 1, 2)]
+    assert fixed[0] == fixed[1] == fixed[2] and fixed[0] != held_out(seed=0)

@@ -200,3 +200,25 @@ def test_bootstrap_interval_brackets_the_mean_and_is_degenerate_for_constants():
         bootstrap_interval([])
     with pytest.raises(ValueError, match="confidence"):
         bootstrap_interval([1.0], confidence=1.0)
+
+
+def test_bootstrap_interval_of_paired_differences():
+    import numpy as np
+
+    from moelab.utils.results import bootstrap_interval
+
+    # one value: every resample is that value
+    assert bootstrap_interval([0.25]) == (0.25, 0.25)
+    # two values a, b: resample means are a (1/4), (a+b)/2 (1/2), b (1/4); 90 % -> [a, b]
+    assert bootstrap_interval([0.0, 1.0], confidence=0.9, resamples=20_000) == (0.0, 1.0)
+    lo, hi = bootstrap_interval([1.0, 2.0, 3.0], seed=3)
+    # a slow reference: every one of the 27 resamples, its mean, weighted equally
+    grid = np.array([[a, b, c] for a in (1, 2, 3) for b in (1, 2, 3) for c in (1, 2, 3)])
+    exact = np.quantile(grid.mean(1), [0.025, 0.975])
+    assert lo == pytest.approx(exact[0], abs=0.34) and hi == pytest.approx(exact[1], abs=0.34)
+    assert 1.0 <= lo < 2.0 < hi <= 3.0
+    assert bootstrap_interval([1.0, 2.0, 3.0], seed=3) == (lo, hi)  # reproducible
+    with pytest.raises(ValueError, match="resamples"):
+        bootstrap_interval([1.0], resamples=0)
+    with pytest.raises(ValueError, match="finite"):
+        bootstrap_interval([float("nan")])

@@ -36,6 +36,12 @@ def expand(
         Opt(help="Re-warmup peak of the new entries over the LR at the expansion."),
         Range(min=0, min_open=True),
     ] = 1.3,
+    rewarm_tail: Annotated[
+        str,
+        Opt(
+            help="After the re-warmup: base (fall back onto the old entries' schedule) or own (their own cosine to the end)."
+        ),
+    ] = "base",
 ) -> None:
     """Grow the width of RUN's latest checkpoint (model and optimizer state) into --out.
 
@@ -60,6 +66,7 @@ def expand(
         state=state,
         rewarm_steps=rewarm_steps,
         rewarm_ratio=rewarm_ratio,
+        rewarm_tail=rewarm_tail,
     )
     table = Table(title=f"{run} → {res.out} at step {res.step} ({res.spec.init}, {res.spec.state})")
     for col in ("", "d_model", "heads", "kv heads", "inner"):

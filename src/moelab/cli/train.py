@@ -92,6 +92,7 @@ TRAIN_OPTIONS = [
     ConfigOption("fit_to_budget", "fit_to_budget",
                  "Fit the total steps (at most --steps) to --time-budget after the warmup, refitted after each validation."),
     ConfigOption("seed", "seed", "Random seed."),
+    ConfigOption("split_seed", "split_seed", "Seed of the train/validation split alone (default: --seed); fix it to compare seeds on one held-out set."),
     ConfigOption("allow_noncausal_routing", "allow_noncausal_routing",
                  "Allow USMoE scopes that look at future tokens (not a causal LM)."),
     ConfigOption("lora_rank", "lora_rank", "Train only LoRA adapters of this rank on the experts."),
@@ -105,6 +106,7 @@ TRAIN_OPTIONS = [
     ConfigOption("expand_state", "expand_state", "Expansion optimizer state: asymmetric (paper), scaled or symmetric."),
     ConfigOption("rewarm_steps", "rewarm_steps", "Steps the new entries' LR rises to --rewarm-ratio x (default 0.8 % of the rest, <= 250)."),
     ConfigOption("rewarm_ratio", "rewarm_ratio", "Re-warmup peak of the new entries over the LR at the expansion (paper 1.3)."),
+    ConfigOption("rewarm_tail", "rewarm_tail", "After the re-warmup: base (fall back onto the old entries' schedule) or own (their own cosine to the end)."),
     ConfigOption("objective", "objective", "causal, or block-diffusion (masked block diffusion, +1 mask id)."),
     ConfigOption("block_size", "block_size", "Diffusion block size (divides --seq-len)."),
     ConfigOption("precision", "precision", "fp32, or bf16 (mixed precision: bf16 GEMMs, float32 weights and router)."),
@@ -239,7 +241,7 @@ def train(
       moelab train --out runs/exp1 --resume
       moelab train --router usmoe --usmoe-budget 0.86
       moelab train --top-k 1 --score-func sigmoid --norm-topk-prob
-      moelab train --spec-loss --cross-loss --spec-coeff 0.01 --cross-coeff 0.01
+      moelab train --spec-loss --cross-loss --spec-coeff 0.001 --cross-coeff 0.01
       moelab train --objective block-diffusion --block-size 8 --init-from runs/main
       torchrun --nproc-per-node 2 -m moelab.cli train --steps 100
       moelab train --steps 1000 --expand-at 450 --expand hidden=2x,expert=2x

@@ -385,7 +385,9 @@ class LossConfig:
             routing gives k.
         specialization: add the intra-layer specialization loss (arXiv 2602.14159; see
             :mod:`moelab.core.losses.specialization`), reported as ``"specialization"``.
-        specialization_coeff: its coefficient.
+        specialization_coeff: its coefficient (default 1e-3: the value the sweep of
+            ``benchmarks/specialization.py`` over {1e-3, 1e-2, 1e-1} chose, with the loss a
+            mean over ordered pairs [I]).
         specialization_penalty: φ of the cosine: ``"square"`` (cos², the paper's R_sp as
             secondary sources give it), ``"cos"`` or ``"relu"`` (max(cos, 0)).
         cross_layer: add the cross-layer dependency (coupling) loss between adjacent MoE
@@ -403,7 +405,7 @@ class LossConfig:
     z_loss_coeff: float = 1e-3
     convention: BalanceConvention = "megatron"
     specialization: bool = False
-    specialization_coeff: float = 1e-2
+    specialization_coeff: float = 1e-3
     specialization_penalty: SpecPenalty = "square"
     cross_layer: bool = False
     cross_layer_coeff: float = 1e-2

@@ -51,6 +51,9 @@ from moelab.core.experts import ExpertBank
 from moelab.core.experts.select import carry_over
 from moelab.errors import InvalidTypeError, InvalidValueError, require
 
+BIAS_RATE_PER_LR = 50.0
+"""The authors' bias update rate per unit of peak learning rate (``launch_training.py``)."""
+
 
 @dataclass
 class LatentMoEConfig:
@@ -63,7 +66,11 @@ class LatentMoEConfig:
         top_k: k, experts per sub-token, in [1, E].
         expert_size: m, hidden size of every GELU expert (the authors use multiples of 128
             for their kernels; any m >= 1 here).
-        bias_update_rate: γ of the per-head aux-loss-free bias update (>= 0).
+        bias_update_rate: γ of the per-head aux-loss-free bias update (>= 0), or None (the
+            default): :data:`BIAS_RATE_PER_LR` × the training run's peak learning rate, as
+            the authors tie it (``auxfree_update_ratio = 50.0 * lrsched_max_lr``,
+            ``launch_training.py``) [C]; ``moelab train`` passes that rate to
+            :meth:`MultiHeadLatentMoE.update_bias`.
         init_std: std of the normal init (fc_mh, routers, K, V; fc_mg uses
             ``init_std / sqrt(2·n_layers)``, set by the model).
     """
@@ -73,7 +80,7 @@ class LatentMoEConfig:
     num_experts: int = 8
     top_k: int = 2
     expert_size: int = 128
-    bias_update_rate: float = 0.1
+    bias_update_rate: float | None = None
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
@@ -90,8 +97,9 @@ class LatentMoEConfig:
             "top_k",
             f"must be an int in [1, num_experts={E}], got {k!r}",
         )
+        rate = self.bias_update_rate
         require(
-            isinstance(self.bias_update_rate, (int, float)) and self.bias_update_rate >= 0,
+            rate is None or (isinstance(rate, (int, float)) and rate >= 0),
             "bias_update_rate",
             f"must be >= 0, got {self.bias_update_rate!r}",
         )
@@ -243,7 +251,12 @@ class MultiHeadLatentMoE(nn.Module):
         ``bias_group()`` (the ranks that hold these heads and see other tokens).
 
         ``u = sign(Σ_j c_j − E·c_i)`` (exact integer form of ``sign(mean load − load)``),
-        ``u ← u − mean(u)``, ``b += γ·u``. Returns the bias, or None when nothing was counted.
+        ``u ← u − mean(u)``, ``b += γ·u``, with γ = ``rate`` when given, else the config's
+        ``bias_update_rate``. Returns the bias, or None when nothing was counted.
+
+        Raises:
+            InvalidValueError: neither ``rate`` nor ``bias_update_rate`` is set (None means
+                "tied to the learning rate": the trainer passes it).
         """
         counts, self._counts = self._counts, None
         if counts is None:
@@ -256,5 +269,10 @@ class MultiHeadLatentMoE(nn.Module):
         u = torch.sign(counts.sum(-1, keepdim=True) - E * counts).to(self.expert_bias.dtype)
         u = u - u.mean(-1, keepdim=True)
         gamma = self.config.bias_update_rate if rate is None else rate
+        if gamma is None:
+            raise InvalidValueError(
+                "bias_update_rate: None ties it to the learning rate; pass rate= "
+                f"({BIAS_RATE_PER_LR:g} × the peak learning rate, as moelab train does)"
+            )
         self.expert_bias.add_(gamma * u)
         return self.expert_bias

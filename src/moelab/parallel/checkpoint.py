@@ -11,8 +11,9 @@ Layout inside a run folder (same ``checkpoints/latest.json`` index as single-pro
     checkpoints/latest.json    {"format_version": 1, "step": 200, "dir": "step-000200"}
 
 What DCP stores is the *global* tensor of every state-dict entry: expert and head shards are
-wrapped as DTensors on the ``("dp", "ep")`` mesh with placements ``[Replicate(), Shard(0)]``,
-FSDP2 parameters are DTensors already, replicated tensors are plain (written once). Loading
+wrapped as DTensors on the ``("dp", "ep")`` mesh with placements ``[Replicate(), Shard(0)]``
+(or, when FSDP2 split them over their DP group, on the ``("ep", "dp")`` mesh with
+``[Shard(0), Shard(0)]``), the other FSDP2 parameters are DTensors already, replicated tensors are plain (written once). Loading
 builds the same wrapped dict for the *loading* layout and DCP reads each rank's slice, so a
 checkpoint written at EP=4 loads at EP=2, at EP=1 and in a single process.
 
@@ -57,9 +58,19 @@ KEEP = 2
 
 
 def _wrap(t: Tensor, name: str, sharded: set[str], groups: ParallelGroups) -> Tensor:
-    if name in sharded and groups.ep > 1 and not isinstance(t, DTensor):
-        return DTensor.from_local(t, groups.mesh, [Replicate(), Shard(0)], run_check=False)
-    return t
+    if name not in sharded or groups.ep == 1:
+        return t
+    if isinstance(t, DTensor):  # FSDP2 split this EP shard over its DP group (dim 0)
+        shape = (t.shape[0] * groups.ep, *t.shape[1:])
+        return DTensor.from_local(
+            t.to_local(),
+            groups.expert_mesh,
+            [Shard(0), Shard(0)],
+            run_check=False,
+            shape=torch.Size(shape),
+            stride=torch.empty(shape, device="meta").stride(),
+        )
+    return DTensor.from_local(t, groups.mesh, [Replicate(), Shard(0)], run_check=False)
 
 
 def model_state(model: nn.Module, sharded: set[str], groups: ParallelGroups) -> dict[str, Tensor]:

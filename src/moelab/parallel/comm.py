@@ -29,6 +29,10 @@ class ParallelGroups:
         ep, dp: group sizes (``ep · dp == world_size``).
         ep_rank, dp_rank: this rank's index in its EP / DP group.
         mesh: the ``("dp", "ep")`` DeviceMesh (None when not distributed).
+        expert_mesh: the same ranks as an ``("ep", "dp")`` DeviceMesh (None when not
+            distributed): a tensor sharded over EP and then, inside each EP shard, over DP
+            (FSDP2 on the experts, :mod:`moelab.parallel.fsdp`) is ``[Shard(0), Shard(0)]``
+            on it, so its global dim-0 order is EP-major, as the unsharded checkpoint's.
     """
 
     world_size: int = 1
@@ -36,6 +40,7 @@ class ParallelGroups:
     ep: int = 1
     dp: int = 1
     mesh: DeviceMesh | None = None
+    expert_mesh: DeviceMesh | None = None
 
     @property
     def ep_rank(self) -> int:
@@ -89,7 +94,17 @@ def build_groups(ep: int, timeout: timedelta | None = None) -> ParallelGroups:
     # default group's: the groups are made here with ``timeout`` and wrapped in a mesh
     groups = [_own_group(layout.t(), timeout), _own_group(layout, timeout)]
     mesh = DeviceMesh.from_group(groups, device, mesh=layout, mesh_dim_names=("dp", "ep"))
-    return ParallelGroups(world_size=world, rank=dist.get_rank(), ep=ep, dp=world // ep, mesh=mesh)
+    expert_mesh = DeviceMesh.from_group(
+        groups[::-1], device, mesh=layout.t(), mesh_dim_names=("ep", "dp")
+    )
+    return ParallelGroups(
+        world_size=world,
+        rank=dist.get_rank(),
+        ep=ep,
+        dp=world // ep,
+        mesh=mesh,
+        expert_mesh=expert_mesh,
+    )
 
 
 def _own_group(rows: Tensor, timeout: timedelta | None) -> dist.ProcessGroup:

@@ -8,7 +8,9 @@ ranks' losses, so every gradient must be ``(1/W) Σ_r ∂L_r/∂θ``:
 - sharded parameters (experts, Multi-Head LatentMoE heads): backward through the all-to-all
   already summed ``∂L_r/∂θ`` over the r of this EP group into the shard's owner, so the
   remaining sum runs over the DP group only (the replicas of the same shard), then ÷ W
-  (Megatron-Core's expert-data-parallel reduction).
+  (Megatron-Core's expert-data-parallel reduction). When FSDP2 shards them over the DP group
+  (:mod:`moelab.parallel.fsdp`) its reduce-scatter did the DP sum and ÷ DP; the remaining
+  ÷ EP is applied here to the local slice.
 
 The global gradient norm for clipping adds replicated squares once, FSDP2 shards summed over
 the world and expert shards summed over the EP group, and scales every gradient by
@@ -47,7 +49,11 @@ def sync_gradients(model: nn.Module, sharded: set[str], groups: ParallelGroups) 
         return
     replicated, shards = [], []
     for name, p in model.named_parameters():
-        if not p.requires_grad or _is_dtensor(p):
+        if not p.requires_grad:
+            continue
+        if _is_dtensor(p):
+            if name in sharded and p.grad is not None and groups.ep > 1:
+                p.grad.to_local().div_(groups.ep)  # FSDP2 averaged over DP only
             continue
         if p.grad is None:
             p.grad = torch.zeros_like(p)

@@ -43,7 +43,8 @@ class ExpertParallel:
     Args:
         expert_parallel: EP, ranks per expert-parallel group (divides the world size, the
             experts of every MoE layer and the heads of every Multi-Head LatentMoE layer).
-        fsdp: shard the non-expert parameters with FSDP2 over the world.
+        fsdp: shard the non-expert parameters with FSDP2 over the world, and (EP > 1 and
+            DP > 1) each EP rank's experts over its DP group (:mod:`moelab.parallel.fsdp`).
     Raises:
         ValueError: EP is not an int >= 1 dividing the world size (``WORLD_SIZE``).
     """
@@ -87,6 +88,21 @@ class ExpertParallel:
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> float:
         return clip_grad_norm(model, max_norm, self._sharded_set, self.groups)
+
+    def expert_state_bytes(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+        """Bytes this rank holds of the expert / head shards' parameters and their optimizer
+        state tensors (FSDP2's local slices when the experts are sharded over DP; scalar
+        state such as Adam's ``step`` left out): the memory FSDP2 on the experts divides by
+        DP."""
+        total = 0
+        for name, p in model.named_parameters():
+            if name not in self._sharded_set:
+                continue
+            tensors = [p, *(v for v in optimizer.state.get(p, {}).values() if v.dim())]
+            for t in tensors:
+                local = t.to_local() if hasattr(t, "to_local") else t
+                total += local.numel() * local.element_size()
+        return total
 
     # ------------------------------------------------------------ checkpoints
     def save_checkpoint(

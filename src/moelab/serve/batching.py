@@ -18,7 +18,11 @@ selection spans the rows of a forward pass does not. By router (``RouterConfig``
 - USMoE ``position``: one selection group per time column of the batch (budget ``B·k``, as
   the released code's ``[time, batch, D]`` tensors): the rows decide together, and no
   per-sequence form exists. **Served one sequence at a time** (``max_batch=1``); a larger
-  batch is refused (:func:`check_batching`);
+  batch is refused (:func:`check_batching`). Served alone, every token gets exactly k
+  experts, while training ranked groups of ``batch_size`` tokens (the budget moved between
+  the rows): a different model from the one trained, hence a
+  :class:`BatchDependentRoutingWarning` (``docs/methods/usmoe.md``, "Batch dependence");
+  ``causal_prefix`` is the scope whose served model equals the trained one;
 - expert choice and USMoE ``sequence``/``batch``: they look at future tokens and cannot
   decode at all (refused by the KV-cache path, ``MoETransformer._check_cacheable``).
 """
@@ -27,11 +31,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import warnings
 from collections.abc import Iterator
 
 from moelab.core.config import RouterConfig
 from moelab.errors import InvalidValueError
 from moelab.models import MoETransformer
+
+
+class BatchDependentRoutingWarning(UserWarning):
+    """A model whose routing depends on the batch (USMoE ``position`` scope) is run at a
+    batch unlike its training batch, so it computes a different function from the one
+    trained."""
+
 
 SERVED_DROPLESS = "dropless"
 SERVED_ALONE = "alone"
@@ -85,6 +97,17 @@ def check_batching(model: MoETransformer, max_batch: int) -> BatchingPlan:
             "selection group across the sequences of a batch, so a served sequence would "
             f"depend on its neighbours; serve it with max_batch=1 (got {max_batch}), or swap "
             "in selection_scope='causal_prefix' (moelab.models.with_router)"
+        )
+    if alone:
+        warnings.warn(
+            BatchDependentRoutingWarning(
+                f"layer {alone[0]} routes with USMoE selection_scope='position': training "
+                "ranked each time column across the batch's sequences, one sequence at a time "
+                "gives every token exactly top_k experts, a different model from the one "
+                "trained (see docs/methods/usmoe.md, 'Batch dependence'); train with "
+                "--usmoe-scope causal_prefix for a model that serves as trained"
+            ),
+            stacklevel=3,
         )
     return BatchingPlan(dropless, alone)
 

@@ -50,7 +50,11 @@ class TrainConfig:
         fit_to_budget: fit the total steps (at most ``steps``) to ``time_budget_s`` after
             timing the first steps, and again after every validation, so that the cosine
             ends with the budget (:mod:`moelab.train.budget`); needs ``time_budget_s``.
-        seed: seeds the model init, the data split and the batch order.
+        seed: seeds the model init, the batch order and (unless ``split_seed`` is given)
+            the data split.
+        split_seed: seeds the train/validation document split alone; None = ``seed``. A
+            comparison over several seeds sets it to one value so that every seed is scored
+            on the same held-out documents and per-seed differences are paired.
         init_from: a model folder (e.g. from ``moelab upcycle``) whose weights and tokenizer
             start the run instead of a random init.
         optimizer: ``adamw``, or ``muon`` (``torch.optim.Muon`` on the 2-D hidden matrices,
@@ -71,9 +75,15 @@ class TrainConfig:
             inits, zeros otherwise, no re-warmup).
         rewarm_steps: τ_w, steps over which the new entries' learning rate rises from the
             current rate to ``rewarm_ratio`` times it (None = 0.8 % of the steps left after
-            the expansion, at most the paper's 250, at least 1; 0 = jump to the peak).
+            the expansion, at most the paper's 250, at least 1; 0 = no re-warmup with
+            ``rewarm_tail="base"``, a jump to the peak with ``"own"``).
         rewarm_ratio: ρ, the new entries' re-warmup peak over the rate at the expansion
             (SPARKLING Eq. 27; paper 1.3).
+        rewarm_tail: ``base`` (default [I]): after the rise the new entries' rate falls back
+            onto the base schedule over another ``rewarm_steps`` and follows it (a short
+            re-warmup); ``own``: their own cosine from the peak to the base minimum
+            (moelab's earlier reading of SPARKLING Eq. 28: they stay above the old entries'
+            rate for the rest of the run). See :func:`moelab.train.schedule.rewarm_boost`.
         lora_rank: > 0 adds LoRA adapters of this rank to every expert bank (unless the
             model has them) and trains only the adapters (:mod:`moelab.models.lora`).
         lora_alpha: α of the adapters' scale α/r.
@@ -117,6 +127,7 @@ class TrainConfig:
     time_budget_s: float | None = None
     fit_to_budget: bool = False
     seed: int = 0
+    split_seed: int | None = None
     init_from: str | None = None
     optimizer: str = "adamw"
     expand_at: int | None = None
@@ -126,6 +137,7 @@ class TrainConfig:
     expand_state: str = "asymmetric"
     rewarm_steps: int | None = None
     rewarm_ratio: float = 1.3
+    rewarm_tail: str = "base"
     lora_rank: int = 0
     lora_alpha: float = 16.0
     doc_masks: bool = False
@@ -219,6 +231,8 @@ class TrainConfig:
             raise ConfigError(f"rewarm_steps: must be >= 0, got {self.rewarm_steps}")
         if not self.rewarm_ratio > 0:
             raise ConfigError(f"rewarm_ratio: must be > 0, got {self.rewarm_ratio}")
+        if self.rewarm_tail not in ("base", "own"):
+            raise ConfigError(f"rewarm_tail: must be base or own, got {self.rewarm_tail!r}")
         if self.expand_at is None:
             if any(f is not None for f in factors.values()):
                 raise ConfigError("expand_at: a width factor is set but no expansion step")

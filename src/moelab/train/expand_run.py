@@ -60,6 +60,7 @@ def expand_run(
     state: str = "asymmetric",
     rewarm_steps: int | None = None,
     rewarm_ratio: float = REWARM_RATIO,
+    rewarm_tail: str = "base",
 ) -> ExpandRunResult:
     """Grow the latest checkpoint of ``run_dir`` into a new run folder ``out_dir``.
 
@@ -72,6 +73,8 @@ def expand_run(
         rewarm_steps: τ_w, re-warmup steps of the new entries (None:
             :func:`moelab.train.expand.default_rewarm_steps` of the steps left).
         rewarm_ratio: ρ, their re-warmup peak over the rate at the expansion (paper 1.3).
+        rewarm_tail: ``"base"`` (a short boost, then the base schedule) or ``"own"`` (their
+            own cosine to the end); see :class:`ExpandSpec`.
     Raises:
         ConfigError: not a run folder, a finished run, the checkpoint at or past the last step,
             an in-loop expansion still pending, bad factors; CheckpointError: no checkpoint
@@ -106,6 +109,7 @@ def expand_run(
         state=state,
         rewarm_steps=default_rewarm_steps(left) if rewarm_steps is None else rewarm_steps,
         rewarm_ratio=rewarm_ratio,
+        rewarm_tail=rewarm_tail,
     )
     check_expansion(ckpt.model.cfg, spec, ckpt.model)
     tokenizer = load_tokenizer(run_dir)

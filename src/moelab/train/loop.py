@@ -29,27 +29,26 @@ Reliability (what a kill, a second process or a changed input can and cannot do)
 - With ``fit_to_budget`` the total steps are fitted to the time budget after the warmup and
   refitted after every validation (:mod:`moelab.train.budget`); each fit is written into
   ``run.json`` before the next step, so a resume replays the fitted schedule.
+
+The code is split by concern: :mod:`~moelab.train.loop_setup` (the model a run trains and
+``run.json``), :mod:`~moelab.train.loop_step` (one optimizer step),
+:mod:`~moelab.train.loop_session` (checkpoints, validation, probes, an expansion, the
+finish); this module holds the run folder's helpers, the data split and the loop itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from moelab.core.experts import cpu_kernel
-from moelab.core.latent_moe import MultiHeadLatentMoE
-from moelab.core.routers import update_expert_bias
 from moelab.data import (
     Document,
     Tokenizer,
@@ -67,11 +66,9 @@ from moelab.data.fingerprint import (
     tokenizer_fingerprint,
 )
 from moelab.errors import TrainingDivergedError
-from moelab.models import ModelConfig, MoETransformer, load_model, save_model
-from moelab.models.block_diffusion import to_block_diffusion
+from moelab.models import ModelConfig, MoETransformer, load_model
 from moelab.models.hooks import moe_layers
 from moelab.models.io import MANIFEST_FILE
-from moelab.models.lora import add_expert_lora, freeze_all_but_lora
 from moelab.train.budget import (
     MIN_TIMED_STEPS,
     SKIP_STEPS,
@@ -80,10 +77,9 @@ from moelab.train.budget import (
     progress_at,
     recorded_fits,
 )
-from moelab.train.checkpoint import checkpoint_dirs, load_checkpoint, save_checkpoint
+from moelab.train.checkpoint import checkpoint_dirs, load_checkpoint
 from moelab.train.config import ConfigError, TrainConfig
 from moelab.train.device import device_rng_state, resolve_device, set_device_rng_state
-from moelab.train.diffusion import batch_elbo_nats, diffusion_loss_terms
 from moelab.train.distributed import (
     DEFAULT_DIST_TIMEOUT_S,
     DistInfo,
@@ -93,23 +89,21 @@ from moelab.train.distributed import (
     timeout_error,
 )
 from moelab.train.evaluate import EvalResult, evaluate
-from moelab.train.expand import (
-    ExpandSpec,
-    check_expansion,
-    expand_in_training,
-    expansion_record,
+from moelab.train.loop_session import TrainSession
+from moelab.train.loop_setup import RUN_FILE, prepare_model, write_run_info
+from moelab.train.loop_step import (
+    accumulate_gradients,
+    apply_update,
+    load_imbalance,
+    mixed_precision,
+    train_record,
 )
-from moelab.train.main_rank import MainRankWork
-from moelab.train.metrics import MetricsLog
-from moelab.train.optim import PlainAdamW, build_optimizer
 from moelab.train.progress import TrainProgress
 from moelab.train.schedule import scheduled_lr
 from moelab.train.stopping import DEFAULT_STOP_GRACE_S, StopFlag, check_stop_grace
 from moelab.utils.atomic import atomic_write_json
 from moelab.utils.jsonfile import read_json
 from moelab.utils.locking import folder_lock
-
-RUN_FILE = "run.json"
 
 
 @dataclass
@@ -122,33 +116,6 @@ class TrainResult:
     final_eval: EvalResult | None
     train_loss: float
     elapsed_s: float
-
-
-class _LossModule(nn.Module):
-    """``forward`` = the LM loss, so DistributedDataParallel hooks the whole step."""
-
-    def __init__(self, model: MoETransformer) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, targets, doc_ids=None):
-        if self.model.cfg.objective == "block_diffusion":  # x_0 = the window's targets
-            nats, aux, records = diffusion_loss_terms(self.model, targets)
-            ce = nats / targets.numel()
-            return ce + aux, ce, aux, records
-        out = self.model.loss(input_ids, targets, doc_ids=doc_ids)
-        return out.loss, out.ce, out.aux_loss, out.output.records
-
-
-def mixed_precision(cfg: TrainConfig, device: torch.device) -> AbstractContextManager:
-    """The training forward's autocast context: bf16 for ``precision="bf16"``, else none."""
-    if cfg.precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return nullcontext()
-
-
-def _clip(model: nn.Module, max_norm: float) -> float:
-    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()
 
 
 def read_run_info(run_dir: Path) -> dict[str, Any]:
@@ -246,7 +213,8 @@ def split_run_documents(
     (``docs``, or the corpus ``cfg`` names)."""
     if docs is None:
         docs = load_corpus(cfg.data, max_bytes_per_domain=cfg.max_bytes_per_domain)
-    train_docs, val_docs = split_documents(docs, val_fraction=cfg.val_fraction, seed=cfg.seed)
+    seed = cfg.seed if cfg.split_seed is None else cfg.split_seed
+    train_docs, val_docs = split_documents(docs, val_fraction=cfg.val_fraction, seed=seed)
     return train_docs, val_docs, sorted({d.domain for d in docs})
 
 
@@ -261,19 +229,6 @@ def domain_streams(val_docs, names, tokenizer) -> dict[str, TokenStream]:
         )
         for name in names
     }
-
-
-def _eval_record(step: int, result: EvalResult) -> dict[str, Any]:
-    rec = {
-        "step": step,
-        "split": "val",
-        "loss": result.overall.loss,
-        "bpb": result.overall.bits_per_byte,
-        "perplexity": result.overall.perplexity,
-    }
-    for name, score in result.per_domain.items():
-        rec[f"bpb/{name}"] = score.bits_per_byte
-    return rec
 
 
 def train(
@@ -464,103 +419,30 @@ def _train(
         model_cfg.vocab_size = tokenizer.vocab_size
         torch.manual_seed(cfg.seed)
         model = MoETransformer(model_cfg)
-    if cfg.lora_rank:
-        if model.cfg.moe is None or not model.cfg.moe.experts.lora_rank:
-            model = add_expert_lora(model, cfg.lora_rank, cfg.lora_alpha)
-        freeze_all_but_lora(model)
-    if cfg.objective == "block-diffusion" and model.cfg.objective == "causal":
-        model = to_block_diffusion(model, cfg.block_size)  # AR init (+1 mask id)
-    elif cfg.objective == "causal" and model.cfg.objective != "causal":
-        raise ConfigError(
-            "objective: the model is a block-diffusion model; pass --objective block-diffusion"
-        )
-    extra = 1 if model.cfg.objective == "block_diffusion" else 0  # the mask id
-    if model.cfg.vocab_size != tokenizer.vocab_size + extra:
-        raise ConfigError(
-            f"vocab_size: the model has {model.cfg.vocab_size} tokens, the tokenizer {tokenizer.vocab_size}"
-        )
-    if extra and model.cfg.block_size != cfg.block_size:
-        raise ConfigError(
-            f"block_size: the model uses {model.cfg.block_size}, the run {cfg.block_size}"
-        )
-    noncausal = model.noncausal_routing_layers()
-    if noncausal and not cfg.allow_noncausal_routing:
-        raise ConfigError(
-            f"router: MoE layers {noncausal} route with a USMoE scope that looks at future "
-            "tokens, so the model is not a causal LM; use --usmoe-scope position or "
-            "causal_prefix, or pass --allow-noncausal-routing"
-        )
-    if model.cfg.max_seq_len < cfg.seq_len:
-        raise ConfigError(
-            f"seq_len: {cfg.seq_len} exceeds the model's max_seq_len={model.cfg.max_seq_len}"
-        )
-    if cfg.expand_at is not None and (ckpt is None or ckpt.step <= cfg.expand_at):
-        check_expansion(model.cfg, ExpandSpec.from_train_config(cfg), model)
-    if parallel is not None and (cfg.expand_at is not None or cfg.optimizer != "adamw"):
-        raise ConfigError(
-            "--expert-parallel/--fsdp: train with AdamW and without --expand-at (width "
-            "expansion and Muon are single-process or DDP features)"
-        )
-    model = model.to(device)
+    model = prepare_model(model, cfg, tokenizer, ckpt, parallel).to(device)
     if parallel is not None:  # validate the layout on every rank before anything is written
         if resume:
             parallel.check_resume(run_dir)
         model = parallel.prepare(model, dist_info.timeout)
     if dist_info.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if not resume:
-            tokenizer.save(run_dir)
-            info = {
-                "model": model.cfg.to_dict(),
-                "train": cfg.to_dict(),
-                "data_fingerprint": data_fp,
-                "tokenizer_sha256": tokenizer_fingerprint(run_dir),
-            }
-            atomic_write_json(run_dir / RUN_FILE, info)
-        elif allow_data_change:
-            info = {**run_info, "data_fingerprint": data_fp}
-            info["tokenizer_sha256"] = tokenizer_fingerprint(run_dir)
-            atomic_write_json(run_dir / RUN_FILE, info)
-    barrier(dist_info)
-    on_main = MainRankWork(dist_info).run
-
-    layers = moe_layers(model)
-    module = _LossModule(model)
-    step_fn = DDP(module) if dist_info.enabled and parallel is None else module
-    if parallel is None:
-        optimizer = build_optimizer(
-            model, cfg, ckpt.state["optimizer"] if ckpt is not None else None
+        write_run_info(
+            run_dir,
+            model,
+            cfg,
+            tokenizer,
+            data_fp,
+            resume=resume,
+            allow_data_change=allow_data_change,
+            run_info=run_info if resume else {},
         )
-    else:
-        optimizer = PlainAdamW(model, cfg)
-    generator = torch.Generator().manual_seed(cfg.seed * 1000 + dist_info.rank)
-    start_step, tokens_seen, elapsed_before = 0, 0, 0.0
-    metrics = MetricsLog(run_dir / "metrics.jsonl")
-    if ckpt is not None:
-        torch.set_rng_state(ckpt.state["torch_rng"])
-        set_device_rng_state(device, ckpt.state.get("device_rng"))
-        generator.set_state(ckpt.state["generator"][dist_info.rank])
-        start_step = ckpt.step
-        tokens_seen = int(ckpt.state["tokens_seen"])
-        elapsed_before = float(ckpt.state["elapsed_s"])
-        if dist_info.is_main:
-            # a resume from step 0 validates step 0 again: keep nothing then
-            metrics.truncate_after(start_step if start_step > 0 else -1)
-    elif (
-        parallel is not None
-        and resume
-        and (state := parallel.load_checkpoint(run_dir, model, optimizer))
-    ):
-        torch.set_rng_state(state["torch_rng"])
-        generator.set_state(state["generator"][dist_info.rank])
-        start_step, tokens_seen = int(state["step"]), int(state["tokens_seen"])
-        elapsed_before = float(state["elapsed_s"])
-        if dist_info.is_main:
-            metrics.truncate_after(start_step if start_step > 0 else -1)
-    elif resume and dist_info.is_main:
-        metrics.truncate_after(-1)
+    barrier(dist_info)
 
-    saved_step = {"step": ckpt.step if ckpt is not None else None}
+    run = TrainSession(
+        cfg, model, run_dir, dist_info, device, parallel, ckpt, val_streams, on_step, progress,
+        evaluate_fn=evaluate,
+    )  # fmt: skip
+    run.restore(ckpt, resume)
+    start_step = run.start_step
     # A resume replays the recorded fits and refits only after the last of them.
     fits = recorded_fits(run_info, cfg.warmup_steps) if resume else []
     fit_at = None
@@ -571,102 +453,34 @@ def _train(
     if fits:
         taken = [f for f in fits if f.at_step <= start_step]
         cfg = dataclasses.replace(cfg, steps=taken[-1].steps if taken else fits[0].requested_steps)
+    run.cfg = cfg
     step_times: list[float] = []
-    last_s = {"eval": 0.0, "checkpoint": 0.0}  # the fit's cost of one of each
-
-    def stop_requested() -> bool:
-        """The stop flag, agreed by all ranks (so that no rank leaves a collective alone)."""
-        if not dist_info.enabled:
-            return stop.stop
-        flag = torch.tensor([int(stop.stop)], device=device)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        stop.stop = bool(flag.item())
-        return stop.stop
-
-    def checkpoint(step: int) -> None:
-        t = time.perf_counter()
-        saved_step["step"] = step
-        gens = [generator.get_state()]
-        if dist_info.enabled:  # on the device: NCCL gathers only GPU tensors
-            mine = generator.get_state().to(device)
-            gens = [torch.empty_like(mine) for _ in range(dist_info.world_size)]
-            torch.distributed.all_gather(gens, mine)
-            gens = [g.cpu() for g in gens]
-        state = {
-            "step": step,
-            "torch_rng": torch.get_rng_state(),
-            **({"device_rng": r} if (r := device_rng_state(device)) is not None else {}),
-            "generator": gens,
-            "tokens_seen": tokens_seen,
-            "elapsed_s": elapsed_before + time.perf_counter() - t0,
-        }
-        if parallel is not None:  # collective: every rank writes its shard
-            parallel.save_checkpoint(run_dir, model, optimizer, state, step)
-        else:
-            on_main(
-                lambda: save_checkpoint(
-                    run_dir, model, {**state, "optimizer": optimizer.state_dict()}, step
-                ),
-                "writing the checkpoint",
-            )
-        last_s["checkpoint"] = time.perf_counter() - t
-
-    def validate(step: int) -> EvalResult | None:
-        """Score the validation streams on rank 0 (on every rank when the model is sharded:
-        its forward is collective) and log them; the result on rank 0, else None."""
-        t = time.perf_counter()
-
-        def score() -> EvalResult:
-            return evaluate(
-                model,
-                val_streams,
-                seq_len=cfg.seq_len,
-                batch_size=cfg.batch_size,
-                max_tokens=cfg.eval_tokens,
-                doc_masks=cfg.doc_masks,
-                nats_fn=batch_elbo_nats if model.cfg.objective == "block_diffusion" else None,
-            )
-
-        def log(result: EvalResult) -> EvalResult:
-            metrics.write(_eval_record(step, result))
-            bar.set_val(result.overall.bits_per_byte)
-            return result
-
-        if parallel is not None:
-            scored = score()
-            result = on_main(lambda: log(scored), "logging the validation")
-        else:
-            result = on_main(lambda: log(score()), "validating")
-        last_s["eval"] = time.perf_counter() - t
-        return result
-
-    def run_probe(step: int) -> None:
-        probe = on_step(step, model)
-        if probe:
-            metrics.write({"step": step, "split": "probe", **probe})
 
     tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * dist_info.world_size
     bar = TrainProgress(cfg.steps, enabled=progress and dist_info.is_main, start=start_step)
-    model.train()
+    run.bar = bar
+    run.model.train()
     if device.type == "cpu":
         # A first build of the fused kernel (30-40 s) is setup, not training: kept off
         # the time budget and out of the step-0 validation that --fit-to-budget costs.
         cpu_kernel.kernel()
-    t0 = time.perf_counter()
+    run.t0 = time.perf_counter()
     step = start_step
     last_loss = math.nan
     interrupted = False
     final_eval: EvalResult | None = None
     grace = stop_grace_s if dist_info.enabled else None
     with StopFlag(grace, dist_info.rank) as stop, bar:
+        run.stop = stop
         if start_step == 0:  # the starting point of the validation curve
-            validate(0)
+            run.validate(0)
         while step < cfg.steps:
             if fit_at is not None and step >= fit_at and len(step_times) >= MIN_TIMED_STEPS:
-                elapsed = elapsed_before + time.perf_counter() - t0
                 cfg = _fit_to_budget(
-                    cfg, run_dir, dist_info, device, step, elapsed, step_times, last_s, fits
-                )
+                    cfg, run_dir, dist_info, device, step, run.elapsed_s(), step_times,
+                    run.last_s, fits,
+                )  # fmt: skip
+                run.cfg = cfg
                 bar.set_total(cfg.steps)
                 step_times.clear()  # the next refit times the steps from here on
                 fit_at = _validation_from(step + SKIP_STEPS + MIN_TIMED_STEPS, cfg)
@@ -674,142 +488,83 @@ def _train(
                 fit_at = _validation_from(step + 1, cfg)
             elif due := [f for f in fits if f.at_step == step and f.steps != cfg.steps]:
                 cfg = dataclasses.replace(cfg, steps=due[-1].steps)  # replayed on a resume
+                run.cfg = cfg
                 bar.set_total(cfg.steps)
             if cfg.expand_at is not None and step == cfg.expand_at:
-                grown = expand_in_training(
-                    model, optimizer, ExpandSpec.from_train_config(cfg), cfg, train_stream, step
-                )
-                model, optimizer = grown.model, grown.optimizer
-                layers = moe_layers(model)
-                module = _LossModule(model)
-                step_fn = DDP(module) if dist_info.enabled else module
-                if dist_info.is_main:
-                    metrics.write(expansion_record(step, model.cfg, grown.spec))
-            progress = None
+                run.expand(train_stream, step)
+            schedule_progress = None
             if fits and step >= cfg.warmup_steps:
-                progress = progress_at(
+                schedule_progress = progress_at(
                     step,
                     warmup_steps=cfg.warmup_steps,
                     requested_steps=fits[0].requested_steps,
                     fits=fits,
                 )
-            lr = scheduled_lr(cfg, step, progress)
-            optimizer.set_lr(step, lr)
+            lr = scheduled_lr(cfg, step, schedule_progress)
+            run.optimizer.set_lr(step, lr)
             t_step = time.perf_counter()
-            counts = [
-                torch.zeros(layer.config.router.num_experts, dtype=torch.int64, device=device)
-                for layer in layers
-            ]
-            ce_sum = aux_sum = 0.0
-            n_bytes = 0
-            gen_at_start, rng_at_start = generator.get_state(), torch.get_rng_state()
+            gen_at_start, rng_at_start = run.generator.get_state(), torch.get_rng_state()
             device_rng_at_start = device_rng_state(device)
-            for micro in range(cfg.grad_accum):
-                if stop_requested():  # react within one micro-batch: abandon this step
-                    break
-                batch = sample_batch(train_stream, cfg.batch_size, cfg.seq_len, generator)
-                batch = batch.to(device, non_blocking=True)
-                sync = micro == cfg.grad_accum - 1 or step_fn is module
-                ctx = nullcontext() if sync else step_fn.no_sync()
-                with ctx:
-                    doc_ids = batch.doc_ids if cfg.doc_masks else None
-                    with mixed_precision(cfg, batch.input_ids.device):
-                        loss, ce, aux, records = step_fn(batch.input_ids, batch.targets, doc_ids)
-                    (loss / cfg.grad_accum).backward()
-                ce_sum += ce.item()
-                aux_sum += aux.item()
-                n_bytes += int(batch.target_bytes.sum())
-                for layer in layers:
-                    layer.end_micro_batch()
-                for c, rec in zip(counts, [r for r in records if r is not None], strict=True):
-                    c += rec.counts
-            if stop_requested():  # roll the abandoned step back; checkpoint the last finished one
-                generator.set_state(gen_at_start)
+            stats = accumulate_gradients(
+                run.step_fn, run.module, run.layers, train_stream, cfg, run.generator, device,
+                run.stop_requested, sample_batch,  # looked up here: fault tests patch it
+            )  # fmt: skip
+            if run.stop_requested():  # roll the abandoned step back; checkpoint the last one
+                run.generator.set_state(gen_at_start)
                 torch.set_rng_state(rng_at_start)
                 set_device_rng_state(device, device_rng_at_start)
-                optimizer.zero_grad(set_to_none=True)
-                for layer in layers:
+                run.optimizer.zero_grad(set_to_none=True)
+                for layer in run.layers:
                     layer.reset_loss_state()
-                if saved_step["step"] != step:
-                    checkpoint(step)
+                if run.saved_step != step:
+                    run.checkpoint(step)
                 interrupted = True
                 break
-            if not math.isfinite(ce_sum):
+            if not math.isfinite(stats.ce_sum):
                 raise TrainingDivergedError(
                     f"step {step}: training loss is not finite; lower --lr or raise --warmup-steps"
                 )
-            if parallel is not None:
-                parallel.sync_gradients(model)
-            clip = parallel.clip_grad_norm if parallel is not None else _clip
-            grad_norm = clip(model, cfg.grad_clip) if cfg.grad_clip > 0 else math.nan
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            for layer, c in zip(layers, counts, strict=True):
-                if layer.router.config.expert_bias:
-                    update_expert_bias(layer.router, c)
-                layer.reset_loss_state()
-            for m in model.modules():
-                if isinstance(m, MultiHeadLatentMoE):
-                    m.update_bias()
+            grad_norm = apply_update(
+                run.model, run.optimizer, run.layers, stats.counts, cfg, parallel
+            )
             step += 1
-            tokens_seen += tokens_per_step
+            run.tokens_seen += tokens_per_step
             dt = time.perf_counter() - t_step
             if fit_at is not None and step - start_step > SKIP_STEPS:
                 step_times.append(dt)
-            last_loss = ce_sum / cfg.grad_accum
-            tokens_local = cfg.batch_size * cfg.seq_len * cfg.grad_accum
-            imbalance = [
-                (c.max() / c.float().mean()).item() if c.sum() > 0 else 0.0 for c in counts
-            ]
-            bpb = (ce_sum / math.log(2)) * (tokens_local / cfg.grad_accum) / max(n_bytes, 1)
+            last_loss = stats.ce_sum / cfg.grad_accum
             bar.update(
                 step,
                 loss=last_loss,
-                aux=aux_sum / cfg.grad_accum,
+                aux=stats.aux_sum / cfg.grad_accum,
                 tok_s=tokens_per_step / dt,
-                imbalance=max(imbalance, default=0.0),
+                imbalance=max(load_imbalance(stats.counts), default=0.0),
             )
             if dist_info.is_main and (step % cfg.log_every == 0 or step == cfg.steps):
-                rec = {
-                    "step": step,
-                    "split": "train",
-                    "loss": last_loss,
-                    "bpb": bpb,
-                    "aux_loss": aux_sum / cfg.grad_accum,
-                    "lr": lr,
-                    "grad_norm": grad_norm,
-                    "tokens": tokens_seen,
-                    "tokens_per_s": tokens_per_step / dt,
-                    "load_imbalance": imbalance,
-                    "load": [(c.float() / max(int(c.sum()), 1)).tolist() for c in counts],
-                }
-                metrics.write(rec)
+                rec = train_record(
+                    step, stats, cfg, lr=lr, grad_norm=grad_norm, tokens=run.tokens_seen,
+                    tokens_per_s=tokens_per_step / dt,
+                )  # fmt: skip
+                run.metrics.write(rec)
             if on_step is not None:
-                on_main(functools.partial(run_probe, step), "running on_step")
-            over_budget = cfg.time_budget_s is not None and (
-                elapsed_before + time.perf_counter() - t0 >= cfg.time_budget_s
-            )
+                run.probe(step)
+            over_budget = cfg.time_budget_s is not None and run.elapsed_s() >= cfg.time_budget_s
             if step % cfg.eval_every == 0 or step == cfg.steps or over_budget:
-                final_eval = validate(step) or final_eval
+                final_eval = run.validate(step) or final_eval
             stopping = (
-                stop_requested() or (stop_after is not None and step >= stop_after) or over_budget
+                run.stop_requested()
+                or (stop_after is not None and step >= stop_after)
+                or over_budget
             )
             if step >= cfg.steps:
                 break  # the final checkpoint and model are written below
             if stopping or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
-                checkpoint(step)
+                run.checkpoint(step)
             if stopping:
                 interrupted = stop.stop or (stop_after is not None and step >= stop_after)
                 break
-        if not interrupted and parallel is not None:
-            parallel.save_model(model, run_dir)
-        elif not interrupted:
-            if saved_step["step"] != step:
-                checkpoint(step)  # lets --resume complete a finish that is interrupted below
-            on_main(  # the manifest, written last, marks the run finished
-                lambda: save_model(model, run_dir, extra_files=tokenizer_files(run_dir)),
-                "writing the final model",
-            )
+        if not interrupted:
+            run.finish(step)
     barrier(dist_info)
     return TrainResult(
         run_dir=run_dir,
@@ -817,5 +572,21 @@ def _train(
         interrupted=interrupted,
         final_eval=final_eval,
         train_loss=last_loss,
-        elapsed_s=elapsed_before + time.perf_counter() - t0,
+        elapsed_s=run.elapsed_s(),
     )
+
+
+__all__ = [
+    "RUN_FILE",
+    "TrainResult",
+    "domain_streams",
+    "mixed_precision",
+    "moe_layers",
+    "prepare_data",
+    "read_run_info",
+    "run_finished",
+    "run_train_config",
+    "split_run_documents",
+    "train",
+    "validation_streams",
+]

@@ -24,10 +24,13 @@ Choices [I]:
   so one ``lr`` serves both optimizers; momentum 0.95, Nesterov. 3-D expert banks and 1-D
   parameters stay on AdamW (``torch.optim.Muon`` accepts 2-D tensors only). After an
   expansion each 2-D shard is orthogonalised on its own.
-- Re-warmup of a group created by an expansion at step ``t_e``: SPARKLING's asymmetric
-  re-warmup (:func:`moelab.train.schedule.rewarm_lr_at`, Eq. 28 [P]): from the rate at
-  ``t_e`` linearly to ``ρ`` times it over ``rewarm_steps``, then its own cosine to the base
-  minimum. Layouts saved before that rule (no ``rewarm_ratio`` key in the group) keep the
+- Re-warmup of a group created by an expansion at step ``t_e`` (key ``rewarm_tail``):
+  ``"base"``, a short boost: the base rate times a factor rising linearly from 1 to ``ρ``
+  over ``rewarm_steps`` and falling back to 1 over as many, then the base schedule
+  (:func:`moelab.train.schedule.rewarm_boost`); ``"own"`` (and layouts without the key):
+  SPARKLING's asymmetric re-warmup as read from Eq. 28 (:func:`moelab.train.schedule.
+  rewarm_lr_at`): from the rate at ``t_e`` linearly to ``ρ`` times it over
+  ``rewarm_steps``, then its own cosine to the base minimum. Layouts saved before that rule (no ``rewarm_ratio`` key in the group) keep the
   older ramp ``lr(t) · min(1, (t − t_e + 1) / W_r)`` (:func:`rewarm_factor`), so their runs
   resume as they were.
 """
@@ -41,7 +44,7 @@ from torch import Tensor, nn
 
 from moelab.core.growth import frozen_parameter_names
 from moelab.train.config import ConfigError, TrainConfig
-from moelab.train.schedule import rewarm_lr_at
+from moelab.train.schedule import rewarm_boost, rewarm_lr_at
 
 OPTIMIZERS = ("adamw", "muon")
 LAYOUT_VERSION = 1
@@ -66,13 +69,22 @@ def group_lr(step: int, lr: float, group: dict[str, Any]) -> float:
     """The learning rate of a layout group at optimizer step ``step`` when the base schedule
     gives ``lr``: ``lr`` for groups without re-warmup (``rewarm_from`` None) and before
     ``rewarm_from``; SPARKLING's re-warmup (:func:`moelab.train.schedule.rewarm_lr_at`, from
-    the group's ``rewarm_*`` keys) for groups an expansion created; the older ramp
+    the group's ``rewarm_*`` keys: ``rewarm_tail`` ``"base"`` a short boost on top of ``lr``,
+    :func:`moelab.train.schedule.rewarm_boost`; ``"own"`` or absent, the group's own cosine)
+    for groups an expansion created; the older ramp
     (:func:`rewarm_factor`) for groups saved without ``rewarm_ratio``."""
     start = group.get("rewarm_from")
     if start is None or step < start:
         return lr
     if "rewarm_ratio" not in group:
         return lr * rewarm_factor(step, group)
+    if group.get("rewarm_tail") == "base":
+        return lr * rewarm_boost(
+            step,
+            start=int(start),
+            rewarm_steps=int(group.get("rewarm_steps") or 0),
+            ratio=float(group["rewarm_ratio"]),
+        )
     return rewarm_lr_at(
         step,
         start=int(start),

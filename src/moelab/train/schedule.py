@@ -40,6 +40,21 @@ def scheduled_lr(cfg, step: int, progress: float | None = None) -> float:
     )
 
 
+def rewarm_boost(step: int, *, start: int, rewarm_steps: int, ratio: float) -> float:
+    """The factor on the base schedule's rate of the parameters added at step ``start`` under
+    the short re-warmup (``rewarm_tail="base"``): with ``s = step − start`` and ``τ_w =
+    rewarm_steps``, ``1 + (ρ − 1)·s/τ_w`` while ``s < τ_w`` (rising from 1 to ρ), ``1 + (ρ −
+    1)·(2τ_w − s)/τ_w`` while ``τ_w ≤ s < 2τ_w`` (falling back to 1), then 1: after ``2τ_w``
+    steps the new entries follow the old entries' schedule exactly [I: SPARKLING's re-warmup
+    is "short" (secondary summaries of arXiv 2602.02472); the fall's length is our choice].
+    ``τ_w = 0`` or ``ρ = 1`` gives 1 throughout (no boost). Returns a float >= 0."""
+    s = step - start
+    if rewarm_steps <= 0 or s < 0 or s >= 2 * rewarm_steps:
+        return 1.0
+    rise = s / rewarm_steps if s < rewarm_steps else (2 * rewarm_steps - s) / rewarm_steps
+    return 1.0 + (ratio - 1.0) * rise
+
+
 def rewarm_lr_at(
     step: int,
     *,
@@ -50,8 +65,10 @@ def rewarm_lr_at(
     ratio: float,
     min_lr: float,
 ) -> float:
-    """SPARKLING's asymmetric re-warmup of the parameters added at step ``start``
-    (arXiv 2602.02472 §4.2.2, Eq. 25–28).
+    """SPARKLING's asymmetric re-warmup of the parameters added at step ``start`` with their
+    own cosine after it (``rewarm_tail="own"``; this project's reading of arXiv 2602.02472
+    §4.2.2, Eq. 25–28). The new entries then run above the old ones' rate for the whole rest
+    of the run (about 1.5× on average, up to 1.8×, for an expansion at mid-run).
 
     ``η_new(t) = f(t − t_e; τ_w, T − t_e, η_e, ρ·η_e, η_min)`` with the paper's
     warmup-then-cosine ``f``: with ``s = step − start``,
