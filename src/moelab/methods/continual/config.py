@@ -8,14 +8,17 @@ project's choice (mostly sizes scaled from ViT-B's D = 768 to MiniLM's D = 384).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from moelab.errors import require
+from moelab.methods.continual.same_settings import SAMESettings
 from moelab.utils.fields import check_fields
 
-Method = Literal["care", "simplecil", "aper", "finetune"]
-METHODS: tuple[str, ...] = ("care", "simplecil", "aper", "finetune")
+Method = Literal["care", "simplecil", "aper", "finetune", "same", "moelora", "seqlora"]
+METHODS: tuple[str, ...] = ("care", "simplecil", "aper", "finetune", "same", "moelora", "seqlora")
+INSTRUCTION_METHODS = ("same", "moelora", "seqlora")
+"""Methods of the instruction-tuning protocol (:mod:`~moelab.methods.continual.same`)."""
 StreamName = Literal["wordnet", "synthetic", "domains", "synthetic-domains"]
 DOMAIN_STREAMS = ("domains", "synthetic-domains")
 """Streams with one task per domain (the rest are class-incremental over one labelled set)."""
@@ -49,7 +52,8 @@ class ContinualConfig:
             encoder) or ``"cls"`` (the authors' CLS token).
 
     Method:
-        method: ``"care"``, ``"simplecil"``, ``"aper"`` or ``"finetune"``.
+        method: ``"care"``, ``"simplecil"``, ``"aper"``, ``"finetune"``, ``"same"``,
+            ``"moelora"`` or ``"seqlora"``.
         expert_dim, shared_dim: expert and shared-adapter bottlenecks (authors at D = 768: 16
             and 64 [C]; halved with D [I]).
         adapter_dim: bottleneck of APER's and fine-tuning's adapter (PILOT's APER: 64 at
@@ -60,6 +64,8 @@ class ContinualConfig:
         adapter_dropout: 0.1 [C].
         decay: class-mean decay in classifier alignment (on in the long-sequence configs [C]).
         self_distill: the latent heads' KL term to the unscaled cosine teacher [C].
+        same: the knobs of ``"same"``, ``"moelora"`` and ``"seqlora"`` (SAME and its
+            baselines on instruction tasks, :class:`~moelab.methods.continual.same_settings.SAMESettings`).
 
     Training:
         first_task_epochs: epochs on task 0 (authors' OB1K: 20 [C]; 10 [I]).
@@ -101,9 +107,12 @@ class ContinualConfig:
     weight_decay: float = 5e-4
     ca_epochs: int = 3
     ca_lr: float = 0.005
+    same: SAMESettings = field(default_factory=SAMESettings)
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if isinstance(self.same, dict):  # a config read back from JSON
+            object.__setattr__(self, "same", SAMESettings(**self.same))
         for name in (
             "num_classes",
             "num_tasks",
@@ -128,6 +137,11 @@ class ContinualConfig:
             self.scenario in allowed,
             "scenario",
             f"must be {' or '.join(allowed)} on the {self.stream} stream, got {self.scenario!r}",
+        )
+        require(
+            domains or self.method not in INSTRUCTION_METHODS,
+            "method",
+            f"{self.method} answers with label prompts: use a domain stream, not {self.stream}",
         )
         require(
             domains or self.num_tasks * self.classes_per_task <= self.num_classes,
