@@ -1,7 +1,8 @@
 """Continual learning on a frozen pretrained encoder: the shared harness (streams, the accuracy
 matrix and its metrics, heads, classifier alignment, a per-class reservoir, the cached
 backbone) and its methods: CaRE (bi-level routing MoE adapters) with the SimpleCIL, APER and
-sequential fine-tuning baselines.
+sequential fine-tuning baselines; SAME (stabilised bilinear MoE-LoRA for continual
+instruction tuning) with the MoELoRA and sequential LoRA baselines.
 
 Later continual methods (MoRAM, SAME, CKA-guided upcycling) plug in as a new
 :class:`~moelab.methods.continual.learner.Learner` subclass (``learn(t)``, ``logits``) on the
@@ -17,12 +18,16 @@ from moelab.methods.continual.config import METHODS, ContinualConfig
 from moelab.methods.continual.domains import TextDomain, load_text_domains, synthetic_domains
 from moelab.methods.continual.loop import StreamResult, router_hit_rate, run_stream
 from moelab.methods.continual.recipe import LEARNERS, ContinualRecipe
+from moelab.methods.continual.same import MoELoRALearner, SAMELearner, SeqLoRALearner
+from moelab.methods.continual.same_layer import SAMELinear
+from moelab.methods.continual.same_settings import SAMESettings
 from moelab.methods.continual.stream import (
     Stream,
     Task,
     class_incremental_stream,
     domain_incremental_stream,
 )
+from moelab.methods.continual.task_prior import TaskPrior
 
 __all__ = [
     "LEARNERS",
@@ -32,9 +37,15 @@ __all__ = [
     "CaRELearner",
     "ContinualConfig",
     "ContinualRecipe",
+    "MoELoRALearner",
+    "SAMELearner",
+    "SAMELinear",
+    "SAMESettings",
+    "SeqLoRALearner",
     "Stream",
     "StreamResult",
     "Task",
+    "TaskPrior",
     "TextDomain",
     "class_incremental_stream",
     "domain_incremental_stream",
