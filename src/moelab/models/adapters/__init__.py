@@ -1,6 +1,8 @@
 """Adapters injectable into any model by module name: LoRA, a mixture of LoRA experts that
-can grow, and bottleneck (parallel) adapters; plus name-based freezing."""
+can grow, the bilinear MoE-LoRA of MoELoRA and SAME, and bottleneck (parallel) adapters; plus
+name-based freezing."""
 
+from moelab.models.adapters.bilinear_lora import BilinearMoELoRALinear
 from moelab.models.adapters.freeze import freeze_except
 from moelab.models.adapters.inject import (
     ADAPTER_TYPES,
@@ -17,6 +19,7 @@ from moelab.models.adapters.parallel import ParallelAdapter, ParallelAdapterWrap
 
 __all__ = [
     "ADAPTER_TYPES",
+    "BilinearMoELoRALinear",
     "LoRALinear",
     "MoELoRALinear",
     "ParallelAdapter",
