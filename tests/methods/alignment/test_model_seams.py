@@ -21,9 +21,24 @@ from moelab.train.upcycle import upcycle
 
 def _moe(lora: bool = True) -> MoETransformer:
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=40, d_model=32, n_layers=3, n_heads=4, max_seq_len=64, moe=None, dense_ffn_size=32)
+    cfg = ModelConfig(
+        vocab_size=40,
+        d_model=32,
+        n_layers=3,
+        n_heads=4,
+        max_seq_len=64,
+        moe=None,
+        dense_ffn_size=32,
+    )
     dense = MoETransformer(cfg).eval()
-    moe = upcycle(dense, 4, 2, router_init="random", first_dense_layers=1, router=RouterConfig(norm_topk_prob=True))
+    moe = upcycle(
+        dense,
+        4,
+        2,
+        router_init="random",
+        first_dense_layers=1,
+        router=RouterConfig(norm_topk_prob=True),
+    )
     return add_expert_lora(moe, rank=2).eval() if lora else moe.eval()
 
 
@@ -47,9 +62,16 @@ def test_unselected_experts_stay_bit_identical_after_training():
         for name in LORA_NAMES:
             key = f"blocks.{layer}.ffn.experts.{name}"
             for e in range(4):
-                assert torch.equal(after[key][e], before[key][e]) == (e not in keep[layer]), (key, e)
-        assert not torch.equal(after[f"blocks.{layer}.ffn.router.weight"], before[f"blocks.{layer}.ffn.router.weight"])
-    assert torch.equal(after["blocks.1.ffn.experts.w_gate_up"], before["blocks.1.ffn.experts.w_gate_up"])
+                assert torch.equal(after[key][e], before[key][e]) == (e not in keep[layer]), (
+                    key,
+                    e,
+                )
+        assert not torch.equal(
+            after[f"blocks.{layer}.ffn.router.weight"], before[f"blocks.{layer}.ffn.router.weight"]
+        )
+    assert torch.equal(
+        after["blocks.1.ffn.experts.w_gate_up"], before["blocks.1.ffn.experts.w_gate_up"]
+    )
     assert torch.equal(after["embed.weight"], before["embed.weight"])
 
 
@@ -67,9 +89,8 @@ def test_masking_attack_never_selects_masked_experts():
     assert all(b.ffn.router.expert_bias is None for b in model.blocks[1:])  # restored
     plans = model(ids).plans
     assert torch.isin(plans[1].expert_idx, torch.tensor([0, 2])).any()  # routes there again
-    with pytest.raises(InvalidValueError):
-        with masked_experts(model, {1: [0, 1, 2]}):  # only 1 left for top-2
-            pass
+    with pytest.raises(InvalidValueError), masked_experts(model, {1: [0, 1, 2]}):
+        pass  # only one expert would be left for top-2
 
 
 def test_forward_top_equals_full_forward_at_positions():

@@ -95,10 +95,22 @@ class AlignConfig:
             "n_eval_windows", "eval_tokens", "epochs", "batch_size", "w",
         ):  # fmt: skip
             require(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
-        for name in ("n_gen_prompts", "n_gen_windows", "n_eval_past", "first_moe_layer", "attack_m"):
+        for name in (
+            "n_gen_prompts",
+            "n_gen_windows",
+            "n_eval_past",
+            "first_moe_layer",
+            "attack_m",
+        ):
             require(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
-        require(self.top_k <= self.num_experts, "top_k", f"must be <= num_experts, got {self.top_k}")
-        require(self.w <= self.num_experts, "w", f"must be <= num_experts={self.num_experts}, got {self.w}")
+        require(
+            self.top_k <= self.num_experts, "top_k", f"must be <= num_experts, got {self.top_k}"
+        )
+        require(
+            self.w <= self.num_experts,
+            "w",
+            f"must be <= num_experts={self.num_experts}, got {self.w}",
+        )
         require(
             self.attack_m <= self.num_experts - self.top_k,
             "attack_m",
@@ -107,7 +119,19 @@ class AlignConfig:
         for name in ("lora_alpha", "epsilon", "cost_alpha", "lora_lr", "router_lr"):
             require(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
         for name in ("rho", "gamma"):
-            require(0 <= getattr(self, name) < float("inf"), name, f"must be finite and >= 0, got {getattr(self, name)}")
+            require(
+                0 <= getattr(self, name) < float("inf"),
+                name,
+                f"must be finite and >= 0, got {getattr(self, name)}",
+            )
         require(self.max_seq_len >= 64, "max_seq_len", f"must be >= 64, got {self.max_seq_len}")
-        require(self.n_gen_prompts + self.n_eval_benign <= 150, "n_eval_benign", "n_gen_prompts + n_eval_benign must be <= 150 (the probe set)")
-        require(self.n_safe + self.n_stat <= 822, "n_stat", "n_safe + n_stat must be <= 822 (Do-Not-Answer)")
+        require(
+            self.n_gen_prompts + self.n_eval_benign <= 150,
+            "n_eval_benign",
+            "n_gen_prompts + n_eval_benign must be <= 150 (the probe set)",
+        )
+        require(
+            self.n_safe + self.n_stat <= 822,
+            "n_stat",
+            "n_safe + n_stat must be <= 822 (Do-Not-Answer)",
+        )

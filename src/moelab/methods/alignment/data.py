@@ -19,9 +19,21 @@ import torch
 from torch import Tensor
 
 from moelab.data.corpora import load_corpus
-from moelab.data.safety import benign_edgy_prompts, donotanswer_prompts, harmbench_prompts, past_tense_prompts
+from moelab.data.safety import (
+    benign_edgy_prompts,
+    donotanswer_prompts,
+    harmbench_prompts,
+    past_tense_prompts,
+)
 from moelab.data.tokenizer import Tokenizer
-from moelab.methods.alignment.examples import Batch, Example, chat_example, chat_prompt, collate, window_example
+from moelab.methods.alignment.examples import (
+    Batch,
+    Example,
+    chat_example,
+    chat_prompt,
+    collate,
+    window_example,
+)
 from moelab.methods.alignment.generate import greedy_batch
 from moelab.methods.alignment.refusal import REFUSALS
 from moelab.models.transformer import MoETransformer
@@ -55,13 +67,21 @@ def load_prompts() -> Prompts:
         pieces = [d.text[i : i + 1000] for i in range(0, len(d.text), 1000)]
         by_domain.setdefault(d.domain, []).extend(pieces)
     texts = [t for group in zip(*by_domain.values(), strict=False) for t in group]
-    return Prompts(donotanswer_prompts(), benign_edgy_prompts(), harmbench_prompts(), past_tense_prompts(), texts)
+    return Prompts(
+        donotanswer_prompts(),
+        benign_edgy_prompts(),
+        harmbench_prompts(),
+        past_tense_prompts(),
+        texts,
+    )
 
 
 class Cached:
     """Examples with the hidden states entering block ``start`` (``[len, D]`` each)."""
 
-    def __init__(self, model: MoETransformer, start: int, examples: Sequence[Example], chunk: int = 16) -> None:
+    def __init__(
+        self, model: MoETransformer, start: int, examples: Sequence[Example], chunk: int = 16
+    ) -> None:
         self.examples = list(examples)
         self.hidden: list[Tensor] = []
         for i in range(0, len(self.examples), chunk):
@@ -115,7 +135,9 @@ def _windows(tok: Tokenizer, texts: Sequence[str], n: int, length: int) -> list[
     return out
 
 
-def build_data(model: MoETransformer, tok: Tokenizer, prompts: Prompts, cfg, start: int) -> AlignData:
+def build_data(
+    model: MoETransformer, tok: Tokenizer, prompts: Prompts, cfg, start: int
+) -> AlignData:
     """Tokenise the splits (module docstring) with ``cfg`` (an :class:`AlignConfig`), cache
     the hidden states entering block ``start`` with the base ``model``, and generate its
     greedy responses to the general-stream and drift prompts.
@@ -133,13 +155,20 @@ def build_data(model: MoETransformer, tok: Tokenizer, prompts: Prompts, cfg, sta
     }
     for name, (items, n) in need.items():
         if len(items) < n:
-            raise InvalidValueError(f"prompts: {name} has {len(items)} prompts, the splits need {n}")
+            raise InvalidValueError(
+                f"prompts: {name} has {len(items)} prompts, the splits need {n}"
+            )
     L = cfg.max_seq_len
     end_ids = tok.encode("<|im_end|>")  # ChatML's end of turn: one token in SmolLM2
     end = end_ids[0] if len(end_ids) == 1 else None
     enc = [tok.encode(chat_prompt(p))[-(L // 2) :] for p in prompts.benign]
-    gen_p, eval_p = enc[: cfg.n_gen_prompts], enc[cfg.n_gen_prompts : cfg.n_gen_prompts + cfg.n_eval_benign]
-    responses = greedy_batch(model, gen_p + eval_p, cfg.gen_tokens, stop_id=end) if gen_p + eval_p else []
+    gen_p, eval_p = (
+        enc[: cfg.n_gen_prompts],
+        enc[cfg.n_gen_prompts : cfg.n_gen_prompts + cfg.n_eval_benign],
+    )
+    responses = (
+        greedy_batch(model, gen_p + eval_p, cfg.gen_tokens, stop_id=end) if gen_p + eval_p else []
+    )
     safe = [
         chat_example(tok, p, REFUSALS[i % len(REFUSALS)], safe=True, max_len=L)
         for i, p in enumerate(prompts.dna[: cfg.n_safe])
@@ -165,12 +194,28 @@ def build_data(model: MoETransformer, tok: Tokenizer, prompts: Prompts, cfg, sta
         start=start,
         train=Cached(model, start, safe + gen),
         stat=Cached(model, start, stat),
-        margin_refuse=Cached(model, start, [chat_example(tok, p, REFUSALS[0], safe=True, max_len=L, end=False) for p in hb]),
-        margin_comply=Cached(model, start, [chat_example(tok, p, COMPLY, safe=True, max_len=L, end=False) for p in hb]),
-        benign=Cached(model, start, [answered(p, r) for p, r in zip(eval_p, responses[len(gen_p) :], strict=False)]),
+        margin_refuse=Cached(
+            model,
+            start,
+            [chat_example(tok, p, REFUSALS[0], safe=True, max_len=L, end=False) for p in hb],
+        ),
+        margin_comply=Cached(
+            model,
+            start,
+            [chat_example(tok, p, COMPLY, safe=True, max_len=L, end=False) for p in hb],
+        ),
+        benign=Cached(
+            model,
+            start,
+            [answered(p, r) for p, r in zip(eval_p, responses[len(gen_p) :], strict=False)],
+        ),
         windows=Cached(model, start, [window_example(w) for w in held]),
-        harmful_prompts=[tok.encode(chat_prompt(p))[-(L // 2) :] for p in prompts.harmbench[: cfg.n_eval_harmful]],
-        past_prompts=[tok.encode(chat_prompt(p))[-(L // 2) :] for p in prompts.past_tense[: cfg.n_eval_past]],
+        harmful_prompts=[
+            tok.encode(chat_prompt(p))[-(L // 2) :] for p in prompts.harmbench[: cfg.n_eval_harmful]
+        ],
+        past_prompts=[
+            tok.encode(chat_prompt(p))[-(L // 2) :] for p in prompts.past_tense[: cfg.n_eval_past]
+        ],
         benign_prompts=eval_p,
         window_bytes=torch.stack([lengths[torch.tensor(w[1:])].sum() for w in held]),
         end_id=end,

@@ -28,12 +28,15 @@ from moelab.methods.alignment.refusal import is_refusal
 from moelab.methods.alignment.routing import forward_top, routing_mass
 from moelab.models.transformer import MoETransformer
 
+
 def _chunks(n: int, size: int = 16):
     for i in range(0, n, size):
         yield range(i, min(i + size, n))
 
 
-def _logprobs(model: MoETransformer, cached: Cached, start: int, index) -> tuple[torch.Tensor, object]:
+def _logprobs(
+    model: MoETransformer, cached: Cached, start: int, index
+) -> tuple[torch.Tensor, object]:
     b, hid = cached.batch(index)
     out = forward_top(model, hid, b.mask, start, b.positions)
     return torch.log_softmax(out.logits.float(), dim=-1), b
@@ -61,7 +64,9 @@ def drift_kl(base: MoETransformer, model: MoETransformer, cached: Cached, start:
 
 
 @torch.no_grad()
-def harmful_routing(model: MoETransformer, prompts: list[list[int]], start: int) -> list[torch.Tensor]:
+def harmful_routing(
+    model: MoETransformer, prompts: list[list[int]], start: int
+) -> list[torch.Tensor]:
     """Per MoE layer at or above ``start``: routing mass ``[E]`` over the prompt tokens."""
     from moelab.methods.alignment.examples import Example
 
@@ -95,9 +100,15 @@ def evaluate_alignment(
     before alignment; both eval mode), ``cfg`` an :class:`AlignConfig`."""
     start = data.start
     out: dict[str, float] = {}
-    out["refusal/harmbench"] = refusal_rate(model, tok, data.harmful_prompts, cfg.eval_tokens, data.end_id)
-    out["refusal/past_tense"] = refusal_rate(model, tok, data.past_prompts, cfg.eval_tokens, data.end_id)
-    out["over_refusal"] = refusal_rate(model, tok, data.benign_prompts, cfg.eval_tokens, data.end_id)
+    out["refusal/harmbench"] = refusal_rate(
+        model, tok, data.harmful_prompts, cfg.eval_tokens, data.end_id
+    )
+    out["refusal/past_tense"] = refusal_rate(
+        model, tok, data.past_prompts, cfg.eval_tokens, data.end_id
+    )
+    out["over_refusal"] = refusal_rate(
+        model, tok, data.benign_prompts, cfg.eval_tokens, data.end_id
+    )
     margin = sequence_logprob(model, data.margin_refuse, start) - sequence_logprob(
         model, data.margin_comply, start
     )
@@ -110,9 +121,15 @@ def evaluate_alignment(
     out["sparsity_top2"] = float(torch.stack([m.topk(2).values.sum() for m in masses]).mean())
     layers = [i for i, b in enumerate(model.blocks) if b.is_moe and i >= start]
     if cfg.attack_m > 0:
-        mask = {layer: m.topk(cfg.attack_m).indices.tolist() for layer, m in zip(layers, masses, strict=True)}
+        mask = {
+            layer: m.topk(cfg.attack_m).indices.tolist()
+            for layer, m in zip(layers, masses, strict=True)
+        }
         with masked_experts(model, mask):
-            out["attacked/harmbench"] = refusal_rate(model, tok, data.harmful_prompts, cfg.eval_tokens, data.end_id)
-            out["attacked/past_tense"] = refusal_rate(model, tok, data.past_prompts, cfg.eval_tokens, data.end_id)
+            out["attacked/harmbench"] = refusal_rate(
+                model, tok, data.harmful_prompts, cfg.eval_tokens, data.end_id
+            )
+            out["attacked/past_tense"] = refusal_rate(
+                model, tok, data.past_prompts, cfg.eval_tokens, data.end_id
+            )
     return out
-

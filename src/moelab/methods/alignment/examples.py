@@ -85,4 +85,6 @@ def collate(examples: Sequence[Example]) -> Batch:
             pos.append((b, j))
             tgt.append(e.ids[j + 1])
     positions = torch.tensor(pos, dtype=torch.long).reshape(-1, 2)
-    return Batch(ids, mask, positions, torch.tensor(tgt, dtype=torch.long), safe.reshape(-1), positions[:, 0])
+    return Batch(
+        ids, mask, positions, torch.tensor(tgt, dtype=torch.long), safe.reshape(-1), positions[:, 0]
+    )

@@ -48,7 +48,9 @@ def train_only(
                 raise InvalidValueError(f"experts: block {layer} is not an MoE layer ({layers})")
             E = model.blocks[layer].ffn.config.router.num_experts
             if any(not 0 <= e < E for e in ids):
-                raise InvalidValueError(f"experts: block {layer} ids must be in [0, {E}), got {list(ids)}")
+                raise InvalidValueError(
+                    f"experts: block {layer} ids must be in [0, {E}), got {list(ids)}"
+                )
     for p in model.parameters():
         p.requires_grad_(False)
     handles = []

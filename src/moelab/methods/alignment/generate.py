@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from moelab.models.transformer import MoETransformer
 from moelab.serve.engine import Engine
 from moelab.serve.params import SamplingParams
-from moelab.models.transformer import MoETransformer
 
 
 def greedy_batch(

@@ -101,7 +101,11 @@ def co_selection_prior(top_idx: Tensor, num_experts: int, floor: float = 1e-6) -
         )
     counts = torch.zeros(num_experts, num_experts, dtype=torch.float64)
     first = top_idx[:, :1].expand_as(top_idx).reshape(-1)
-    counts.index_put_((first, top_idx.reshape(-1)), torch.ones(first.numel(), dtype=torch.float64), accumulate=True)
+    counts.index_put_(
+        (first, top_idx.reshape(-1)),
+        torch.ones(first.numel(), dtype=torch.float64),
+        accumulate=True,
+    )
     prior = counts / counts.sum() + floor
     return prior / prior.sum()
 

@@ -98,7 +98,19 @@ class MESARecipe:
 
     def _shared_data(self, cfg: AlignConfig, seed: int):
         fields = dataclasses.asdict(cfg)
-        for name in ("arm", "w", "epsilon", "cost_alpha", "rho", "gamma", "lora_lr", "router_lr", "epochs", "batch_size", "attack_m"):
+        for name in (
+            "arm",
+            "w",
+            "epsilon",
+            "cost_alpha",
+            "rho",
+            "gamma",
+            "lora_lr",
+            "router_lr",
+            "epochs",
+            "batch_size",
+            "attack_m",
+        ):
             fields.pop(name)
         key = tuple(sorted(fields.items()))
         if key not in self._shared:

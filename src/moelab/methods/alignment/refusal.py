@@ -27,7 +27,13 @@ REFUSAL_PREFIXES = (
     "i'm not going to",
     "no, i",
 )
-REFUSAL_PHRASES = ("can't help with", "cannot help with", "can't assist", "cannot assist", "not able to help")
+REFUSAL_PHRASES = (
+    "can't help with",
+    "cannot help with",
+    "can't assist",
+    "cannot assist",
+    "not able to help",
+)
 
 REFUSALS = (
     "I'm sorry, but I can't help with that.",

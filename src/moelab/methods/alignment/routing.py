@@ -77,7 +77,9 @@ def forward_top(
 def dense_weights(plan: RoutingPlan, num_tokens: int) -> Tensor:
     """The plan's combine weights as a dense ``[T, E]`` float32 matrix (0 where not routed)."""
     w = torch.zeros(num_tokens, plan.num_experts, dtype=torch.float32, device=plan.weight.device)
-    return w.index_put((plan.token_idx, plan.expert_idx), plan.weight.detach().float(), accumulate=True)
+    return w.index_put(
+        (plan.token_idx, plan.expert_idx), plan.weight.detach().float(), accumulate=True
+    )
 
 
 def routing_mass(plan: RoutingPlan, token_mask: Tensor) -> Tensor:

@@ -63,13 +63,17 @@ def routing_statistics(model: MoETransformer, stat: Cached, start: int, chunk: i
     return [(s / s.sum(), g / g.sum(), c) for s, g, c in zip(mass_s, mass_g, choices, strict=True)]
 
 
-def select_experts(model: MoETransformer, stat: Cached, start: int, cfg) -> dict[int, LayerSelection]:
+def select_experts(
+    model: MoETransformer, stat: Cached, start: int, cfg
+) -> dict[int, LayerSelection]:
     """Stage 1 for the arm ``cfg.arm`` (an :class:`AlignConfig`): MoE block index →
     :class:`LayerSelection`. ``all`` selects every expert; ``mesa``/``ot_only`` the top-w OT
     scores; ``max_cost`` the w most expensive experts."""
     layers = [i for i, b in enumerate(model.blocks) if b.is_moe and i >= start]
     out = {}
-    for layer, (p_safe, p_gen, choices) in zip(layers, routing_statistics(model, stat, start), strict=True):
+    for layer, (p_safe, p_gen, choices) in zip(
+        layers, routing_statistics(model, stat, start), strict=True
+    ):
         E = p_safe.numel()
         cost = transport_cost(usage_percentiles(0.5 * (p_safe + p_gen)), cfg.cost_alpha)
         prior = co_selection_prior(choices, E)
