@@ -71,11 +71,11 @@ def align_model(
                         kl = kl + routing_kl(target[real], plan.logits[real])
                     l_ot = kl / len(selection)
                     loss = ce + cfg.gamma * l_ot
-                    ot_sum += float(l_ot)
+                    ot_sum += float(l_ot.detach())
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
-                ce_sum += float(ce)
+                ce_sum += float(ce.detach())
                 steps += 1
     finally:
         for h in handles:
