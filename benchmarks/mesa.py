@@ -52,22 +52,23 @@ from moelab.methods.runner import seed_everything
 ARMS = {a: {"arm": a} for a in ("mesa", "all", "ot_only", "max_cost")}
 PAIRS = [("mesa", "all"), ("mesa", "ot_only"), ("mesa", "max_cost")]
 BENCH = dict(
-    n_safe=128,
-    n_gen_prompts=32,
-    n_gen_windows=64,
-    gen_tokens=24,
-    window_tokens=48,
-    n_stat=64,
+    n_safe=64,
+    n_gen_prompts=16,
+    n_gen_windows=32,
+    gen_tokens=16,
+    window_tokens=32,
+    n_stat=32,
     n_eval_harmful=32,
-    n_eval_past=32,
-    n_eval_margin=64,
-    n_eval_benign=48,
-    n_eval_windows=16,
-    eval_tokens=10,
+    n_eval_past=16,
+    n_eval_margin=32,
+    n_eval_benign=24,
+    n_eval_windows=8,
+    eval_tokens=8,
     epochs=2,
 )
-"""The spec's sizes cut to fit the CPU budget [I]: 128 refusal + 96 general training examples
-(2 epochs), 32 HarmBench + 32 past-tense prompts, 10 generated tokens."""
+"""The spec's sizes cut about fourfold to fit 2 CPU cores shared with other jobs [I]: 64
+refusal + 48 general training examples (2 epochs, 28 steps of 8), 32 HarmBench + 16
+past-tense prompts, 8 generated tokens (enough for the refusal prefixes)."""
 SHOWN = (
     "refusal/harmbench", "attacked/harmbench", "refusal/past_tense", "attacked/past_tense",
     "margin", "over_refusal", "drift_kl", "drift_bpb", "sparsity_top2",
@@ -130,7 +131,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--resume", action="store_true", help="reuse the runs of --out's .runs.json")
     p.add_argument("--out", type=Path, default=Path("runs/bench/mesa.json"))
     args = p.parse_args()
