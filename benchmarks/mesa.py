@@ -75,10 +75,8 @@ SHOWN = (
 )  # fmt: skip
 
 
-def _mean_sd(values: list[float]) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{np.mean(values):.3f} ± {np.std(values, ddof=1):.3f}"
+def _cell(stats) -> str:
+    return f"{stats.mean:.3f}" if stats.sd is None else f"{stats.mean:.3f} ± {stats.sd:.3f}"
 
 
 def report(result) -> tuple[str, dict]:
@@ -87,8 +85,9 @@ def report(result) -> tuple[str, dict]:
     m = result.metrics
     arms = [a for a in ARMS if a in m]
     lines = ["| arm | " + " | ".join(SHOWN) + " |", "|" + "---|" * (1 + len(SHOWN))]
+    summary = result.summary()
     for arm in arms:
-        cells = [_mean_sd([m[arm][s][k] for s in seeds]) for k in SHOWN]
+        cells = [_cell(summary[arm][k]) for k in SHOWN]
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     verdicts: dict = {"seeds": seeds}
     if "mesa" in m and "all" in m:
