@@ -77,7 +77,7 @@ def test_shipped_set_covers_eight_tasks_with_parsable_chains():
     assert len(steps) > 4000
     for s in steps[::97]:
         assert parse_target(s.target) == dict(
-            zip(("summary", "subtask", "decision", "function"), s.stages)
+            zip(("summary", "subtask", "decision", "function"), s.stages, strict=True)
         )
         assert parse_function(s.function) is not None
         assert not any(m in s.prompt for m in MARKERS)
@@ -88,7 +88,7 @@ def test_toy_generator_is_deterministic_per_seed_and_solves_its_pages():
     assert a == b
     assert toy_chains([7]) != toy_chains([8])
     assert {s.task for s in a} == set(TOY_TASKS)
-    utterance, fields, els = toy_page("login-user", 5)
+    _utterance, fields, _els = toy_page("login-user", 5)
     login = [s for s in toy_chains([5], ("login-user",))]
     assert [parse_function(s.function)[:2] for s in login] == [
         ("type", 7),

@@ -32,7 +32,9 @@ def test_stage_labels_align_with_the_target_tokens():
     tok = DATA.tokenizer
     step, enc = DATA.train_steps[5], DATA.train[5]
     assert tok.decode(enc.ids[: enc.prompt_len].tolist()) == step.prompt
-    for k, (marker, text) in enumerate(zip(("<ss>", "<sp>", "<ad>", "<af>"), step.stages)):
+    for k, (marker, text) in enumerate(
+        zip(("<ss>", "<sp>", "<ad>", "<af>"), step.stages, strict=True)
+    ):
         ids = enc.ids[enc.stage == k].tolist()
         if k == 3:
             assert ids[-1] == DATA.eot_id
@@ -56,7 +58,7 @@ def test_expert_ft_routing_equals_the_stage_labels_exactly():
     want = b.stage.clamp_min(0).reshape(-1)
     tops = top1_experts(out.plans)
     assert len(tops) == CFG.n_layers
-    for top, plan in zip(tops, [p for p in out.plans if p is not None]):
+    for top, plan in zip(tops, [p for p in out.plans if p is not None], strict=True):
         assert torch.equal(top, want)
         assert torch.equal(plan.weight, torch.ones_like(plan.weight))  # one expert, weight 1
 
