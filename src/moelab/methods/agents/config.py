@@ -73,11 +73,11 @@ class ComeConfig:
     ffn_size: int = 512
     num_experts: int = NUM_STAGES
     arm: Arm = "come"
-    warmup_steps: int = 600
-    expert_steps: int = 200
-    router_steps: int = 100
-    cot_steps: int = 200
-    batch_size: int = 32
+    warmup_steps: int = 300
+    expert_steps: int = 120
+    router_steps: int = 200
+    cot_steps: int = 120
+    batch_size: int = 16
     lr: float = 2e-3
     router_lr: float = 1e-2
     grad_clip: float = 1.0

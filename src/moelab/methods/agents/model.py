@@ -102,19 +102,27 @@ def stage_routing(model: MoETransformer, stage: Tensor) -> AbstractContextManage
     return replay_routing(model, dict.fromkeys(names, ids))
 
 
-def router_cross_entropy(plans: list[RoutingPlan | None], stage: Tensor) -> Tensor:
-    """Cross-entropy of each MoE layer's router logits against the stage labels, summed over
-    layers, averaged over labelled positions (Router-FT).
+def router_cross_entropy(plans: list[RoutingPlan | None], stage: Tensor, chain: Tensor) -> Tensor:
+    """Cross-entropy of each MoE layer's router logits against the stage labels (Router-FT),
+    summed over layers; per layer the mean over chain positions plus the mean over the other
+    labelled (prompt) positions, so the two-thirds of positions that read the prompt do not
+    teach the router to send everything to the summary expert [I].
 
     Args:
         plans: ``LMOutput.plans`` (None for dense layers). stage: ``[B, S]`` int64 labels,
-            ``IGNORE`` where not counted.
+            ``IGNORE`` where not counted (padding). chain: ``[B, S]`` bool, True where the
+            position produces a chain token.
     """
     target = stage.reshape(-1)
+    on_chain = chain.reshape(-1)
+    groups = [target.masked_fill(~on_chain, IGNORE), target.masked_fill(on_chain, IGNORE)]
     total = torch.zeros((), device=stage.device)
     for plan in plans:
-        if plan is not None:
-            total = total + F.cross_entropy(plan.logits, target, ignore_index=IGNORE)
+        if plan is None:
+            continue
+        for t in groups:
+            if bool((t != IGNORE).any()):
+                total = total + F.cross_entropy(plan.logits, t, ignore_index=IGNORE)
     return total
 
 
