@@ -47,10 +47,11 @@ from _pool import merge_seed_runs, run_jobs
 from moelab.methods.agents import ComeConfig, ComeRecipe
 from moelab.methods.runner import run_seeds
 
+# run in this order inside a seed: the claims' arms first (partial figures are usable)
 ARMS = {
     "come": {"arm": "come"},
-    "come_no_rft": {"arm": "come_no_rft"},
     "token_moe": {"arm": "token_moe"},
+    "come_no_rft": {"arm": "come_no_rft"},
     "dense": {"arm": "dense"},
 }
 DPO_ARM = {"come_dpo": {"arm": "come", "dpo": "info"}}

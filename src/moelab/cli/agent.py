@@ -66,9 +66,9 @@ def train_command(
     arm: Annotated[str, Opt(help="come, come_no_rft, token_moe or dense.")] = "come",
     dpo: Annotated[str, Opt(help="none, info (Info-DPO) or rule (Rule-DPO); CoME arms.")] = "none",
     warmup_steps: Annotated[int, Opt(help="Dense warm-up steps."), Range(min=0)] = 300,
-    expert_steps: Annotated[int, Opt(help="Expert-FT steps."), Range(min=0)] = 120,
-    router_steps: Annotated[int, Opt(help="Router-FT steps."), Range(min=0)] = 200,
-    cot_steps: Annotated[int, Opt(help="CoT-FT steps."), Range(min=0)] = 120,
+    expert_steps: Annotated[int, Opt(help="Expert-FT steps."), Range(min=0)] = 100,
+    router_steps: Annotated[int, Opt(help="Router-FT steps."), Range(min=0)] = 150,
+    cot_steps: Annotated[int, Opt(help="CoT-FT steps."), Range(min=0)] = 100,
     eval_steps: Annotated[
         int, Opt(help="Held-out steps scored offline (0: all)."), Range(min=0)
     ] = 0,

@@ -74,9 +74,9 @@ class ComeConfig:
     num_experts: int = NUM_STAGES
     arm: Arm = "come"
     warmup_steps: int = 300
-    expert_steps: int = 120
-    router_steps: int = 200
-    cot_steps: int = 120
+    expert_steps: int = 100
+    router_steps: int = 150
+    cot_steps: int = 100
     batch_size: int = 16
     lr: float = 2e-3
     router_lr: float = 1e-2
