@@ -11,20 +11,12 @@ from moelab.methods.agents.model import (
     upcycle_agent,
 )
 from moelab.methods.agents.tokens import IGNORE, collate
-from moelab.methods.agents.toy import TOY_TASKS, toy_chains
+from moelab.methods.agents.toy import toy_chains
 from moelab.methods.agents.train import phase_loss, train_phase
 
-CFG = ComeConfig(
-    tasks=TOY_TASKS,
-    test_episodes=4,
-    vocab_size=320,
-    max_len=160,
-    d_model=32,
-    n_layers=2,
-    n_heads=2,
-    ffn_size=64,
-    batch_size=8,
-)
+from ._tiny import TINY
+
+CFG = ComeConfig(**TINY)
 DATA = prepare_data(CFG, toy_chains(range(16)))
 
 

@@ -7,18 +7,12 @@ from typer.testing import CliRunner
 
 from moelab.cli import app
 from moelab.methods.agents import ComeConfig, ComeRecipe, write_chains
-from moelab.methods.agents.toy import TOY_TASKS, toy_chains
+from moelab.methods.agents.toy import toy_chains
 
-TINY = dict(
-    tasks=TOY_TASKS,
-    test_episodes=4,
-    vocab_size=320,
-    max_len=160,
-    d_model=32,
-    n_layers=2,
-    n_heads=2,
-    ffn_size=64,
-    batch_size=8,
+from ._tiny import TINY
+
+RUN = dict(
+    **TINY,
     warmup_steps=20,
     expert_steps=10,
     router_steps=40,
@@ -29,9 +23,9 @@ TINY = dict(
 
 def test_come_routers_follow_the_stages_better_than_token_moe():
     recipe = ComeRecipe(toy_chains(range(16)))
-    come = recipe.run(ComeConfig(arm="come", **TINY), 0)
-    token = recipe.run(ComeConfig(arm="token_moe", **TINY), 0)
-    dense = recipe.run(ComeConfig(arm="dense", **TINY), 0)
+    come = recipe.run(ComeConfig(arm="come", **RUN), 0)
+    token = recipe.run(ComeConfig(arm="token_moe", **RUN), 0)
+    dense = recipe.run(ComeConfig(arm="dense", **RUN), 0)
     for m in (come, token, dense):
         assert 0.0 <= m["action_match"] <= m["action_type"] <= 1.0
     # a 2-layer d=32 model after 20 warm-up steps: the summary stage (and the prompt) is learnt
@@ -44,7 +38,7 @@ def test_come_routers_follow_the_stages_better_than_token_moe():
 def test_info_dpo_builds_pairs_and_trains():
     recipe = ComeRecipe(toy_chains(range(12)))
     m = recipe.run(
-        ComeConfig(arm="come", dpo="info", reward_steps=5, dpo_prompts=6, dpo_steps=2, **TINY), 1
+        ComeConfig(arm="come", dpo="info", reward_steps=5, dpo_prompts=6, dpo_steps=2, **RUN), 1
     )
     assert 1 <= m["dpo_pairs"] <= 6
 
