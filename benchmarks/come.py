@@ -27,6 +27,7 @@ Usage::
     python benchmarks/come.py                         # 3 seeds, 4 arms
     python benchmarks/come.py --dpo --online 10       # + Info-DPO, + 10 browser episodes/task
     python benchmarks/come.py --quick --seeds 0       # a quick look
+    python benchmarks/come.py --small                 # d 64: for a crowded CPU
 
 Jobs (one per seed: its arms share the seed's dense warm-up) run over ``--workers``
 processes.
@@ -151,11 +152,24 @@ def main() -> None:
     p.add_argument("--dpo", action="store_true", help="add the CoME + Info-DPO arm")
     p.add_argument("--online", type=int, default=0, help="browser episodes per task (0: none)")
     p.add_argument("--eval-steps", type=int, default=320, help="held-out steps scored")
+    p.add_argument(
+        "--small", action="store_true", help="d 64, SwiGLU 256: a quarter of the compute per step"
+    )
+    for name in ("warmup_steps", "expert_steps", "router_steps", "cot_steps"):
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=None)
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=Path("runs/bench/come.json"))
     args = p.parse_args()
     base = ComeConfig(eval_steps=args.eval_steps, online_episodes=args.online)
+    if args.small:
+        base = dataclasses.replace(base, d_model=64, ffn_size=256)
+    steps = {
+        n: getattr(args, n)
+        for n in ("warmup_steps", "expert_steps", "router_steps", "cot_steps")
+        if getattr(args, n) is not None
+    }
+    base = dataclasses.replace(base, **steps)
     if args.quick:
         base = dataclasses.replace(
             base, warmup_steps=60, expert_steps=20, router_steps=10, cot_steps=20, eval_steps=64
