@@ -107,42 +107,63 @@ def report(result) -> tuple[str, dict]:
     def mean(arm: str, name: str) -> float:
         return float(np.mean([m[arm][s][name] for s in seeds]))
 
-    d_tok = [m["come"][s]["action_match"] - m["token_moe"][s]["action_match"] for s in seeds]
-    d_rft = [m["come"][s]["action_match"] - m["come_no_rft"][s]["action_match"] for s in seeds]
-    verdicts = {
-        "come_vs_token_moe": {
-            "diff_per_seed": d_tok,
-            "mean_diff": float(np.mean(d_tok)),
-            "holds": bool(np.mean(d_tok) >= MARGIN),
-        },
-        "alignment": {
-            "come": mean("come", "alignment"),
-            "token_moe": mean("token_moe", "alignment"),
-            "holds": bool(
-                mean("come", "alignment") >= 0.95 and mean("token_moe", "alignment") <= 0.40
-            ),
-        },
-        "router_ft_ablation": {
-            "diff_per_seed": d_rft,
-            "mean_diff": float(np.mean(d_rft)),
-            "holds": bool(np.mean(d_rft) >= NO_RFT_MARGIN),
-        },
-    }
-    v = verdicts
-    lines += [
-        "",
-        "| claim | measured (per seed) | holds |",
-        "|---|---|---|",
-        f"| action match: CoME ≥ token-MoE + {MARGIN:.2f} | "
-        f"{v['come_vs_token_moe']['mean_diff']:+.3f} ({', '.join(f'{d:+.3f}' for d in d_tok)}) | "
-        f"{'yes' if v['come_vs_token_moe']['holds'] else 'no'} |",
-        f"| alignment: CoME ≥ 0.95, token-MoE ≤ 0.40 | {v['alignment']['come']:.3f}, "
-        f"{v['alignment']['token_moe']:.3f} | {'yes' if v['alignment']['holds'] else 'no'} |",
-        f"| Router-FT: CoME ≥ CoME w/o Router-FT + {NO_RFT_MARGIN:.2f} | "
-        f"{v['router_ft_ablation']['mean_diff']:+.3f} ({', '.join(f'{d:+.3f}' for d in d_rft)}) | "
-        f"{'yes' if v['router_ft_ablation']['holds'] else 'no'} |",
-    ]
+    def diffs(base: str) -> list[float]:
+        return [m["come"][s]["action_match"] - m[base][s]["action_match"] for s in seeds]
+
+    verdicts: dict = {}
+    lines += ["", "| claim | measured (per seed) | holds |", "|---|---|---|"]
+    for key, base, margin, text in (
+        ("come_vs_token_moe", "token_moe", MARGIN, "action match: CoME ≥ token-MoE"),
+        ("router_ft_ablation", "come_no_rft", NO_RFT_MARGIN, "CoME ≥ CoME w/o Router-FT"),
+    ):
+        if base not in m:
+            continue
+        d = diffs(base)
+        verdicts[key] = {
+            "diff_per_seed": d,
+            "mean_diff": float(np.mean(d)),
+            "holds": bool(np.mean(d) >= margin),
+        }
+        per = ", ".join(f"{x:+.3f}" for x in d)
+        lines.append(
+            f"| {text} + {margin:.2f} | {np.mean(d):+.3f} ({per}) | "
+            f"{'yes' if verdicts[key]['holds'] else 'no'} |"
+        )
+    if "token_moe" in m:
+        come_a, tok_a = mean("come", "alignment"), mean("token_moe", "alignment")
+        holds = come_a >= 0.95 and tok_a <= 0.40
+        verdicts["alignment"] = {"come": come_a, "token_moe": tok_a, "holds": bool(holds)}
+        lines.append(
+            f"| alignment: CoME ≥ 0.95, token-MoE ≤ 0.40 | {come_a:.3f}, {tok_a:.3f} | "
+            f"{'yes' if holds else 'no'} |"
+        )
     return "\n".join(lines) + "\n", verdicts
+
+
+def _from_progress(log: Path, settings: dict, seeds: list[int], out: Path) -> None:
+    """The result of an interrupted run from its progress log: the arms finished for every
+    seed (``settings["partial"]`` lists the arms left out)."""
+    rows = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
+    done: dict = {}
+    for r in rows:
+        done.setdefault(r["arm"], {})[r["seed"]] = r["metrics"]
+    arms = [a for a in settings["arms"] if set(seeds) <= set(done.get(a, {}))]
+    if "come" not in arms:
+        raise SystemExit(f"{log}: the come arm has not finished for seeds {seeds}")
+    metrics = {a: {s: done[a][s] for s in seeds} for a in arms}
+    settings = {**settings, "partial": [a for a in settings["arms"] if a not in arms]}
+    pairs = [p for p in PAIRS if p[1] in arms]
+    finish(
+        "come",
+        settings,
+        metrics,
+        pairs,
+        report,
+        seconds={},
+        elapsed=0.0,
+        out=out,
+        paired_metrics=["action_match", "action_type", "alignment"],
+    )
 
 
 def main() -> None:
@@ -152,6 +173,12 @@ def main() -> None:
     p.add_argument("--dpo", action="store_true", help="add the CoME + Info-DPO arm")
     p.add_argument("--online", type=int, default=0, help="browser episodes per task (0: none)")
     p.add_argument("--eval-steps", type=int, default=320, help="held-out steps scored")
+    p.add_argument(
+        "--from-progress",
+        type=Path,
+        default=None,
+        help="render the result of an interrupted run from its .progress.jsonl",
+    )
     p.add_argument(
         "--small", action="store_true", help="d 64, SwiGLU 256: a quarter of the compute per step"
     )
@@ -175,6 +202,18 @@ def main() -> None:
             base, warmup_steps=60, expert_steps=20, router_steps=10, cot_steps=20, eval_steps=64
         )
     arms = {**ARMS, **(DPO_ARM if args.dpo else {})}
+    settings = {
+        "recipe": "come",
+        "base": dataclasses.asdict(base),
+        "arms": arms,
+        "quick": args.quick,
+        "small": args.small,
+        "workers": args.workers,
+        "threads": args.threads,
+    }
+    if args.from_progress is not None:
+        _from_progress(args.from_progress, settings, args.seeds, args.out)
+        return
     start = time.perf_counter()
     log = args.out.with_suffix(".progress.jsonl")
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -182,14 +221,6 @@ def main() -> None:
     jobs = [(_seed_arms, (base, arms, log, s)) for s in args.seeds]
     outs = run_jobs(jobs, args.workers, args.threads)
     metrics, seconds = merge_seed_runs(jobs, outs, list(arms), args.seeds)
-    settings = {
-        "recipe": "come",
-        "base": dataclasses.asdict(base),
-        "arms": arms,
-        "quick": args.quick,
-        "workers": args.workers,
-        "threads": args.threads,
-    }
     finish(
         "come",
         settings,
