@@ -13,6 +13,11 @@ from rich.table import Table
 from moelab.cli._app import Opt, command_group, console, fail, guarded
 from moelab.cli._ranges import SEED, Range
 
+EvalSteps = Annotated[int, Opt(help="Held-out steps scored offline (0: all)."), Range(min=0)]
+OnlineEpisodes = Annotated[
+    int, Opt(help="Held-out episodes per task run in the browser (0: none)."), Range(min=0)
+]
+
 agent_app = command_group(
     "agent", "CoME: four stage experts for GUI-agent reasoning chains (MiniWoB++)."
 )
@@ -69,12 +74,8 @@ def train_command(
     expert_steps: Annotated[int, Opt(help="Expert-FT steps."), Range(min=0)] = 100,
     router_steps: Annotated[int, Opt(help="Router-FT steps."), Range(min=0)] = 150,
     cot_steps: Annotated[int, Opt(help="CoT-FT steps."), Range(min=0)] = 100,
-    eval_steps: Annotated[
-        int, Opt(help="Held-out steps scored offline (0: all)."), Range(min=0)
-    ] = 0,
-    online_episodes: Annotated[
-        int, Opt(help="Held-out episodes per task run in the browser (0: none)."), Range(min=0)
-    ] = 0,
+    eval_steps: EvalSteps = 0,
+    online_episodes: OnlineEpisodes = 0,
     seed: Annotated[int, Opt(help="Seed of the models and batches."), SEED] = 0,
     overwrite: Annotated[bool, Opt("--overwrite", help="Replace an earlier run folder.")] = False,
     as_json: Annotated[bool, Opt("--json", help="Print the metrics as JSON.")] = False,
@@ -129,12 +130,8 @@ def _evaluate(run, eval_steps: int, online_episodes: int) -> dict[str, float]:
 @agent_app.command("evaluate")
 def evaluate_command(
     run: Annotated[Path, typer.Argument(help="Run folder of `moelab agent train`.")],
-    eval_steps: Annotated[
-        int, Opt(help="Held-out steps scored offline (0: all)."), Range(min=0)
-    ] = 0,
-    online_episodes: Annotated[
-        int, Opt(help="Held-out episodes per task run in the browser (0: none)."), Range(min=0)
-    ] = 0,
+    eval_steps: EvalSteps = 0,
+    online_episodes: OnlineEpisodes = 0,
     as_json: Annotated[bool, Opt("--json", help="Print the metrics as JSON.")] = False,
 ) -> None:
     """Score a saved agent on the held-out steps (action match, stages, router alignment),
