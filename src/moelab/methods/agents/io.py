@@ -8,6 +8,7 @@ The chains are not stored: :func:`load_agent_run` re-reads them from the config'
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from pathlib import Path
 
 from moelab.data.tokenizer import BPE_FILE, META_FILE, load_tokenizer
@@ -75,5 +76,8 @@ def load_agent_run(folder: str | Path) -> tuple[AgentRun, int]:
     if not isinstance(seed, int):
         raise AgentRunError(f"{path}: seed must be an int, got {seed!r}")
     tokenizer = load_tokenizer(folder)
-    model = load_model(folder).eval()
+    with warnings.catch_warnings():
+        # CoME's normalised top-1 router is trained by its cross-entropy, not the LM loss
+        warnings.filterwarnings("ignore", message="top_k=1 with normalised top-k weights")
+        model = load_model(folder).eval()
     return AgentRun(model, prepare_data(config, tokenizer=tokenizer), config), seed
