@@ -6,7 +6,7 @@ experts) the expert banks are quantized with every combination of bits {2, 3, 4}
 and low-rank compensation:
 
 - ``none`` (plain quantization);
-- target ``W1`` — the authors' code pipeline (issue 13; get_scale_quant.py in nicyyyy/GLoRCQ,
+- target ``W1`` — the authors' code pipeline (get_scale_quant.py in nicyyyy/GLoRCQ,
   grysgreat/Sketch_lopro): per-expert AWQ-style input scales, the low-rank term fitted to the
   fp weight once and kept, the residual quantized, ``Q(W − L) + L`` stored. Schemes:
   ``per-expert`` (LoPRo's per-matrix form) and ``tileq`` (one shared-Σ SVD of the block

@@ -4,7 +4,7 @@ Counters of requests (by endpoint and status), histograms of time to first token
 output token and end-to-end latency (seconds), and — read from the engine at scrape time —
 token totals, queue depth, running sequences and the expert load of every MoE layer
 (``moelab_expert_tokens_total{layer, expert}``: routed pairs since start). An offloaded model
-(ZipMoE, issue 14) reports its expert-cache statistics through ``offload_stats``: a callable
+(ZipMoE) reports its expert-cache statistics through ``offload_stats``: a callable
 returning ``{name: value}`` (e.g. ``{"hit_rate_full": 0.83}``), exported as
 ``moelab_offload_<name>`` gauges.
 """

@@ -169,7 +169,7 @@ def build_app(
         config: limits and identity.
         card: :func:`moelab.serve.card.model_card` of the model.
         chat_template: how chat messages become a prompt (default: the plain template).
-        offload_stats: the offloaded model's cache statistics for ``/metrics`` (issue 14).
+        offload_stats: the offloaded model's cache statistics for ``/metrics``.
     """
     chat_template = chat_template or ChatTemplate()
     metrics = ServeMetrics(engine, offload_stats)
