@@ -158,7 +158,7 @@ def test_a_decode_rows_value_does_not_depend_on_the_rows_beside_it():
 
 @needs_kernel
 def test_solo_calls_give_the_parallel_calls_values_bit_for_bit():
-    """A solo span (the scheduler's answer to late helper threads) runs every item on the
+    """A solo call (the scheduler's choice on a busy machine) runs every item on the
     calling thread: decode-sized experts (the kernel's own projections) give the same bits as
     the parallel run, forward and backward; larger ones (MKL, which may thread a GEMM called
     outside a parallel region) the same values to rounding. The counters say which ran how."""
@@ -178,9 +178,8 @@ def test_solo_calls_give_the_parallel_calls_values_bit_for_bit():
             cpu_kernel.reset_scheduler(2)
             solo = cpu_kernel.fused_moe(*args)
             solo_grads = torch.autograd.grad(solo.sum(), (x, w_in, w_down))
-            assert cpu_kernel.scheduler_stats() == {
-                "parallel_calls": 0, "solo_calls": 2, "late_calls": 0, "solo_left": 0,
-            }  # fmt: skip
+            stats = cpu_kernel.scheduler_stats()
+            assert (stats["parallel_calls"], stats["solo_calls"], stats["forced_solo"]) == (0, 2, 0)
             same = torch.equal if T <= 3 else torch.allclose  # T <= 3: <= 6 rows per expert
             assert same(solo, parallel)
             for a, b in zip(solo_grads, grads, strict=True):
@@ -190,6 +189,44 @@ def test_solo_calls_give_the_parallel_calls_values_bit_for_bit():
         cpu_kernel.reset_scheduler(0)
     with pytest.raises(RuntimeError, match="solo_calls"):
         cpu_kernel.reset_scheduler(-1)
+
+
+@needs_kernel
+def test_the_scheduler_measures_both_modes_on_decode_calls_only():
+    """Decode-sized inference calls are timed in both modes (a run of parallel calls, then a
+    run of solo ones) before the cheaper one is chosen; a training call (saved projections)
+    or a prefill-sized expert leaves the measurements alone."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x, w_in, w_down, pw, counts, order, k = problem(
+            "swiglu", T=3, k=2, E=4, dtype=torch.float32
+        )
+        args = (x, w_in, w_down, "swiglu", counts, order // k, order, pw, k)
+        plain = [a.detach() if torch.is_tensor(a) else a for a in args]
+        cpu_kernel.reset_scheduler(0)
+        cpu_kernel.fused_moe(*args)  # x requires grad: a training call
+        assert cpu_kernel.scheduler_stats()["parallel_ns_per_item"] == 0
+        seen = []
+        with torch.no_grad():
+            for _ in range(4):
+                cpu_kernel.fused_moe(*plain)
+                seen.append(cpu_kernel.scheduler_stats())
+            big = problem("swiglu", T=64, k=1, E=2, dtype=torch.float32)
+            cpu_kernel.fused_moe(
+                *(a.detach() for a in big[:3]), "swiglu", big[4], big[5], big[5],
+                big[3].detach(), 1,
+            )  # fmt: skip
+            after = cpu_kernel.scheduler_stats()
+        assert [s["solo_calls"] for s in seen] == [0, 0, 1, 2]  # 2 parallel, then 2 solo
+        assert seen[1]["parallel_ns_per_item"] > 0 and seen[1]["solo_ns_per_item"] == 0
+        assert seen[3]["solo_ns_per_item"] > 0
+        assert (after["parallel_ns_per_item"], after["solo_ns_per_item"]) == (
+            seen[3]["parallel_ns_per_item"], seen[3]["solo_ns_per_item"],
+        )  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+        cpu_kernel.reset_scheduler(0)
 
 
 @needs_kernel

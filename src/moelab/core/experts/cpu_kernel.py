@@ -321,23 +321,30 @@ def fused_moe(
 
 
 def scheduler_stats() -> dict[str, int]:
-    """The adaptive scheduler's counters since the last :func:`reset_scheduler` (process-wide):
-    ``parallel_calls``, ``solo_calls`` (run on the calling thread alone), ``late_calls``
-    (parallel calls whose helper threads first arrived after the calling thread had finished
-    every item, so only delayed it: each starts a solo span) and ``solo_left`` (calls of the
-    current span still to run solo). See ``csrc/kernel_common.h``.
+    """The adaptive scheduler's state since the last :func:`reset_scheduler` (process-wide):
+    ``parallel_calls`` and ``solo_calls`` (run on the calling thread alone), the moving
+    averages of wall time per item it compares for decode-sized calls
+    (``parallel_ns_per_item``, ``solo_ns_per_item``; 0 until measured) and ``forced_solo``
+    (forced solo calls still to come). See ``csrc/kernel_common.h``.
 
     Raises:
         RuntimeError: the kernel is unavailable.
     """
     _check_available()
-    parallel, solo, late, left = kernel().scheduler_stats()
-    return {"parallel_calls": parallel, "solo_calls": solo, "late_calls": late, "solo_left": left}
+    parallel, solo, par_cost, solo_cost, forced = kernel().scheduler_stats()
+    return {
+        "parallel_calls": parallel,
+        "solo_calls": solo,
+        "parallel_ns_per_item": par_cost,
+        "solo_ns_per_item": solo_cost,
+        "forced_solo": forced,
+    }
 
 
 def reset_scheduler(solo_calls: int = 0) -> None:
-    """Zero the scheduler's counters and make the next ``solo_calls`` kernel calls run on the
-    calling thread alone (benchmarks and tests; the scheduler sets its own spans).
+    """Forget the scheduler's measurements and counters, and make the next ``solo_calls``
+    kernel calls run on the calling thread alone (tests and benchmarks; the scheduler chooses
+    by itself otherwise).
 
     Raises:
         RuntimeError: the kernel is unavailable, or ``solo_calls`` < 0.

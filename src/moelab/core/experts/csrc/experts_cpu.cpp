@@ -223,6 +223,9 @@ std::vector<at::Tensor> experts_forward(const at::Tensor& x, const at::Tensor& w
   const bool any_split =
       std::any_of(items.begin(), items.end(), [](const Item& it) { return it.part >= 0; });
   auto parts = any_split ? at::empty({kParts, N, Dout}, x.options()) : at::Tensor();
+  // a decode step at inference: every expert decode-sized (split into parts)
+  const bool decode = !save_h && !items.empty() &&
+                      std::all_of(items.begin(), items.end(), [](const Item& it) { return it.part >= 0; });
   moelab::run_items(items, [&](const Item& it) {
     const auto xe = rows_of(x, src, it.begin, it.rows);
     if (it.part >= 0) {
@@ -261,7 +264,7 @@ std::vector<at::Tensor> experts_forward(const at::Tensor& x, const at::Tensor& w
       auto ye = y.narrow(0, it.begin, it.rows);
       at::mm_out(ye, a, w_down[it.expert]);
     }
-  });
+  }, decode);
   for (const auto& it : items) {  // sum the split experts' parts, once per expert
     if (it.part != 0) continue;
     auto sum = parts[0].narrow(0, it.begin, it.rows).clone();
@@ -359,25 +362,28 @@ std::vector<at::Tensor> experts_backward(const at::Tensor& grad, const at::Tenso
       auto gxe = gx.narrow(0, it.begin, it.rows);
       at::mm_out(gxe, gh, w_in[e].t());
     }
-  });
+  }, /*adaptive=*/false);
   return {gx, gw_in, gw_down};
 }
 
-// The adaptive scheduler's counters (kernel_common.h), and a way to start a solo span.
+// The adaptive scheduler's state (kernel_common.h), and a reset that can force solo calls.
 std::vector<int64_t> scheduler_stats() {
   const auto& st = moelab::scheduler();
-  return {st.parallel_calls.load(), st.solo_calls.load(), st.late_calls.load(),
-          st.solo_left.load()};
+  return {st.parallel_calls.load(), st.solo_calls.load(), st.parallel_cost.load(),
+          st.solo_cost.load(), st.forced_solo.load()};
 }
 
 void scheduler_reset(int64_t solo_calls) {
   TORCH_CHECK(solo_calls >= 0, "solo_calls: ", solo_calls, " < 0");
   auto& st = moelab::scheduler();
+  st.calls = 0;
+  st.parallel_cost = 0;
+  st.solo_cost = 0;
   st.parallel_calls = 0;
   st.solo_calls = 0;
-  st.late_calls = 0;
-  st.solo_span = 1;
-  st.solo_left = solo_calls;
+  st.forced_solo = solo_calls;
+  st.probe_every = moelab::kProbeEvery;
+  st.next_probe = 2 * moelab::kRunLength + moelab::kProbeEvery;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -19,26 +19,40 @@
 
 namespace moelab {
 
-// Adaptive parallelism. On a machine whose cores are busy with other processes, a worker
-// thread of the parallel region may be descheduled before it even starts; the region's end
-// barrier then waits a scheduler time slice (milliseconds) for a thread that has nothing left
-// to do, while a decode step's items take microseconds. Every parallel call therefore checks
-// whether its helpers came late: a helper that first arrives after the calling thread has
-// finished every item contributed nothing and only delayed the return. After such a call the
-// next calls run on the calling thread alone (solo), for a span that doubles with each late
-// probe (up to kMaxSoloSpan) and restarts small after an on-time one, so a busy machine costs
-// one late call per span, and an idle one goes back to every thread. A decode-sized item (the
-// kernel's own projections) computes the same bits on any thread, so a decode step's output
-// does not depend on the machine's load; larger items call MKL, which may thread a GEMM
-// called outside a parallel region (same values to rounding).
+// Adaptive parallelism for decode-sized calls. On a machine whose cores are busy with other
+// processes, a worker thread of the parallel region may be descheduled before it starts or in
+// the middle of an item; the region's end barrier then waits a scheduler time slice
+// (milliseconds) while a decode step's items take microseconds. So a decode-sized call
+// (`adaptive`) is run either in parallel or on the calling thread alone (solo), whichever has
+// cost less per item lately: each mode keeps an exponential moving average of its wall time
+// per item, the cheaper mode runs, and now and then a short run of the other one (a probe)
+// keeps its average current: a probe weighs half, a routine call 1/16, so one late parallel
+// call puts parallel behind at once and a few fast probes bring it back; probes come every
+// kProbeEvery calls, and half as often each time the probed mode loses again (down to one in
+// kMaxProbeEvery). On an idle machine parallel wins; on a busy one the averages carry the
+// barrier waits and solo wins. Larger calls (prefill, training) run in
+// parallel: their work dwarfs a time slice. A decode-sized item (the kernel's own projections)
+// computes the same bits on any thread, so a decode step's output does not depend on the
+// mode, nor on the machine's load.
+// Modes are measured in runs of kRunLength calls, only the run's last call counting: the
+// first parallel call after solo ones wakes the worker threads from their sleep (a cost solo
+// mode caused), and the very first starts the thread pool.
+constexpr int64_t kRunLength = 2;
+constexpr int64_t kProbeEvery = 64;        // calls between probes, doubling while the probed
+constexpr int64_t kMaxProbeEvery = 4096;   // mode keeps losing, back to 64 when it wins
+constexpr int64_t kRoutineWeight = 16;  // EMA step 1/16 for the running mode, 1/2 for probes
+constexpr int64_t kProbeWeight = 2;
+
 struct SchedulerState {
-  std::atomic<int64_t> solo_left{0};   // calls still to run solo
-  std::atomic<int64_t> solo_span{1};   // the next span after a late call
-  std::atomic<int64_t> late_calls{0};  // statistics (scheduler_stats)
+  std::atomic<int64_t> calls{0};           // adaptive calls so far (the probe clock)
+  std::atomic<int64_t> parallel_cost{0};   // EMA, ns per item; 0 = not measured yet
+  std::atomic<int64_t> solo_cost{0};
+  std::atomic<int64_t> forced_solo{0};     // calls still to run solo (tests, benchmarks)
+  std::atomic<int64_t> probe_every{kProbeEvery};  // calls between probes (backs off)
+  std::atomic<int64_t> next_probe{2 * kRunLength + kProbeEvery};
+  std::atomic<int64_t> parallel_calls{0};  // statistics (scheduler_stats)
   std::atomic<int64_t> solo_calls{0};
-  std::atomic<int64_t> parallel_calls{0};
 };
-constexpr int64_t kMaxSoloSpan = 4096;
 
 inline SchedulerState& scheduler() {
   static SchedulerState state;
@@ -51,52 +65,71 @@ inline int64_t now_ns() {
       .count();
 }
 
+// ema += (sample - ema) / weight, or sample when unmeasured (races only blur the heuristic).
+inline void update_cost(std::atomic<int64_t>& ema, int64_t sample, int64_t weight) {
+  const int64_t old = ema.load(std::memory_order_relaxed);
+  ema.store(old == 0 ? std::max<int64_t>(sample, 1) : old + (sample - old) / weight,
+            std::memory_order_relaxed);
+}
+
 // Dynamic scheduling: each thread takes the next item until none is left (callers sort the
 // largest first), so a thread that is descheduled for a while delays only the item it holds.
 // Autograd and autocast state is thread-local, so every worker enters inference mode and
 // leaves autocast itself: the kernels' temporaries never record a graph (the Python
-// autograd.Function owns the backward) and their GEMMs keep the inputs' dtype.
+// autograd.Function owns the backward) and their GEMMs keep the inputs' dtype. `adaptive`:
+// a decode-sized call, which may run solo (see above).
 template <typename ItemT, typename Fn>
-void run_items(const std::vector<ItemT>& items, const Fn& fn) {
+void run_items(const std::vector<ItemT>& items, const Fn& fn, bool adaptive) {
   auto& st = scheduler();
   std::atomic<int64_t> next{0};
   const int64_t n = static_cast<int64_t>(items.size());
-  int64_t workers = std::min<int64_t>(at::get_num_threads(), std::max<int64_t>(n, 1));
-  if (workers > 1 && st.solo_left.load(std::memory_order_relaxed) > 0) {
-    st.solo_left.fetch_sub(1, std::memory_order_relaxed);
-    workers = 1;
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(), std::max<int64_t>(n, 1));
+  bool solo = workers == 1, last_probe = false;
+  int64_t weight = kRoutineWeight;
+  if (!solo && st.forced_solo.load(std::memory_order_relaxed) > 0) {
+    st.forced_solo.fetch_sub(1, std::memory_order_relaxed);
+    solo = true;
+    adaptive = false;  // a forced call says nothing about the machine
+  } else if (!solo && adaptive) {
+    const int64_t c = st.calls.fetch_add(1, std::memory_order_relaxed);
+    if (c < 2 * kRunLength) {  // warm-up: a run of parallel calls, then a run of solo ones
+      solo = c >= kRunLength;
+      weight = 1;  // each sample replaces the last: the run's last call counts
+    } else {
+      const int64_t first = st.next_probe.load(std::memory_order_relaxed);
+      const bool probe = c >= first && c < first + kRunLength;  // a run of the other mode
+      const bool prefer_solo = st.solo_cost.load(std::memory_order_relaxed) <
+                               st.parallel_cost.load(std::memory_order_relaxed);
+      solo = prefer_solo != probe;
+      weight = !probe ? kRoutineWeight : c == first + kRunLength - 1 ? kProbeWeight : 0;
+      last_probe = weight == kProbeWeight;
+    }
   }
   const auto take_all = [&] {
+    c10::InferenceMode guard;
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) fn(items[i]);
   };
-  if (workers == 1) {
+  const int64_t start = now_ns();
+  if (solo) {
     st.solo_calls.fetch_add(1, std::memory_order_relaxed);
-    c10::InferenceMode guard;
-    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     take_all();
-    return;
-  }
-  st.parallel_calls.fetch_add(1, std::memory_order_relaxed);
-  std::atomic<int64_t> caller_done{0}, helper_arrival{0};
-  at::parallel_for(0, workers, 1, [&](int64_t lo, int64_t hi) {
-    if (lo > 0) {  // a helper: note when the latest one first arrived
-      const int64_t t = now_ns();
-      int64_t seen = helper_arrival.load(std::memory_order_relaxed);
-      while (t > seen && !helper_arrival.compare_exchange_weak(seen, t)) {
-      }
-    }
-    c10::InferenceMode guard;
-    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-    for (int64_t w = lo; w < hi; ++w) take_all();
-    if (lo == 0) caller_done.store(now_ns(), std::memory_order_relaxed);
-  });
-  if (helper_arrival.load() > caller_done.load()) {
-    st.late_calls.fetch_add(1, std::memory_order_relaxed);
-    const int64_t span = st.solo_span.load(std::memory_order_relaxed);
-    st.solo_left.store(span, std::memory_order_relaxed);
-    st.solo_span.store(std::min(2 * span, kMaxSoloSpan), std::memory_order_relaxed);
   } else {
-    st.solo_span.store(1, std::memory_order_relaxed);
+    st.parallel_calls.fetch_add(1, std::memory_order_relaxed);
+    at::parallel_for(0, workers, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t w = lo; w < hi; ++w) take_all();
+    });
+  }
+  if (adaptive && workers > 1 && weight > 0)
+    update_cost(solo ? st.solo_cost : st.parallel_cost,
+                (now_ns() - start) / std::max<int64_t>(n, 1), weight);
+  if (last_probe) {  // the probed mode still loses: probe half as often (down to 1/kMaxProbeEvery)
+    const bool still = (st.solo_cost.load(std::memory_order_relaxed) <
+                        st.parallel_cost.load(std::memory_order_relaxed)) != solo;
+    const int64_t every = st.probe_every.load(std::memory_order_relaxed);
+    const int64_t next = still ? std::min(2 * every, kMaxProbeEvery) : kProbeEvery;
+    st.probe_every.store(next, std::memory_order_relaxed);
+    st.next_probe.store(st.calls.load(std::memory_order_relaxed) + next, std::memory_order_relaxed);
   }
 }
 

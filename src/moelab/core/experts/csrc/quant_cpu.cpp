@@ -151,6 +151,6 @@ at::Tensor quant_experts_mm(const at::Tensor& x, const std::vector<int64_t>& cou
     else
       quant_rows_any<4>(rows, it.rows, xp + it.begin * K, K, cp + e * O * K / 2, sp + e * O * G,
                         ze, G, it.o0, it.o1, yp + it.begin * O, O);
-  });
+  }, /*adaptive=*/true);  // decode-sized experts at inference only
   return y;
 }
