@@ -34,8 +34,9 @@ def run_command(
     method: Annotated[
         str,
         Opt(
-            help="care, simplecil, aper or finetune; a comma list runs several, paired "
-            "against the first."
+            help="care, simplecil, aper, finetune; on the domain streams also moram, "
+            "moe-lora, seq-lora, zeroshot (label-prompt classifiers); a comma list runs "
+            "several, paired against the first."
         ),
     ] = "care",
     stream: Annotated[
@@ -63,6 +64,15 @@ def run_command(
     ] = 2,
     epochs: Annotated[int, Opt(help="Epochs on each task after the first."), Range(min=2)] = 6,
     first_task_epochs: Annotated[int, Opt(help="Epochs on the first task."), Range(min=1)] = 10,
+    train_per_class: Annotated[
+        int, Opt(help="Training texts per class (MoRAM's X-TAIL: 16)."), Range(min=1)
+    ] = 40,
+    test_per_class: Annotated[int, Opt(help="Test texts per class."), Range(min=1)] = 10,
+    iterations: Annotated[
+        int,
+        Opt(help="Steps per domain of moram, moe-lora and seq-lora (batch 16)."),
+        Range(min=1),
+    ] = 80,
     overwrite: Annotated[bool, Opt("--overwrite", help="Replace an existing result.")] = False,
     as_json: Annotated[bool, Opt("--json", help="Print the result summary as JSON.")] = False,
 ) -> None:
@@ -75,12 +85,15 @@ def run_command(
       moelab continual run --method care,simplecil,aper,finetune --tasks 10 --out runs/cl.json
       moelab continual run --method care --adapted-blocks 6 --tasks 10 --out runs/care6.json
       moelab continual run --method finetune --stream domains --scenario task --out runs/d.json
+      moelab continual run --method moram,moe-lora,seq-lora,zeroshot --stream domains \
+        --train-per-class 16 --test-per-class 20 --adapted-blocks 3 --out runs/moram.json
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from moelab.errors import InvalidValueError
     from moelab.methods.continual import ContinualConfig, ContinualRecipe
     from moelab.methods.continual.config import DOMAIN_STREAMS
+    from moelab.methods.continual.moram_config import MoRAMSettings
     from moelab.methods.continual.recipe import run_methods
 
     methods = [m.strip() for m in method.split(",") if m.strip()]
@@ -100,6 +113,9 @@ def run_command(
         adapted_blocks=adapted_blocks,
         epochs=epochs,
         first_task_epochs=first_task_epochs,
+        train_per_class=train_per_class,
+        test_per_class=test_per_class,
+        moram=MoRAMSettings(iterations=iterations),
     )
     with Progress(
         TextColumn("{task.description}"),
@@ -125,7 +141,7 @@ def run_command(
             json.dumps({a: {k: s.mean for k, s in v.items()} for a, v in summary.items()})
         )
         return
-    names = ["avg_acc", "last_acc", "forgetting", "bwt", "transfer", "xtail_average"]
+    names = ["avg_acc", "last_acc", "forgetting", "bwt", "transfer", "xtail_average", "xtail_last"]
     names = [n for n in names if n in next(iter(summary.values()))]
     shape = f"{tasks} tasks" if stream not in DOMAIN_STREAMS else f"{scenario} scenario"
     table = Table("method", *names, title=f"{stream}: {shape}, seeds {seed_list} (%, mean)")

@@ -8,14 +8,26 @@ project's choice (mostly sizes scaled from ViT-B's D = 768 to MiniLM's D = 384).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from moelab.errors import require
+from moelab.methods.continual.moram_config import MoRAMSettings
 from moelab.utils.fields import check_fields
 
-Method = Literal["care", "simplecil", "aper", "finetune"]
-METHODS: tuple[str, ...] = ("care", "simplecil", "aper", "finetune")
+Method = Literal[
+    "care", "simplecil", "aper", "finetune", "moram", "moe-lora", "seq-lora", "zeroshot"
+]
+METHODS: tuple[str, ...] = (
+    "care",
+    "simplecil",
+    "aper",
+    "finetune",
+    "moram",
+    "moe-lora",
+    "seq-lora",
+    "zeroshot",
+)
 StreamName = Literal["wordnet", "synthetic", "domains", "synthetic-domains"]
 DOMAIN_STREAMS = ("domains", "synthetic-domains")
 """Streams with one task per domain (the rest are class-incremental over one labelled set)."""
@@ -60,6 +72,8 @@ class ContinualConfig:
         adapter_dropout: 0.1 [C].
         decay: class-mean decay in classifier alignment (on in the long-sequence configs [C]).
         self_distill: the latent heads' KL term to the unscaled cosine teacher [C].
+        moram: MoRAM's knobs and its label-prompt baselines' schedule (``"moram"``,
+            ``"moe-lora"``, ``"seq-lora"``, ``"zeroshot"``; :class:`MoRAMSettings`).
 
     Training:
         first_task_epochs: epochs on task 0 (authors' OB1K: 20 [C]; 10 [I]).
@@ -101,6 +115,7 @@ class ContinualConfig:
     weight_decay: float = 5e-4
     ca_epochs: int = 3
     ca_lr: float = 0.005
+    moram: MoRAMSettings = field(default_factory=MoRAMSettings)
 
     def __post_init__(self) -> None:
         check_fields(self)

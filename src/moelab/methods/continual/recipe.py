@@ -23,6 +23,8 @@ from moelab.methods.continual.data import load_stream_data
 from moelab.methods.continual.domains import domain_stream, load_text_domains, synthetic_domains
 from moelab.methods.continual.learner import Learner
 from moelab.methods.continual.loop import StreamResult, router_hit_rate, run_stream
+from moelab.methods.continual.moram import MoRAMLearner
+from moelab.methods.continual.prompt import MoELoRALearner, SeqLoRALearner, ZeroShotLearner
 from moelab.methods.continual.report import plot_curves, stream_extra
 from moelab.methods.continual.stream import Stream, class_incremental_stream
 from moelab.methods.runner import run_seeds
@@ -34,6 +36,10 @@ LEARNERS: dict[str, type[Learner]] = {
     "simplecil": SimpleCILLearner,
     "aper": APERLearner,
     "finetune": FinetuneLearner,
+    "moram": MoRAMLearner,
+    "moe-lora": MoELoRALearner,
+    "seq-lora": SeqLoRALearner,
+    "zeroshot": ZeroShotLearner,
 }
 
 
@@ -60,6 +66,7 @@ class ContinualRecipe:
         self.progress = progress
         self.history: dict[tuple[str, int], StreamResult] = {}
         self.seconds: dict[tuple[str, int], float] = {}
+        self.atom_usage: dict[tuple[str, int], dict[str, dict[str, float]]] = {}
 
     def backbone(self, config: ContinualConfig) -> tuple[BertEncoder, Tokenize]:
         if self._backbone is None:
@@ -125,6 +132,9 @@ class ContinualRecipe:
         metrics = result.metrics()
         if config.method == "care" and config.scenario == "class":
             metrics["router_hit_rate"] = router_hit_rate(learner)
+        if config.method == "moram":
+            self.atom_usage[(config.method, seed)] = usage = learner.atom_usage()
+            metrics.update({f"atoms_{k}": v for k, v in usage["all"].items()})
         return metrics
 
 
