@@ -49,6 +49,8 @@ from moelab.utils.results import make_result, write_result
 ARMS = ("moram", "moe-lora", "seq-lora", "zeroshot")
 GROUPS = (("moram",), ("moe-lora",), ("seq-lora", "zeroshot"))
 MARGIN = 2.0
+TABLE = ("transfer", "xtail_average", "xtail_last", "bwt")
+"""The table's metrics (X-TAIL's three, and BWT; every metric is in the result file)."""
 
 
 def _log(method: str, seed: int, t: int, T: int, acc: float) -> None:
@@ -160,7 +162,8 @@ def main() -> None:
         png,
         f"text-X-TAIL, 5 domains, MiniLM top-{args.adapted_blocks} adapted",
     )
-    table = summary_table([result]) + "\n" + (paired_table([result]) if len(arms) > 1 else "")
+    table = summary_table([result], TABLE) + "\n"
+    table += paired_table([result], TABLE) if len(arms) > 1 else ""
     if "moram" in arms:
         table += "\n\nMoRAM atom usage (mean per token and layer):\n\n"
         table += usage_table(extra, args.seeds)
