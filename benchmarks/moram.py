@@ -130,6 +130,8 @@ def main() -> None:
     jobs = [(_job, (g, base, s, parts)) for s in args.seeds for g in groups]
     if args.merge:
         args.seeds = [s for s in args.seeds if all(_part(parts, g, s).is_file() for g in groups)]
+        if not args.seeds:
+            raise SystemExit(f"--merge: no seed has every part in {parts}")
         jobs = [j for j in jobs if j[1][2] in args.seeds]
         outs = [read_json(_part(parts, j[1][0], j[1][2])) for j in jobs]
     else:
