@@ -14,7 +14,7 @@ from torch import nn
 
 from moelab.errors import InvalidValueError
 from moelab.methods.continual import ContinualConfig, ContinualRecipe
-from moelab.methods.continual.io import load_learner, save_learner
+from moelab.methods.continual.io import load_learner, read_run, save_learner
 from moelab.methods.continual.loop import StreamResult, run_stream
 from moelab.methods.continual.moram_config import MoRAMSettings
 from moelab.methods.continual.prompt import xtail_loss
@@ -155,6 +155,8 @@ def test_save_load_mid_stream_same_logits(tmp_path):
     learner = _learner("moram", enc)
     run_stream(learner, stop=2)
     save_learner(learner, 0, tmp_path / "run")
+    config, _, n, _ = read_run(tmp_path / "run")
+    assert config == learner.config and n == 2  # the nested settings come back as they were
     fresh = _learner("moram", enc)
     load_learner(tmp_path / "run", fresh)
     test = list(learner.stream.tasks[2].test)
@@ -169,3 +171,5 @@ def test_needs_label_prompts():
         )
     with pytest.raises(InvalidValueError, match=r"moram\.threshold"):
         MoRAMSettings(threshold=1.5)
+    with pytest.raises(InvalidValueError, match="must be a MoRAMSettings"):
+        ContinualConfig(moram={"rank": 8})

@@ -151,6 +151,11 @@ class ContinualConfig:
             f"{self.num_tasks * self.classes_per_task} classes, the stream has num_classes="
             f"{self.num_classes}",
         )
+        require(
+            isinstance(self.moram, MoRAMSettings),
+            "moram",
+            f"must be a MoRAMSettings, got {type(self.moram).__name__}",
+        )
         require(self.epochs >= 2, "epochs", f"must be >= 2 (two halves), got {self.epochs}")
         for name in ("ca_epochs",):
             require(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
