@@ -35,8 +35,10 @@ def run_command(
         str,
         Opt(
             help="care, simplecil, aper or finetune; on a domain stream also the upcycling "
-            "arms selective-upcycling, full-upcycling or seqft-replay (task scenario) and same, "
-            "moelora or seqlora (instruction tuning, SAME and its baselines); a comma list runs "
+            "arms selective-upcycling, full-upcycling or seqft-replay (task scenario), same, "
+            "moelora or seqlora (instruction tuning, SAME and its baselines) and moram, "
+            "prompt-moe-lora, prompt-seq-lora or zeroshot (label-prompt classifiers, MoRAM and "
+            "its baselines); a comma list runs "
             "several, paired against the first."
         ),
     ] = "care",
@@ -71,6 +73,15 @@ def run_command(
     steps_per_task: Annotated[
         int, Opt(help="Training steps per task of the upcycling arms."), Range(min=1)
     ] = 40,
+    train_per_class: Annotated[
+        int, Opt(help="Training texts per class (MoRAM's X-TAIL: 16)."), Range(min=1)
+    ] = 40,
+    test_per_class: Annotated[int, Opt(help="Test texts per class."), Range(min=1)] = 10,
+    iterations: Annotated[
+        int,
+        Opt(help="Steps per domain of moram, moe-lora and seq-lora (batch 16)."),
+        Range(min=1),
+    ] = 80,
     overwrite: Annotated[bool, Opt("--overwrite", help="Replace an existing result.")] = False,
     as_json: Annotated[bool, Opt("--json", help="Print the result summary as JSON.")] = False,
 ) -> None:
@@ -87,12 +98,15 @@ def run_command(
         --stream domains --scenario task --adapted-blocks 6 --out runs/upcycling.json
       moelab continual run --method same,moelora,seqlora --stream domains --adapted-blocks 3 \
         --max-tokens 48 --out runs/same.json
+      moelab continual run --method moram,moe-lora,seq-lora,zeroshot --stream domains \
+        --train-per-class 16 --test-per-class 20 --adapted-blocks 3 --out runs/moram.json
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from moelab.errors import InvalidValueError
     from moelab.methods.continual import ContinualConfig, ContinualRecipe
     from moelab.methods.continual.config import DOMAIN_STREAMS
+    from moelab.methods.continual.moram_config import MoRAMSettings
     from moelab.methods.continual.recipe import run_methods
     from moelab.methods.continual.upcycling_settings import UpcyclingSettings
 
@@ -115,6 +129,9 @@ def run_command(
         epochs=epochs,
         first_task_epochs=first_task_epochs,
         upcycling=guarded(UpcyclingSettings, steps=steps_per_task),
+        train_per_class=train_per_class,
+        test_per_class=test_per_class,
+        moram=MoRAMSettings(iterations=iterations),
     )
     with Progress(
         TextColumn("{task.description}"),
@@ -140,7 +157,7 @@ def run_command(
             json.dumps({a: {k: s.mean for k, s in v.items()} for a, v in summary.items()})
         )
         return
-    names = ["avg_acc", "last_acc", "forgetting", "bwt", "transfer", "xtail_average"]
+    names = ["avg_acc", "last_acc", "forgetting", "bwt", "transfer", "xtail_average", "xtail_last"]
     names += ["router_drift", "noprior_last_acc"]
     names = [n for n in names if any(n in per for per in summary.values())]
     shape = f"{tasks} tasks" if stream not in DOMAIN_STREAMS else f"{scenario} scenario"

@@ -4,7 +4,8 @@ backbone) and its methods: CaRE (bi-level routing MoE adapters) with the SimpleC
 sequential fine-tuning baselines; CKA-guided selective upcycling with full upcycling and
 sequential fine-tuning with replay (:mod:`~moelab.methods.continual.upcycling`); SAME
 (stabilised bilinear MoE-LoRA for continual instruction tuning) with the MoELoRA and
-sequential LoRA baselines.
+sequential LoRA baselines; MoRAM (self-routed rank-1 atoms, :mod:`.moram`) with the
+zero-shot, MoE-LoRA and sequential-LoRA label-prompt baselines (:mod:`.prompt`).
 
 Later continual methods (MoRAM) plug in as a new
 :class:`~moelab.methods.continual.learner.Learner` subclass (``learn(t)``, ``logits``) on the
@@ -19,6 +20,8 @@ from moelab.methods.continual.care import CaRELearner
 from moelab.methods.continual.config import METHODS, ContinualConfig
 from moelab.methods.continual.domains import TextDomain, load_text_domains, synthetic_domains
 from moelab.methods.continual.loop import StreamResult, router_hit_rate, run_stream
+from moelab.methods.continual.moram import MoRAMLearner
+from moelab.methods.continual.moram_config import MoRAMSettings
 from moelab.methods.continual.recipe import LEARNERS, ContinualRecipe
 from moelab.methods.continual.same import MoELoRALearner, SAMELearner, SeqLoRALearner
 from moelab.methods.continual.same_layer import SAMELinear
@@ -48,6 +51,8 @@ __all__ = [
     "ContinualRecipe",
     "FullUpcyclingLearner",
     "MoELoRALearner",
+    "MoRAMLearner",
+    "MoRAMSettings",
     "SAMELearner",
     "SAMELinear",
     "SAMESettings",

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from moelab.errors import require
+from moelab.methods.continual.moram_config import MoRAMSettings
 from moelab.methods.continual.same_settings import SAMESettings
 from moelab.methods.continual.upcycling_settings import UPCYCLING_ARMS, UpcyclingSettings
 from moelab.utils.fields import check_fields
@@ -27,11 +28,18 @@ Method = Literal[
     "same",
     "moelora",
     "seqlora",
+    "moram",
+    "prompt-moe-lora",
+    "prompt-seq-lora",
+    "zeroshot",
 ]
 INSTRUCTION_METHODS = ("same", "moelora", "seqlora")
 """Methods of the instruction-tuning protocol (:mod:`~moelab.methods.continual.same`)."""
+PROMPT_METHODS = ("moram", "prompt-moe-lora", "prompt-seq-lora", "zeroshot")
+"""Label-prompt classifiers of the X-TAIL protocol (:mod:`~moelab.methods.continual.moram`)."""
 METHODS: tuple[str, ...] = (
-    "care", "simplecil", "aper", "finetune", *UPCYCLING_ARMS, *INSTRUCTION_METHODS
+    "care", "simplecil", "aper", "finetune", *UPCYCLING_ARMS, *INSTRUCTION_METHODS,
+    *PROMPT_METHODS,
 )  # fmt: skip
 StreamName = Literal["wordnet", "synthetic", "domains", "synthetic-domains"]
 DOMAIN_STREAMS = ("domains", "synthetic-domains")
@@ -80,6 +88,8 @@ class ContinualConfig:
         self_distill: the latent heads' KL term to the unscaled cosine teacher [C].
         same: the knobs of ``"same"``, ``"moelora"`` and ``"seqlora"`` (SAME and its
             baselines on instruction tasks, :class:`~moelab.methods.continual.same_settings.SAMESettings`).
+        moram: MoRAM's knobs and its label-prompt baselines' schedule (``"moram"``,
+            ``"prompt-moe-lora"``, ``"prompt-seq-lora"``, ``"zeroshot"``; :class:`MoRAMSettings`).
 
     Training:
         first_task_epochs: epochs on task 0 (authors' OB1K: 20 [C]; 10 [I]).
@@ -126,6 +136,7 @@ class ContinualConfig:
     ca_lr: float = 0.005
     upcycling: UpcyclingSettings = field(default_factory=UpcyclingSettings)
     same: SAMESettings = field(default_factory=SAMESettings)
+    moram: MoRAMSettings = field(default_factory=MoRAMSettings)
 
     def __post_init__(self) -> None:
         # method settings read back from a saved run's JSON
@@ -170,6 +181,11 @@ class ContinualConfig:
             f"{self.num_tasks} tasks x {self.classes_per_task} classes need "
             f"{self.num_tasks * self.classes_per_task} classes, the stream has num_classes="
             f"{self.num_classes}",
+        )
+        require(
+            isinstance(self.moram, MoRAMSettings),
+            "moram",
+            f"must be a MoRAMSettings, got {type(self.moram).__name__}",
         )
         require(self.epochs >= 2, "epochs", f"must be >= 2 (two halves), got {self.epochs}")
         for name in ("ca_epochs",):

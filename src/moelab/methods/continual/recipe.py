@@ -23,6 +23,12 @@ from moelab.methods.continual.data import load_stream_data
 from moelab.methods.continual.domains import domain_stream, load_text_domains, synthetic_domains
 from moelab.methods.continual.learner import Learner
 from moelab.methods.continual.loop import StreamResult, router_hit_rate, run_stream
+from moelab.methods.continual.moram import MoRAMLearner
+from moelab.methods.continual.prompt import (
+    PromptMoELoRALearner,
+    PromptSeqLoRALearner,
+    ZeroShotLearner,
+)
 from moelab.methods.continual.report import plot_curves, stream_extra
 from moelab.methods.continual.same import MoELoRALearner, SAMELearner, SeqLoRALearner
 from moelab.methods.continual.stream import Stream, class_incremental_stream
@@ -41,6 +47,10 @@ LEARNERS: dict[str, type[Learner]] = {
     "same": SAMELearner,
     "moelora": MoELoRALearner,
     "seqlora": SeqLoRALearner,
+    "moram": MoRAMLearner,
+    "prompt-moe-lora": PromptMoELoRALearner,
+    "prompt-seq-lora": PromptSeqLoRALearner,
+    "zeroshot": ZeroShotLearner,
 }
 
 
@@ -68,6 +78,7 @@ class ContinualRecipe:
         self.history: dict[tuple[str, int], StreamResult] = {}
         self.seconds: dict[tuple[str, int], float] = {}
         self.details: dict[tuple[str, int], dict] = {}  # the upcycling arms' growth and CKA
+        self.atom_usage: dict[tuple[str, int], dict[str, dict[str, float]]] = {}
 
     def backbone(self, config: ContinualConfig) -> tuple[BertEncoder, Tokenize]:
         if self._backbone is None:
@@ -138,6 +149,9 @@ class ContinualRecipe:
             self.details[(config.method, seed)] = learner.details()
         if config.method in INSTRUCTION_METHODS:
             metrics.update(learner.stream_metrics())
+        if config.method == "moram":
+            self.atom_usage[(config.method, seed)] = usage = learner.atom_usage()
+            metrics.update({f"atoms_{k}": v for k, v in usage["all"].items()})
         return metrics
 
 

@@ -15,6 +15,7 @@ from moelab.models.adapters.inject import (
 )
 from moelab.models.adapters.lora import LoRALinear
 from moelab.models.adapters.moe_lora import MoELoRALinear
+from moelab.models.adapters.moram import MoRAMLinear
 from moelab.models.adapters.parallel import ParallelAdapter, ParallelAdapterWrapper
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "BilinearMoELoRALinear",
     "LoRALinear",
     "MoELoRALinear",
+    "MoRAMLinear",
     "ParallelAdapter",
     "ParallelAdapterWrapper",
     "add_lora",
