@@ -171,5 +171,7 @@ def test_needs_label_prompts():
         )
     with pytest.raises(InvalidValueError, match=r"moram\.threshold"):
         MoRAMSettings(threshold=1.5)
-    with pytest.raises(InvalidValueError, match="must be a MoRAMSettings"):
-        ContinualConfig(moram={"rank": 8})
+    with pytest.raises(InvalidValueError, match="must be a MoRAMSettings, got int"):
+        ContinualConfig(moram=8)
+    # a saved run's JSON: the nested settings come back as a dict
+    assert ContinualConfig(moram={"rank": 4}).moram == MoRAMSettings(rank=4)

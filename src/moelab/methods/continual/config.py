@@ -139,11 +139,20 @@ class ContinualConfig:
     moram: MoRAMSettings = field(default_factory=MoRAMSettings)
 
     def __post_init__(self) -> None:
-        # method settings read back from a saved run's JSON
-        if isinstance(self.upcycling, dict):
-            object.__setattr__(self, "upcycling", UpcyclingSettings(**self.upcycling))
-        if isinstance(self.same, dict):
-            object.__setattr__(self, "same", SAMESettings(**self.same))
+        for name, cls in (
+            ("upcycling", UpcyclingSettings),
+            ("same", SAMESettings),
+            ("moram", MoRAMSettings),
+        ):
+            value = getattr(self, name)
+            if isinstance(value, dict):  # read back from a saved run's JSON (tuples as lists)
+                value = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in value.items()})
+                object.__setattr__(self, name, value)
+            require(
+                isinstance(value, cls),
+                name,
+                f"must be a {cls.__name__}, got {type(value).__name__}",
+            )
         check_fields(self)
         for name in (
             "num_classes",
@@ -181,11 +190,6 @@ class ContinualConfig:
             f"{self.num_tasks} tasks x {self.classes_per_task} classes need "
             f"{self.num_tasks * self.classes_per_task} classes, the stream has num_classes="
             f"{self.num_classes}",
-        )
-        require(
-            isinstance(self.moram, MoRAMSettings),
-            "moram",
-            f"must be a MoRAMSettings, got {type(self.moram).__name__}",
         )
         require(self.epochs >= 2, "epochs", f"must be >= 2 (two halves), got {self.epochs}")
         for name in ("ca_epochs",):

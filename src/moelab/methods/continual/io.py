@@ -20,7 +20,6 @@ from safetensors.torch import save as save_safetensors
 from moelab.errors import InvalidValueError, UserError
 from moelab.methods.continual.config import ContinualConfig
 from moelab.methods.continual.learner import Learner
-from moelab.methods.continual.moram_config import MoRAMSettings
 from moelab.utils.atomic import atomic_write_bytes, atomic_write_json, write_folder_atomically
 from moelab.utils.jsonfile import read_json
 
@@ -70,12 +69,7 @@ def read_run(folder: str | Path) -> tuple[ContinualConfig, int, int, np.ndarray 
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ContinualRunError(f"{folder / META_FILE}: not a {FORMAT} file")
     try:
-        fields = dict(meta["config"])
-        if "moram" in fields:  # a nested dataclass, its tuple a JSON list
-            fields["moram"] = MoRAMSettings(
-                **{k: tuple(v) if isinstance(v, list) else v for k, v in fields["moram"].items()}
-            )
-        config = ContinualConfig(**fields)
+        config = ContinualConfig(**dict(meta["config"]))
     except (InvalidValueError, TypeError, KeyError) as e:
         raise ContinualRunError(f"{folder / META_FILE}: bad config ({e})") from None
     seed, n = meta.get("seed"), meta.get("tasks_learned")
