@@ -44,3 +44,12 @@ def finish(
     print(paired)
     print(f"wall time {elapsed / 60:.1f} min ({math.ceil(elapsed)} s); result: {out}")
     return result
+
+
+def mean_sd(values: Sequence[float]) -> str:
+    """``"m ± sd"`` (sample sd) to 3 decimals for a report cell; one value alone as itself."""
+    if len(values) == 1:
+        return f"{values[0]:.3f}"
+    mean = math.fsum(values) / len(values)
+    sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    return f"{mean:.3f} ± {sd:.3f}"

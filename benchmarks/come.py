@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _finish import finish
+from _finish import finish, mean_sd
 from _pool import merge_seed_runs, run_jobs
 from moelab.methods.agents import ComeConfig, ComeRecipe
 from moelab.methods.runner import run_seeds
@@ -85,12 +85,6 @@ def _seed_arms(base: ComeConfig, arms: dict, log: Path, seed: int) -> tuple[dict
     return metrics, seconds
 
 
-def _mean_sd(values: list[float]) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{np.mean(values):.3f} ± {np.std(values, ddof=1):.3f}"
-
-
 def report(result) -> tuple[str, dict]:
     """The markdown table and the claim verdicts of a merged result."""
     seeds = list(result.seeds)
@@ -101,7 +95,7 @@ def report(result) -> tuple[str, dict]:
         cells = []
         for c in cols:
             vals = [m[arm][s][c] for s in seeds if c in m[arm][s]]
-            cells.append(_mean_sd(vals) if vals else "—")
+            cells.append(mean_sd(vals) if vals else "—")
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
 
     def mean(arm: str, name: str) -> float:

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _finish import finish
+from _finish import finish, mean_sd
 from _pool import merge_seed_runs, run_jobs
 from moelab.methods.flow import FlowConfig, MoLFRecipe
 from moelab.methods.runner import run_seeds
@@ -79,12 +79,6 @@ def _slide_pairs(metrics: dict, arm: str, base: str, seeds: list[int]) -> list[f
     return out
 
 
-def _mean_sd(values: list[float]) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{np.mean(values):.3f} ± {np.std(values, ddof=1):.3f}"
-
-
 def report(result) -> tuple[str, dict]:
     """The markdown table and the claim verdicts of a merged result."""
     seeds = list(result.seeds)
@@ -92,7 +86,7 @@ def report(result) -> tuple[str, dict]:
 
     def col(arm: str, name: str) -> str:
         vals = [m[arm][s][name] for s in seeds if name in m[arm][s]]
-        return _mean_sd(vals) if vals else ""
+        return mean_sd(vals) if vals else ""
 
     tissues = sorted(
         {k.split("/")[2] for k in m["shared/moe"][seeds[0]] if k.startswith("pearson/tissue/")}
