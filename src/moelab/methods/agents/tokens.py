@@ -73,10 +73,13 @@ class Batch:
     """A padded batch of chains for teacher forcing (all ``[B, S]``, S = longest chain − 1).
 
     Attributes:
-        inputs: int64 ids (padding 0). mask: bool, True at real positions. targets: int64 next
-        ids, ``IGNORE`` on prompt and padding positions (loss on the chain only).
+        inputs: int64 ids (padding 0).
+        mask: bool, True at real positions.
+        targets: int64 next ids; ``IGNORE`` on prompt and padding positions (the loss is on
+            the chain only).
         stage: int64 output-oriented stage label of each position (prompt positions 0,
-        padding ``IGNORE``). chain: bool, True where the target is a chain token.
+            padding ``IGNORE``).
+        chain: bool, True where the target is a chain token.
     """
 
     inputs: Tensor
