@@ -48,3 +48,17 @@ def test_load_refuses_a_folder_of_another_shape(tmp_path):
         load_learner(tmp_path / "run", other)
     with pytest.raises(ContinualRunError, match="missing"):
         read_run(tmp_path / "nothing")
+
+
+def test_read_run_refuses_a_matrix_larger_than_the_stream(tmp_path):
+    import json
+
+    learner = tiny_learner("care")
+    run_stream(learner, stop=1)
+    save_learner(learner, 0, tmp_path / "run")
+    meta_file = tmp_path / "run" / "continual.json"
+    meta = json.loads(meta_file.read_text())
+    meta["R"] = [[1.0] * (meta["stream_tasks"] + 1)]
+    meta_file.write_text(json.dumps(meta))
+    with pytest.raises(ContinualRunError, match="R is larger than"):
+        read_run(tmp_path / "run")

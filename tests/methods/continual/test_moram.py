@@ -153,10 +153,13 @@ def test_atom_usage_without_gate_counts_top_k_per_token():
 def test_save_load_mid_stream_same_logits(tmp_path):
     enc = tiny_encoder()
     learner = _learner("moram", enc)
-    run_stream(learner, stop=2)
-    save_learner(learner, 0, tmp_path / "run")
-    config, _, n, _ = read_run(tmp_path / "run")
+    R = run_stream(learner, stop=2).R
+    save_learner(learner, 0, tmp_path / "run", R)
+    config, _, n, R_back = read_run(tmp_path / "run")
     assert config == learner.config and n == 2  # the nested settings come back as they were
+    # one task per domain (3 here), not config.num_tasks
+    assert R_back.shape == (3, 3) and np.array_equal(R_back[:2, :2], R, equal_nan=True)
+    assert np.isnan(R_back[2]).all() and np.isnan(R_back[:, 2]).all()
     fresh = _learner("moram", enc)
     load_learner(tmp_path / "run", fresh)
     test = list(learner.stream.tasks[2].test)

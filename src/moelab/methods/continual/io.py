@@ -46,6 +46,7 @@ def save_learner(
         "format": FORMAT,
         "seed": seed,
         "tasks_learned": n,
+        "stream_tasks": learner.stream.num_tasks,
         "config": dataclasses.asdict(learner.config),
         "R": rows,
     }
@@ -59,7 +60,8 @@ def save_learner(
 
 
 def read_run(folder: str | Path) -> tuple[ContinualConfig, int, int, np.ndarray | None]:
-    """``(config, seed, tasks learned, R or None)`` of a saved run.
+    """``(config, seed, tasks learned, R or None)`` of a saved run; R is ``[T, T]`` for the
+    stream's T tasks, NaN where not tested or not yet learned.
 
     Raises:
         ContinualRunError: no run there, another format, or a bad config.
@@ -73,13 +75,21 @@ def read_run(folder: str | Path) -> tuple[ContinualConfig, int, int, np.ndarray 
     except (InvalidValueError, TypeError, KeyError) as e:
         raise ContinualRunError(f"{folder / META_FILE}: bad config ({e})") from None
     seed, n = meta.get("seed"), meta.get("tasks_learned")
-    if not isinstance(seed, int) or not isinstance(n, int) or not 0 <= n <= config.num_tasks:
+    # a domain stream has one task per domain, whatever config.num_tasks says (older files
+    # lack the count: their streams were class-incremental)
+    T = meta.get("stream_tasks", config.num_tasks)
+    if not isinstance(T, int) or T < 1:
+        raise ContinualRunError(f"{folder / META_FILE}: bad stream_tasks")
+    if not isinstance(seed, int) or not isinstance(n, int) or not 0 <= n <= T:
         raise ContinualRunError(f"{folder / META_FILE}: bad seed or tasks_learned")
     R = None
     if meta.get("R") is not None:
-        R = np.full((config.num_tasks, config.num_tasks), np.nan)
-        for t, row in enumerate(meta["R"]):
-            R[t] = [np.nan if x is None else x for x in row]
+        R = np.full((T, T), np.nan)
+        rows = meta["R"]
+        if len(rows) > T or any(len(row) > T for row in rows):
+            raise ContinualRunError(f"{folder / META_FILE}: R is larger than {T} tasks")
+        for t, row in enumerate(rows):  # a run stopped early saved the columns it had
+            R[t, : len(row)] = [np.nan if x is None else x for x in row]
     return config, seed, n, R
 
 
