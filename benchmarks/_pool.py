@@ -12,9 +12,12 @@ import multiprocessing as mp
 import signal
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+
+from moelab.utils.jsonfile import read_json
 
 T = TypeVar("T")
 
@@ -75,3 +78,38 @@ def merge_seed_runs(
             metrics[arm][args[-1]] = met[arm][args[-1]]
             seconds[arm].update(sec[arm])
     return {arm: {s: metrics[arm][s] for s in seeds} for arm in arms}, seconds
+
+
+def part_file(parts: Path, arms: str | Sequence[str], seed: int) -> Path:
+    """Where one job (an arm or a group of arms, one seed) keeps its output in ``parts``."""
+    name = arms if isinstance(arms, str) else "-".join(arms)
+    return parts / f"{name}_seed{seed}.json"
+
+
+def run_or_merge(
+    jobs: Sequence[tuple[Callable[..., Any], tuple]],
+    parts: Path,
+    seeds: Sequence[int],
+    *,
+    merge: bool,
+    workers: int,
+    threads: int,
+) -> tuple[list[int], list, list]:
+    """``(seeds, jobs, outputs)`` of seed-by-arm jobs ``(fn, (arms, _, seed, ...))`` that each
+    write :func:`part_file` ``(parts, arms, seed)`` when they finish: run them all, or with
+    ``merge`` read back the parts of the seeds whose every job finished (a run cut short).
+
+    Raises:
+        SystemExit: ``merge`` and no seed has all its parts.
+    """
+    if not merge:
+        return list(seeds), list(jobs), run_jobs(jobs, workers, threads)
+    done = [
+        s
+        for s in seeds
+        if all(part_file(parts, a[0], a[2]).is_file() for _, a in jobs if a[2] == s)
+    ]
+    if not done:
+        raise SystemExit(f"--merge: no seed has every part in {parts}")
+    kept = [j for j in jobs if j[1][2] in done]
+    return done, kept, [read_json(part_file(parts, a[0], a[2])) for _, a in kept]

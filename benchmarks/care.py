@@ -30,12 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
-from _pool import run_jobs
+from _pool import part_file, run_or_merge
 from moelab.methods.continual import ContinualConfig, ContinualRecipe
 from moelab.methods.continual.report import plot_curves, stream_extra
 from moelab.methods.runner import run_seeds
 from moelab.utils.atomic import atomic_write_json, atomic_write_text
-from moelab.utils.jsonfile import read_json
 from moelab.utils.result_tables import paired_table, summary_table
 from moelab.utils.results import make_result, write_result
 
@@ -60,7 +59,7 @@ def _job(arms: tuple[str, ...], base: ContinualConfig, seed: int, parts: Path):
     extra = {a: stream_extra(recipe.history[(a, seed)]) for a in arms}
     secs = {a: next(iter(v.values())) for a, v in result.extra["run_seconds"].items()}
     out = ({a: result.metrics[a][seed] for a in arms}, secs, extra)
-    atomic_write_json(parts / f"{'-'.join(arms)}_seed{seed}.json", out)
+    atomic_write_json(part_file(parts, arms, seed), out)
     return out
 
 
@@ -106,20 +105,9 @@ def main() -> None:
     groups = [tuple(a for a in g if a in args.arms) for g in GROUPS]
     # seed by seed, so a run cut short has whole seeds of every arm
     jobs = [(_job, (g, base, s, parts)) for s in args.seeds for g in groups if g]
-    if args.merge:
-        found = [(j, parts / f"{'-'.join(j[1][0])}_seed{j[1][2]}.json") for j in jobs]
-        done = [(j, read_json(p)) for j, p in found if p.is_file()]
-        args.seeds = sorted(
-            {
-                j[1][2]
-                for j, _ in done
-                if all((parts / f"{'-'.join(g)}_seed{j[1][2]}.json").is_file() for g in groups if g)
-            }
-        )
-        jobs = [j for j, _ in done if j[1][2] in args.seeds]
-        outs = [o for j, o in done if j[1][2] in args.seeds]
-    else:
-        outs = run_jobs(jobs, args.workers, args.threads)
+    args.seeds, jobs, outs = run_or_merge(
+        jobs, parts, args.seeds, merge=args.merge, workers=args.workers, threads=args.threads
+    )
     arms = [a for a in ARMS if a in args.arms]
     metrics = {a: {} for a in arms}
     seconds = {a: {} for a in arms}

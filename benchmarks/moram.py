@@ -36,13 +36,12 @@ from pathlib import Path
 
 import numpy as np
 
-from _pool import run_jobs
+from _pool import part_file, run_or_merge
 from moelab.methods.continual import ContinualConfig, ContinualRecipe
 from moelab.methods.continual.moram_config import MoRAMSettings
 from moelab.methods.continual.report import plot_curves, stream_extra
 from moelab.methods.runner import run_seeds
 from moelab.utils.atomic import atomic_write_json, atomic_write_text
-from moelab.utils.jsonfile import read_json
 from moelab.utils.result_tables import paired_table, summary_table
 from moelab.utils.results import make_result, write_result
 
@@ -57,10 +56,6 @@ def _log(method: str, seed: int, t: int, T: int, acc: float) -> None:
     print(f"{time.strftime('%H:%M:%S')} {method} seed {seed}: domain {t + 1}/{T}", flush=True)
 
 
-def _part(parts: Path, arms: tuple[str, ...], seed: int) -> Path:
-    return parts / f"{'-'.join(arms)}_seed{seed}.json"
-
-
 def _job(arms: tuple[str, ...], base: ContinualConfig, seed: int, parts: Path):
     """One seed of one arm group, also written to ``parts`` when it ends."""
     recipe = ContinualRecipe(progress=_log)
@@ -72,7 +67,7 @@ def _job(arms: tuple[str, ...], base: ContinualConfig, seed: int, parts: Path):
             extra[a]["atom_usage"] = recipe.atom_usage[(a, seed)]
     secs = {a: next(iter(v.values())) for a, v in result.extra["run_seconds"].items()}
     out = ({a: result.metrics[a][seed] for a in arms}, secs, extra)
-    atomic_write_json(_part(parts, arms, seed), out)
+    atomic_write_json(part_file(parts, arms, seed), out)
     return out
 
 
@@ -128,14 +123,9 @@ def main() -> None:
     parts.mkdir(parents=True, exist_ok=True)
     groups = [g for g in (tuple(a for a in g if a in args.arms) for g in GROUPS) if g]
     jobs = [(_job, (g, base, s, parts)) for s in args.seeds for g in groups]
-    if args.merge:
-        args.seeds = [s for s in args.seeds if all(_part(parts, g, s).is_file() for g in groups)]
-        if not args.seeds:
-            raise SystemExit(f"--merge: no seed has every part in {parts}")
-        jobs = [j for j in jobs if j[1][2] in args.seeds]
-        outs = [read_json(_part(parts, j[1][0], j[1][2])) for j in jobs]
-    else:
-        outs = run_jobs(jobs, args.workers, args.threads)
+    args.seeds, jobs, outs = run_or_merge(
+        jobs, parts, args.seeds, merge=args.merge, workers=args.workers, threads=args.threads
+    )
     arms = [a for a in ARMS if a in args.arms]
     metrics, seconds, extra = ({a: {} for a in arms} for _ in range(3))
     for (_, (_, _, seed, _)), (met, sec, ext) in zip(jobs, outs, strict=True):

@@ -35,12 +35,11 @@ from pathlib import Path
 
 import numpy as np
 
-from _pool import run_jobs
+from _pool import part_file, run_or_merge
 from moelab.methods.continual import ContinualConfig, ContinualRecipe
 from moelab.methods.continual.loop import run_stream
 from moelab.methods.runner import seed_everything
 from moelab.utils.atomic import atomic_write_json, atomic_write_text
-from moelab.utils.jsonfile import read_json
 from moelab.utils.result_tables import paired_table, summary_table
 from moelab.utils.results import make_result, write_result
 
@@ -108,7 +107,7 @@ def _job(arm: str, base: ContinualConfig, seed: int, parts: Path) -> dict:
     out["order"] = [
         learner.stream.class_names[task.classes[0]].split(":")[0] for task in learner.stream.tasks
     ]
-    atomic_write_json(parts / f"{arm}_seed{seed}.json", out)
+    atomic_write_json(part_file(parts, arm, seed), out)
     return out
 
 
@@ -173,12 +172,9 @@ def main() -> None:
     parts.mkdir(parents=True, exist_ok=True)
     # SAME first (the longest: it also evaluates without the prior), seed by seed
     jobs = [(_job, (a, base, s, parts)) for s in args.seeds for a in args.arms]
-    if args.merge:
-        have = {(j[1][0], j[1][2]): parts / f"{j[1][0]}_seed{j[1][2]}.json" for j in jobs}
-        args.seeds = [s for s in args.seeds if all(have[(a, s)].is_file() for a in args.arms)]
-        outs = [read_json(have[(a, s)]) for s in args.seeds for a in args.arms]
-    else:
-        outs = run_jobs(jobs, args.workers, args.threads)
+    args.seeds, jobs, outs = run_or_merge(
+        jobs, parts, args.seeds, merge=args.merge, workers=args.workers, threads=args.threads
+    )
     arms = [a for a in ARMS if a in args.arms or (a == "same_noprior" and "same" in args.arms)]
     metrics = {a: {} for a in arms}
     matrices = {a: {} for a in arms}
