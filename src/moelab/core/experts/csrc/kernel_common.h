@@ -84,6 +84,10 @@ void run_items(const std::vector<ItemT>& items, const Fn& fn, bool adaptive) {
   std::atomic<int64_t> next{0};
   const int64_t n = static_cast<int64_t>(items.size());
   const int64_t workers = std::min<int64_t>(at::get_num_threads(), std::max<int64_t>(n, 1));
+  const auto prefer_solo = [&st] {
+    return st.solo_cost.load(std::memory_order_relaxed) <
+           st.parallel_cost.load(std::memory_order_relaxed);
+  };
   bool solo = workers == 1, last_probe = false;
   int64_t weight = kRoutineWeight;
   if (!solo && st.forced_solo.load(std::memory_order_relaxed) > 0) {
@@ -98,9 +102,7 @@ void run_items(const std::vector<ItemT>& items, const Fn& fn, bool adaptive) {
     } else {
       const int64_t first = st.next_probe.load(std::memory_order_relaxed);
       const bool probe = c >= first && c < first + kRunLength;  // a run of the other mode
-      const bool prefer_solo = st.solo_cost.load(std::memory_order_relaxed) <
-                               st.parallel_cost.load(std::memory_order_relaxed);
-      solo = prefer_solo != probe;
+      solo = prefer_solo() != probe;
       weight = !probe ? kRoutineWeight : c == first + kRunLength - 1 ? kProbeWeight : 0;
       last_probe = weight == kProbeWeight;
     }
@@ -124,12 +126,10 @@ void run_items(const std::vector<ItemT>& items, const Fn& fn, bool adaptive) {
     update_cost(solo ? st.solo_cost : st.parallel_cost,
                 (now_ns() - start) / std::max<int64_t>(n, 1), weight);
   if (last_probe) {  // the probed mode still loses: probe half as often (down to 1/kMaxProbeEvery)
-    const bool still = (st.solo_cost.load(std::memory_order_relaxed) <
-                        st.parallel_cost.load(std::memory_order_relaxed)) != solo;
     const int64_t every = st.probe_every.load(std::memory_order_relaxed);
-    const int64_t next = still ? std::min(2 * every, kMaxProbeEvery) : kProbeEvery;
-    st.probe_every.store(next, std::memory_order_relaxed);
-    st.next_probe.store(st.calls.load(std::memory_order_relaxed) + next, std::memory_order_relaxed);
+    const int64_t gap = prefer_solo() != solo ? std::min(2 * every, kMaxProbeEvery) : kProbeEvery;
+    st.probe_every.store(gap, std::memory_order_relaxed);
+    st.next_probe.store(st.calls.load(std::memory_order_relaxed) + gap, std::memory_order_relaxed);
   }
 }
 
