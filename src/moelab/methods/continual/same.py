@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from moelab.analysis.consistency import route_stability
 from moelab.errors import InvalidValueError
+from moelab.methods.continual.domains import DOMAIN_SPECS
 from moelab.methods.continual.learner import Learner
 from moelab.methods.continual.loop import StreamResult, evaluate_task
 from moelab.methods.continual.metrics import accuracy_curve
@@ -49,37 +50,35 @@ from moelab.models.adapters.bilinear_lora import BilinearMoELoRALinear, weights_
 from moelab.models.adapters.lora import LoRALinear
 from moelab.models.encoder import pool
 
-PARAPHRASES: dict[str, tuple[str, ...]] = {
+_MORE_PARAPHRASES: dict[str, tuple[str, ...]] = {
     "noun": (
-        "Which semantic category does this word belong to?",
         "What kind of thing does this word name?",
         "Name the semantic class of this noun.",
         "To which category of meaning does this word belong?",
     ),
     "fortunes": (
-        "What topic is this quotation about?",
         "What is this quote about?",
         "Name the subject of this saying.",
         "Which theme does this quotation address?",
     ),
     "verb": (
-        "Which kind of action does this verb describe?",
         "What type of event does this verb denote?",
         "Name the semantic class of this verb.",
         "What sort of activity does this verb express?",
     ),
     "kjv": (
-        "Which part of the Bible is this verse from?",
         "From which section of the Bible does this verse come?",
         "Name the group of Bible books this verse belongs to.",
         "Where in the Bible is this verse found?",
     ),
     "stdlib": (
-        "Which standard-library module is this code from?",
         "Name the Python module this code belongs to.",
         "From which standard-library package does this source come?",
         "Which module of Python's standard library contains this code?",
     ),
+}
+PARAPHRASES: dict[str, tuple[str, ...]] = {
+    name: (DOMAIN_SPECS[name].instruction, *more) for name, more in _MORE_PARAPHRASES.items()
 }
 """Four instructions per domain: the domain's own (:data:`~moelab.methods.continual.domains.DOMAIN_SPECS`)
 and three paraphrases [I]. Other (synthetic) domains use :data:`GENERIC_PARAPHRASES`."""
