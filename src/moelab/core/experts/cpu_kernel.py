@@ -47,7 +47,11 @@ ACTIVATIONS = {"swiglu": 0, "geglu": 1, "gelu": 2, "gelu_tanh": 3}
 """Activations the kernel implements (``ExpertsConfig.activation`` → the kernel's code)."""
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = ("experts_cpu.cpp", "quant_cpu.cpp")  # compiled; the headers beside them included
+_SOURCES = (
+    "experts_cpu.cpp",
+    "quant_cpu.cpp",
+    "quant_int8.cpp",
+)  # compiled; the headers beside them included
 _ITEMS_PER_THREAD = 4  # tile very large experts so every thread gets work in a skewed plan
 _MIN_TILE_ROWS = 256
 
@@ -317,6 +321,25 @@ def fused_moe(
         order.contiguous(),
         top_k,
         save,
+    )
+
+
+def int8_activations() -> bool:
+    """Whether quantized experts' decode-sized calls (``csrc/quant_cpu.cpp``) quantize their
+    input rows to int8 and multiply with integer dot products (``csrc/quant_int8.cpp``): the
+    kernel is available, the CPU has AVX-512 VNNI, and ``MOELAB_INT8_ACTIVATIONS`` is not
+    ``0``. Only groups of a multiple of 64 columns take the integer path.
+
+    Each row is quantized per weight group, step ``max|x|/127`` (llama.cpp's 8-bit activations
+    for its quantized matmuls), so a row's outputs differ from the float32 path by that
+    rounding: about 0.3 % of the output's scale, not a fixed bound. ``MOELAB_INT8_ACTIVATIONS=0``
+    keeps float32 activations (slower at decode, same values as the dequantized weights).
+    """
+    k = kernel()
+    return (
+        k is not None
+        and os.environ.get("MOELAB_INT8_ACTIVATIONS", "1") != "0"
+        and k.int8_dot_supported()
     )
 
 

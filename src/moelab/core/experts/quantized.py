@@ -526,7 +526,9 @@ class QuantizedExpertBank(nn.Module):
         decode-sized experts (at most 8 rows each) at 4 or 8 bits in float32 without
         gradients. Act-order, rotated or 2/3-bit codes, other dtypes, larger batches and
         gradients take dequantization plus the grouped matmul (the same values up to float
-        rounding). Decided once per forward: every projection shares the spec and the rows."""
+        rounding; with :func:`cpu_kernel.int8_activations` the kernel's rows are quantized to
+        int8 per group first). Decided once per forward: every projection shares the spec and
+        the rows."""
         spec = self.spec
         if not (
             spec.bits in (4, 8)
@@ -563,7 +565,7 @@ class QuantizedExpertBank(nn.Module):
                 zeros = proj._unpack_experts(proj.zeros, tuple(proj.scales.shape), None)
             return cpu_kernel.kernel().quant_experts_mm(
                 x.contiguous(), *kernel_rows, proj.codes, proj.scale_values, zeros,
-                proj.spec.bits, proj.shape[1],
+                proj.spec.bits, proj.shape[1], cpu_kernel.int8_activations(),
             )  # fmt: skip
         w = proj.dequantize(x.dtype, active).transpose(1, 2).contiguous()
         return grouped_mm(x, w, counts, self.backend)

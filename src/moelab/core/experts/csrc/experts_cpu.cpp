@@ -13,6 +13,7 @@
 
 #include "kernel_common.h"
 #include "quant_cpu.h"
+#include "quant_int8.h"
 
 namespace {
 
@@ -392,4 +393,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("experts_forward", &experts_forward);
   m.def("experts_backward", &experts_backward);
   m.def("quant_experts_mm", &quant_experts_mm);
+  m.def("int8_dot_supported", &moelab::int8_dot_supported);
 }

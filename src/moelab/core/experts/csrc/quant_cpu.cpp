@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernel_common.h"
+#include "quant_int8.h"
 
 namespace {
 
@@ -96,11 +97,13 @@ void quant_rows_any(std::integer_sequence<int64_t, Ms...>, int64_t M, const floa
 // y [N, O] for the rows x [N, K] (float32, sorted by expert: counts[i] rows of expert
 // experts[i], each 1..kMaxRows) of one quantized projection: codes uint8 (the whole
 // projection's packed [E, O, K] codes), scales float16 [E, O, G], zeros uint8 [E, O, G]
-// (unpacked; none = symmetric, zero point 2^(bits-1)), bits 4 or 8.
+// (unpacked; none = symmetric, zero point 2^(bits-1)), bits 4 or 8. `int8_activations`: where
+// the CPU has AVX-512 VNNI and groups are a multiple of 64 columns, the rows are quantized to
+// int8 per group and multiplied with integer dot products (quant_int8.cpp); else in float32.
 at::Tensor quant_experts_mm(const at::Tensor& x, const std::vector<int64_t>& counts,
                             const std::vector<int64_t>& experts, const at::Tensor& codes,
                             const at::Tensor& scales, const c10::optional<at::Tensor>& zeros,
-                            int64_t bits, int64_t out_features) {
+                            int64_t bits, int64_t out_features, bool int8_activations) {
   const int64_t O = out_features;
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(),
               "x: expected a contiguous float32 [N, K] tensor");
@@ -141,6 +144,20 @@ at::Tensor quant_experts_mm(const at::Tensor& x, const std::vector<int64_t>& cou
   float* yp = y.data_ptr<float>();
   const auto* cp = codes.data_ptr<uint8_t>();
   const auto* sp = scales.data_ptr<at::Half>();
+  if (int8_activations && moelab::int8_dot_supported() && (K / G) % 64 == 0) {
+    std::vector<int8_t> q(N * K);
+    std::vector<float> d(N * G);
+    std::vector<int32_t> qsum(N * G);
+    moelab::quantize_rows_int8(xp, N, K, K / G, bits, q.data(), d.data(), qsum.data());
+    moelab::run_items(items, [&](const QItem& it) {
+      const int64_t e = experts[it.slot];
+      moelab::quant_rows_int8(it.rows, q.data() + it.begin * K, d.data() + it.begin * G,
+                              qsum.data() + it.begin * G, K, cp + e * O * K * bits / 8,
+                              sp + e * O * G, zp == nullptr ? nullptr : zp + e * O * G, G, bits,
+                              it.o0, it.o1, yp + it.begin * O, O);
+    }, /*adaptive=*/true);
+    return y;
+  }
   moelab::run_items(items, [&](const QItem& it) {
     const int64_t e = experts[it.slot];
     const auto rows = std::make_integer_sequence<int64_t, kMaxRows>();

@@ -8,4 +8,4 @@
 at::Tensor quant_experts_mm(const at::Tensor& x, const std::vector<int64_t>& counts,
                             const std::vector<int64_t>& experts, const at::Tensor& codes,
                             const at::Tensor& scales, const c10::optional<at::Tensor>& zeros,
-                            int64_t bits, int64_t out_features);
+                            int64_t bits, int64_t out_features, bool int8_activations);
