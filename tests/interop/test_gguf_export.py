@@ -1,6 +1,7 @@
 """GGUF export for llama.cpp: export → moelab's GGUF reader → identical logits per architecture
-and type, metadata read back, one-line refusals naming the field, the CLI, and (where
-llama-cpp-python is installed) llama.cpp's own greedy tokens."""
+and type (float and llama.cpp's block types), metadata read back, one-line refusals naming the
+field, the CLI, and (where llama-cpp-python is installed) llama.cpp's own greedy tokens and
+``llama_model_quantize``'s bytes."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from moelab.core.latent_moe import LatentMoEConfig
 from moelab.data.tokenizer import BPETokenizer, ByteTokenizer
 from moelab.interop import UnexpectedTensorError, UnsupportedConfigError, export_gguf
 from moelab.interop.gguf import load_gguf, read_gguf, read_gguf_metadata
+from moelab.interop.gguf_kquants import quantize_q4_k
 from moelab.interop.gguf_layout import GGUF_ARCHS, gguf_rules
 from moelab.interop.gguf_vocab import byte_vocab_tokens, unescape_rwkv
 from moelab.models import ModelConfig, MoETransformer, save_model
@@ -38,11 +40,13 @@ def tok() -> BPETokenizer:
 def _model(
     vocab: int, seed: int = 0, router: dict | None = None, experts: dict | None = None, **kw
 ):
-    """A random tiny MoE model, every weight O(1) in effect (D=64, F=32: whole Q8_0 blocks)."""
-    ex = dict(hidden_size=64, ffn_hidden_size=32) | (experts or {})
+    """A random tiny MoE model, every weight O(1) in effect (D=64, F=32: whole Q8_0 blocks;
+    ``d_model`` in ``kw`` widens it)."""
+    d_model = kw.pop("d_model", 64)
+    ex = dict(hidden_size=d_model, ffn_hidden_size=32) | (experts or {})
     moe = kw.pop("moe", MoEConfig(RouterConfig(**(dict(num_experts=4, top_k=2) | (router or {}))), ExpertsConfig(**ex)))  # fmt: skip
     cfg = ModelConfig(
-        vocab_size=vocab, d_model=64, n_layers=2, n_heads=4, n_kv_heads=kw.pop("n_kv_heads", 2),
+        vocab_size=vocab, d_model=d_model, n_layers=2, n_heads=4, n_kv_heads=kw.pop("n_kv_heads", 2),
         max_seq_len=96, rope_theta=5e4, norm_eps=1e-6, moe=moe, **kw,
     )  # fmt: skip
     torch.manual_seed(seed)
@@ -97,6 +101,15 @@ def _input_dim(name: str) -> int:
     return -1
 
 
+def _blocks(w: torch.Tensor, dim: int, outtype: str) -> torch.Tensor:
+    """``w`` quantized to llama.cpp's ``outtype`` blocks along ``dim`` and dequantized by
+    ``gguf.quants.dequantize`` (what moelab's reader must give back)."""
+    qtype = gguf.GGMLQuantizationType[outtype.upper()]
+    x = w.float().movedim(dim, -1).contiguous().numpy()
+    q = quantize_q4_k(x) if outtype == "q4_k" else gguf.quants.quantize(x, qtype)
+    return torch.from_numpy(gguf.quants.dequantize(q, qtype)).movedim(-1, dim)
+
+
 def _as_stored(model: MoETransformer, outtype: str) -> MoETransformer:
     """``model`` with every matrix rounded as the GGUF file stores it (routers, the shared
     expert's gate, norms and biases stay float32), derived here without the exporter."""
@@ -107,6 +120,8 @@ def _as_stored(model: MoETransformer, outtype: str) -> MoETransformer:
                 continue
             if outtype == "q8_0":
                 p.copy_(_q8_0(p, _input_dim(name)))
+            elif outtype.startswith("q"):
+                p.copy_(_blocks(p, _input_dim(name), outtype))
             elif outtype != "f32":
                 p.copy_(p.to(torch.float16 if outtype == "f16" else torch.bfloat16).float())
     return out
@@ -139,6 +154,72 @@ def test_round_trip_logits_identical(tmp_path, tok, arch, outtype):
     assert types["blk.0.ffn_gate_inp.weight"] == "F32"
     assert types["blk.1.ffn_down_exps.weight"] == outtype.upper()
     assert loaded.cfg.tie_embeddings == model.cfg.tie_embeddings
+
+
+def _wide(arch: str, ffn: int = 256) -> dict:
+    """``ARCH_MODELS[arch]`` at D=256 with every matrix row a whole Q4_K super-block (expert
+    width ``ffn``; the shared expert and heads widened to 256 and 64)."""
+    kw = copy.deepcopy(ARCH_MODELS[arch]) | dict(d_model=256)
+    kw["experts"] = kw.get("experts", {}) | dict(ffn_hidden_size=ffn)
+    if "shared_expert_size" in kw["experts"]:
+        kw["experts"]["shared_expert_size"] = 256
+    if "head_dim" in kw:
+        kw["head_dim"] = 64
+    return kw
+
+
+# RMS(Δlogit)/RMS(logit) against the float32 model, measured on these random models (the four
+# architectures): q8_0 0.012-0.033, q5_1 0.08-0.12, q5_0 0.09-0.15, q4_k 0.17-0.23,
+# q4_1 0.18-0.23, q4_0 0.20-0.26; the test's floor (0.05) is above Q8_0's error
+BLOCK_BOUNDS = {"q4_k": 0.3, "q4_0": 0.35, "q4_1": 0.3, "q5_0": 0.2, "q5_1": 0.2}
+BLOCK_CASES = [(a, t) for a in sorted(ARCH_MODELS) for t in ("q4_k", "q4_0")] + [
+    ("llama", t) for t in ("q4_1", "q5_0", "q5_1")
+]
+
+
+@pytest.mark.parametrize("arch, outtype", BLOCK_CASES)
+def test_round_trip_block_types(tmp_path, tok, arch, outtype):
+    """The reader gives back exactly the blocks dequantized by gguf.quants (Q4_K: moelab's own
+    quantizer), and the model differs from the float one by a quantization-sized amount."""
+    model = _model(tok.vocab_size, **_wide(arch))
+    report = export_gguf(model, tmp_path / "m.gguf", tokenizer=tok, outtype=outtype)
+    assert not any("matrices with rows" in n for n in report.notes), report.notes
+    ckpt = read_gguf(report.path)
+    matrices = {k: v for k, v in ckpt.tensor_types.items() if v != "F32"}
+    assert set(matrices.values()) == {outtype.upper()} and len(matrices) >= 14
+    assert ckpt.tensor_types["blk.0.ffn_gate_inp.weight"] == "F32"
+    assert ckpt.metadata["general.file_type"] == {
+        "q4_k": 14, "q4_0": 2, "q4_1": 3, "q5_0": 8, "q5_1": 9
+    }[outtype]  # fmt: skip
+    loaded, _ = load_gguf(report.path)
+    ids = _ids(tok.vocab_size)
+    with torch.no_grad():
+        got = loaded(ids).logits
+        want = _as_stored(model, outtype)(ids).logits
+        exact = model(ids).logits
+    assert torch.equal(got, want)
+    err = float((got - exact).pow(2).mean().sqrt() / exact.pow(2).mean().sqrt())
+    assert 0.05 < err < BLOCK_BOUNDS[outtype], err
+
+
+def test_q4_k_falls_back_as_llama_quantize(tmp_path, tok):
+    """Rows of 96 (not 256, but 32·3) → Q5_0; rows of 24 (not even 32) → F16."""
+    model = _model(tok.vocab_size, **_wide("llama", ffn=96))
+    report = export_gguf(model, tmp_path / "m.gguf", tokenizer=tok, outtype="q4_k")
+    types = read_gguf(report.path).tensor_types
+    assert types["blk.0.ffn_down_exps.weight"] == "Q5_0"
+    assert types["blk.0.ffn_gate_exps.weight"] == types["output.weight"] == "Q4_K"
+    assert report.notes == ["2 matrices with rows not a multiple of 256 written as Q5_0"]
+    narrow = _model(tok.vocab_size, experts=dict(ffn_hidden_size=24))  # D=64, F=24
+    report = export_gguf(narrow, tmp_path / "n.gguf", tokenizer=tok, outtype="q4_k")
+    types = read_gguf(report.path).tensor_types
+    assert types["blk.0.ffn_down_exps.weight"] == "F16"
+    assert types["blk.0.ffn_gate_exps.weight"] == types["token_embd.weight"] == "Q5_0"
+    assert report.notes == [
+        "2 matrices with rows not a multiple of 256 written as F16",
+        "14 matrices with rows not a multiple of 256 written as Q5_0",
+    ]
+    assert report.tensor_types["F16"] == 2 and "Q4_K" not in report.tensor_types
 
 
 def test_dense_llama_and_logit_scale(tmp_path, tok):
