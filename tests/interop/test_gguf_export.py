@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -20,8 +21,8 @@ from moelab.core.latent_moe import LatentMoEConfig
 from moelab.data.tokenizer import BPETokenizer, ByteTokenizer
 from moelab.interop import UnexpectedTensorError, UnsupportedConfigError, export_gguf
 from moelab.interop.gguf import load_gguf, read_gguf, read_gguf_metadata
-from moelab.interop.gguf_kquants import quantize_q4_k
 from moelab.interop.gguf_layout import GGUF_ARCHS, gguf_rules
+from moelab.interop.gguf_quants import quantize_ggml
 from moelab.interop.gguf_vocab import byte_vocab_tokens, unescape_rwkv
 from moelab.models import ModelConfig, MoETransformer, save_model
 from moelab.serve.chat import PLAIN_TEMPLATE, ChatTemplate
@@ -106,7 +107,7 @@ def _blocks(w: torch.Tensor, dim: int, outtype: str) -> torch.Tensor:
     ``gguf.quants.dequantize`` (what moelab's reader must give back)."""
     qtype = gguf.GGMLQuantizationType[outtype.upper()]
     x = w.float().movedim(dim, -1).contiguous().numpy()
-    q = quantize_q4_k(x) if outtype == "q4_k" else gguf.quants.quantize(x, qtype)
+    q = quantize_ggml(x, qtype.name)
     return torch.from_numpy(gguf.quants.dequantize(q, qtype)).movedim(-1, dim)
 
 
@@ -131,18 +132,22 @@ def _ids(vocab: int) -> torch.Tensor:
     return torch.randint(0, vocab, (2, 24), generator=torch.Generator().manual_seed(1))
 
 
+def _reloaded(path, model: MoETransformer, outtype: str):
+    """``(model read back, (its logits, the model-as-stored's, the model's))`` on ``_ids``."""
+    loaded, _ = load_gguf(path)
+    ids = _ids(model.cfg.vocab_size)
+    with torch.no_grad():
+        logits = loaded(ids).logits, _as_stored(model, outtype)(ids).logits, model(ids).logits
+    return loaded, logits
+
+
 @pytest.mark.parametrize("outtype", ["f32", "f16", "bf16", "q8_0"])
 @pytest.mark.parametrize("arch", sorted(ARCH_MODELS))
 def test_round_trip_logits_identical(tmp_path, tok, arch, outtype):
     model = _model(tok.vocab_size, **ARCH_MODELS[arch])
     report = export_gguf(model, tmp_path / "m.gguf", tokenizer=tok, outtype=outtype)
     assert report.arch == arch
-    loaded, _ = load_gguf(report.path)
-    ids = _ids(tok.vocab_size)
-    with torch.no_grad():
-        got = loaded(ids).logits
-        want = _as_stored(model, outtype)(ids).logits
-        exact = model(ids).logits
+    loaded, (got, want, exact) = _reloaded(report.path, model, outtype)
     assert torch.equal(got, want)
     if outtype == "f32":
         assert torch.equal(got, exact)
@@ -191,12 +196,7 @@ def test_round_trip_block_types(tmp_path, tok, arch, outtype):
     assert ckpt.metadata["general.file_type"] == {
         "q4_k": 14, "q4_0": 2, "q4_1": 3, "q5_0": 8, "q5_1": 9
     }[outtype]  # fmt: skip
-    loaded, _ = load_gguf(report.path)
-    ids = _ids(tok.vocab_size)
-    with torch.no_grad():
-        got = loaded(ids).logits
-        want = _as_stored(model, outtype)(ids).logits
-        exact = model(ids).logits
+    _, (got, want, exact) = _reloaded(report.path, model, outtype)
     assert torch.equal(got, want)
     err = float((got - exact).pow(2).mean().sqrt() / exact.pow(2).mean().sqrt())
     assert 0.05 < err < BLOCK_BOUNDS[outtype], err
@@ -444,21 +444,22 @@ app.command("convert")(convert_command)
 app.command("noop")(lambda: None)  # keep "convert" a subcommand
 
 
-def test_cli_convert_to_gguf(tmp_path, tok):
+@pytest.mark.parametrize("outtype", ["q8_0", "q4_0"])
+def test_cli_convert_to_gguf(tmp_path, tok, outtype):
     run = tmp_path / "run"
     model = _model(tok.vocab_size)
     save_model(model, run)
     tok.save(run)
     runner = CliRunner()
     out = tmp_path / "m.gguf"
-    res = runner.invoke(app, ["convert", str(run), str(out), "--to", "gguf", "--outtype", "q8_0"])
+    res = runner.invoke(app, ["convert", str(run), str(out), "--to", "gguf", "--outtype", outtype])
     assert res.exit_code == 0, res.output
-    assert "llama.cpp 'llama', q8_0" in res.output and "plain template" in res.output
+    assert f"llama.cpp 'llama', {outtype}" in res.output and "plain template" in res.output
     assert read_gguf_metadata(out)["tokenizer.chat_template"] == PLAIN_TEMPLATE
     loaded, _ = load_gguf(out)
     with torch.no_grad():
         ids = _ids(tok.vocab_size)
-        assert torch.equal(loaded(ids).logits, _as_stored(model, "q8_0")(ids).logits)
+        assert torch.equal(loaded(ids).logits, _as_stored(model, outtype)(ids).logits)
     res = runner.invoke(app, ["convert", str(run), str(out), "--to", "gguf", "--arch", "olmoe"])
     assert res.exit_code == 2 and res.output.count("\n") == 1
     assert res.output.startswith("error: ") and "exists" in res.output
@@ -522,3 +523,40 @@ def test_llama_cpp_greedy_tokens_equal_moelab(tmp_path, tok, arch):
         )
     worst = max(float(np.abs(a.numpy() - b).max()) for a, b in zip(our_logits, their_logits, strict=True))  # fmt: skip
     assert worst < 1e-4, worst  # float32 rounding only (measured ~1e-6)
+
+
+# llama.cpp's LLAMA_FTYPE of each block type (llama.h)
+LLAMA_FTYPES = {"q4_k": 14, "q4_0": 2, "q4_1": 3, "q5_0": 8, "q5_1": 9}
+
+
+@pytest.mark.parametrize("outtype", sorted(LLAMA_FTYPES))
+def test_block_types_equal_llama_quantize_bytes(tmp_path, tok, outtype):
+    """moelab's export at ``outtype`` against ``llama_model_quantize`` run on moelab's F32 export
+    with ``pure`` (every matrix the ftype's base type, no Q6_K/Q5_K mix; the shape fallbacks
+    still apply): every matrix moelab quantizes has llama.cpp's type and bytes. Expert width 96
+    makes ffn_down take the Q4_K → Q5_0 fallback."""
+    llama_cpp = pytest.importorskip(
+        "llama_cpp",
+        reason="llama.cpp check needs llama-cpp-python (pip install 'moelab[llamacpp]'; it "
+        "compiles llama.cpp)",
+    )
+    import ctypes
+
+    model = _model(tok.vocab_size, seed=7, **_wide("qwen2moe", ffn=96))
+    f32, ours, theirs = tmp_path / "f32.gguf", tmp_path / "ours.gguf", tmp_path / "theirs.gguf"
+    export_gguf(model, f32, tokenizer=tok, outtype="f32")
+    export_gguf(model, ours, tokenizer=tok, outtype=outtype)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = LLAMA_FTYPES[outtype]
+    params.nthread = 1
+    params.pure = True
+    assert llama_cpp.llama_model_quantize(str(f32).encode(), str(theirs).encode(), ctypes.byref(params)) == 0  # fmt: skip
+    mine = {t.name: t for t in gguf.GGUFReader(ours).tensors}
+    ref = {t.name: t for t in gguf.GGUFReader(theirs).tensors}
+    types = {n: t.tensor_type.name for n, t in mine.items()}
+    assert {n: t.tensor_type.name for n, t in ref.items()} == types
+    for name, t in mine.items():
+        assert np.array_equal(np.asarray(ref[name].data), np.asarray(t.data)), name
+    # 22 matrices (2 + 10 a layer: attention 4, experts 3, shared expert 3), F32 norms/routers
+    want = {"Q4_K": 20, "Q5_0": 2} if outtype == "q4_k" else {outtype.upper(): 22}
+    assert Counter(types.values()) == want | {"F32": 15}

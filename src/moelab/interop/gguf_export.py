@@ -12,12 +12,10 @@ other matrix takes the requested type: F32, F16, BF16 (round to nearest even, as
 ``ggml_compute_fp32_to_bf16``) or one of llama.cpp's block types along each row:
 
 - Q8_0 (blocks of 32, one F16 scale ``d = max|w|/127``, ``round(w/d)`` as int8), Q5_1, Q5_0,
-  Q4_1, Q4_0 (blocks of 32: 5 or 4 bits, with a min for the ``_1`` types): ``gguf.quants``,
-  whose quantizers are bit-exact with ggml's ``quantize_row_*_ref`` (checked against scalar
-  transcriptions of the C in the tests; it is what ``llama-quantize`` runs without an
-  importance matrix);
-- Q4_K (super-blocks of 256 with 6-bit sub-block scales and mins):
-  :mod:`moelab.interop.gguf_kquants`, a bit-exact port of ``quantize_row_q4_K_ref``.
+  Q4_1, Q4_0 (blocks of 32: 5 or 4 bits, with a min for the ``_1`` types) and Q4_K
+  (super-blocks of 256 with 6-bit sub-block scales and mins), bit-exact with ggml's
+  ``quantize_row_*_ref``, which ``llama-quantize`` runs without an importance matrix:
+  :mod:`moelab.interop.gguf_quants` (``gguf.quants``, and a numpy port for Q4_K).
 
 Unlike ``llama-quantize``'s Q4_K_S/Q4_K_M mixes (which keep ``output.weight`` at Q6_K and some
 ``attn_v``/``ffn_down`` matrices at Q5_K/Q6_K), every matrix gets the one type asked for: the
@@ -45,7 +43,6 @@ import torch
 from moelab.data.tokenizer import Tokenizer
 from moelab.errors import InvalidValueError, MissingDependencyError
 from moelab.interop.errors import UnexpectedTensorError, UnsupportedConfigError
-from moelab.interop.gguf_kquants import quantize_q4_k
 from moelab.interop.gguf_layout import (
     GGUFArch,
     check_gguf_config,
@@ -53,6 +50,7 @@ from moelab.interop.gguf_layout import (
     resolve_gguf_arch,
     to_gguf,
 )
+from moelab.interop.gguf_quants import quantize_ggml
 from moelab.interop.gguf_vocab import GGUFVocab, gguf_vocab, write_vocab
 from moelab.models.quantized import is_quantized
 from moelab.models.transformer import MoETransformer
@@ -149,7 +147,7 @@ def _keeps_f32(name: str, ndim: int) -> bool:
 def _encode_tensor(name: str, t: torch.Tensor, outtype: str) -> tuple[np.ndarray, Any, Any]:
     """``(data, ggml type written, ggml type asked for)`` of tensor ``name`` in a file of type
     ``outtype``: float32, float16 or the packed bytes of the block types as
-    ``gguf.quants.quantize`` returns them."""
+    ``gguf.quants.quantize`` returns them (:func:`quantize_ggml`)."""
     gguf = _gguf()
     q = gguf.GGMLQuantizationType
     arr = t.detach().to(torch.float32).cpu().numpy()
@@ -157,9 +155,7 @@ def _encode_tensor(name: str, t: torch.Tensor, outtype: str) -> tuple[np.ndarray
     qtype = asked
     while arr.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0]:
         qtype = q[_FALLBACK.get(qtype.name, "F16")]
-    if qtype == q.Q4_K:
-        return quantize_q4_k(arr), qtype, asked
-    return gguf.quants.quantize(arr, qtype), qtype, asked
+    return quantize_ggml(arr, qtype.name), qtype, asked
 
 
 def gguf_tensors(

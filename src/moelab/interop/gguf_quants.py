@@ -1,8 +1,20 @@
-"""llama.cpp's Q4_K quantizer in numpy, bit for bit (the ``gguf`` package only dequantizes it).
+"""llama.cpp's block quantizers for the GGUF export, bit for bit as ``llama-quantize`` writes
+them without an importance matrix (ggml/src/ggml-quants.c's ``quantize_row_*_ref``, as vendored
+by llama-cpp-python 0.3.36).
 
-A port of ``quantize_row_q4_K_ref`` (ggml/src/ggml-quants.c, as vendored by llama-cpp-python
-0.3.36), the function ``llama-quantize`` runs for Q4_K when no importance matrix is given
-(``quantize_q4_K`` with ``quant_weights == NULL``). Each row of 256·k weights is cut into
+:func:`quantize_ggml` is the entry point: F32/F16/BF16/Q8_0 straight from ``gguf.quants``;
+Q4_0/Q4_1/Q5_0/Q5_1 from ``gguf.quants`` with the sign of a zero fp16 header fixed (below);
+Q4_K from :func:`quantize_q4_k`, a numpy port (the ``gguf`` package only dequantizes Q4_K).
+
+gguf-py's 32-block quantizers do the C's float32 arithmetic in the C's order, but pick block
+extremes with numpy's ``min``/``max``/``argmax``, which may return either zero when several
+``±0.0`` tie; the C keeps the first one met (``v < min``, ``v > max``; Q4_0/Q5_0 start from
+``max = +0`` and move only on a strictly larger ``|v|``). The values are equal, only the sign bit
+of ``d`` or ``m`` can differ, in blocks whose extreme is a zero: weights masked by a
+multiplication (``-x · 0 = -0.0``) are the common case. :func:`quantize_ggml` rewrites those
+headers from the C's choice, so the bytes match; the 4/5-bit levels do not depend on it.
+
+Q4_K (:func:`quantize_q4_k`, ``quantize_row_q4_K_ref``): each row of 256·k weights is cut into
 super-blocks of 256, each into 8 sub-blocks of 32:
 
 1. per sub-block, weights ``w_l = sqrt(Σx²/32) + |x_l|`` and ``make_qkx2_quants(32, 15, x, w,
@@ -23,7 +35,7 @@ conversions round to nearest even as ``ggml_compute_fp32_to_fp16``. ggml-quants.
 ``ggml-base``, which ggml builds without ``-march`` flags: on x86-64 there is no FMA to
 contract ``a*b + c`` into, so the C rounds every product [C]; a build whose baseline has FMA and
 a compiler that contracts (e.g. aarch64 GCC) may differ in the last bit of a sum and so,
-rarely, in a block [I]. The tests compare against a scalar transcription of the C and, where
+rarely, in a block [I]. The tests compare against scalar transcriptions of the C and, where
 llama-cpp-python is installed, against the bytes ``llama_model_quantize`` writes.
 """
 
@@ -31,7 +43,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moelab.errors import InvalidValueError
+from moelab.errors import InvalidValueError, MissingDependencyError
 
 QK_K = 256
 """Weights per Q4_K super-block."""
@@ -177,3 +189,60 @@ def quantize_q4_k(x: np.ndarray) -> np.ndarray:
     for s in range(0, blocks.shape[0], _CHUNK):
         out[s : s + _CHUNK] = _quantize_superblocks(blocks[s : s + _CHUNK])
     return out.reshape(*x.shape[:-1], x.shape[-1] // QK_K * Q4_K_BLOCK_BYTES)
+
+
+# the 32-block types whose fp16 header gguf-py may write with the other zero's sign:
+# (has a min, levels: d = max/-levels or (max - min)/levels)
+_LEGACY = {"Q4_0": (False, 8), "Q5_0": (False, 16), "Q4_1": (True, 15), "Q5_1": (True, 31)}
+
+
+def _fp16_bytes(v: np.ndarray) -> np.ndarray:
+    return v.astype(np.float16).view(np.uint8).reshape(-1, 2)
+
+
+def quantize_ggml(x: np.ndarray, type_name: str) -> np.ndarray:
+    """``x`` in ggml type ``type_name`` along its last axis, as ``llama-quantize`` writes it.
+
+    Args:
+        x: float array ``[..., n]`` (converted to float32), ``n`` a multiple of the type's block.
+        type_name: a ``gguf.GGMLQuantizationType`` name: ``F32``, ``F16``, ``BF16``, ``Q8_0``,
+            ``Q5_1``, ``Q5_0``, ``Q4_1``, ``Q4_0`` or ``Q4_K``.
+    Returns:
+        float32/float16 ``[..., n]`` or the packed blocks, uint8 ``[..., n / block · bytes]``
+        (what ``GGUFWriter.add_tensor(..., raw_dtype=...)`` takes).
+    Raises:
+        InvalidValueError: rows not a whole number of blocks; MissingDependencyError: no
+            ``gguf`` package.
+    """
+    try:
+        import gguf
+    except ImportError as e:  # pragma: no cover - exercised only without gguf
+        raise MissingDependencyError(
+            "GGUF quantization needs the 'gguf' package: pip install gguf"
+        ) from e
+    x = np.ascontiguousarray(x, dtype=_F)
+    if type_name == "Q4_K":
+        return quantize_q4_k(x)
+    qtype = gguf.GGMLQuantizationType[type_name]
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
+    if x.ndim == 0 or x.shape[-1] % block:
+        raise InvalidValueError(
+            f"x: {type_name} needs rows of a multiple of {block} values, got shape {x.shape}"
+        )
+    out = gguf.quants.quantize(x, qtype)
+    if type_name not in _LEGACY:
+        return out
+    has_min, levels = _LEGACY[type_name]
+    blocks = x.reshape(-1, 32)
+    rows = np.arange(len(blocks))
+    heads = out.reshape(len(blocks), -1)
+    if has_min:  # the first minimum / maximum met, as `if (v < min)` / `if (v > max)`
+        mn = blocks[rows, blocks.argmin(1)]
+        mx = blocks[rows, blocks.argmax(1)]
+        heads[:, 0:2] = _fp16_bytes((mx - mn) / _F(levels))
+        heads[:, 2:4] = _fp16_bytes(mn)
+    else:  # the first largest |v|, or the initial +0 when every |v| is 0
+        i = np.abs(blocks).argmax(1)
+        mx = np.where(blocks[rows, i] != 0, blocks[rows, i], _F(0))
+        heads[:, 0:2] = _fp16_bytes(mx / _F(-levels))
+    return heads.reshape(out.shape)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from moelab.errors import InvalidValueError
-from moelab.interop.gguf_kquants import make_qkx2_quants, quantize_q4_k
+from moelab.interop.gguf_quants import make_qkx2_quants, quantize_ggml, quantize_q4_k
 
 gguf = pytest.importorskip("gguf", reason="needs the gguf package: pip install gguf")
 
@@ -32,7 +32,9 @@ def _f16(v) -> F:
 
 
 # ---------------------------------------------- scalar transcriptions of ggml-quants.c
-def _ref_make_qkx2(x, w, nmax=15, rmin=F(-1), rdelta=F(0.1), nstep=20):
+def _ref_make_qkx2(x, w):
+    """make_qkx2_quants(n, 15, x, w, ..., rmin=-1, rdelta=0.1, nstep=20, use_mad=false)."""
+    nmax, rmin, rdelta, nstep = 15, F(-1), F(0.1), 20
     n = len(x)
     mn = mx = x[0]
     sum_w = w[0]
@@ -114,7 +116,10 @@ def _ref_q4_k(x: np.ndarray) -> bytes:
         if j < 4:
             s, m = sc[j] & 63, sc[j + 4] & 63
         else:
-            s, m = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4), (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4)
+            s, m = (
+                (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4),
+                (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4),
+            )
         dj = d * F(s)
         if not dj:
             continue
@@ -125,60 +130,37 @@ def _ref_q4_k(x: np.ndarray) -> bytes:
     return bytes([*_fp16(max_scale / F(63)), *_fp16(max_min / F(63)), *sc, *qs])
 
 
-def _ref_q4_0(x) -> bytes:
-    """quantize_row_q4_0_ref for one block of 32."""
-    amax = mx = F(0)
-    for v in x:
-        if amax < abs(v):
-            amax, mx = abs(v), v
-    d = mx / F(-8)
+def _ref_32(x, name: str) -> bytes:
+    """quantize_row_{q4_0,q4_1,q5_0,q5_1}_ref for one block of 32."""
+    bits = int(name[1])
+    top = (1 << bits) - 1
+    if name.endswith("_1"):
+        mn, mx = F(np.finfo(F).max), F(-np.finfo(F).max)
+        for v in x:
+            mn, mx = (v if v < mn else mn), (v if v > mx else mx)
+        d = (mx - mn) / F(top)
+        head, shift, add = [*_fp16(d), *_fp16(mn)], mn, F(0.5)
+    else:
+        amax = mx = F(0)
+        for v in x:
+            if amax < abs(v):
+                amax, mx = abs(v), v
+        d = mx / F(-(1 << (bits - 1)))
+        head, shift, add = [*_fp16(d)], F(0), F((1 << (bits - 1)) + 0.5)
     idv = F(1) / d if d else F(0)
-    q = [min(15, int(x[j] * idv + F(8.5))) for j in range(32)]
-    return bytes([*_fp16(d), *[q[j] | (q[j + 16] << 4) for j in range(16)]])
-
-
-def _ref_q4_1(x) -> bytes:
-    """quantize_row_q4_1_ref for one block of 32."""
-    mn, mx = F(np.finfo(F).max), F(-np.finfo(F).max)
-    for v in x:
-        mn, mx = (v if v < mn else mn), (v if v > mx else mx)
-    d = (mx - mn) / F(15)
-    idv = F(1) / d if d else F(0)
-    q = [min(15, int((x[j] - mn) * idv + F(0.5))) for j in range(32)]
-    return bytes([*_fp16(d), *_fp16(mn), *[q[j] | (q[j + 16] << 4) for j in range(16)]])
-
-
-def _ref_q5_0(x) -> bytes:
-    """quantize_row_q5_0_ref for one block of 32."""
-    amax = mx = F(0)
-    for v in x:
-        if amax < abs(v):
-            amax, mx = abs(v), v
-    d = mx / F(-16)
-    idv = F(1) / d if d else F(0)
-    q = [min(31, int(x[j] * idv + F(16.5))) for j in range(32)]
-    qh = sum(((q[j] & 0x10) >> 4) << j for j in range(32))
+    q = [int((v - shift) * idv + add) for v in x]
+    q = [v & 0xFF for v in q] if name == "Q5_1" else [min(top, v) for v in q]  # Q5_1: no MIN
     lo = [(q[j] & 0xF) | ((q[j + 16] & 0xF) << 4) for j in range(16)]
-    return bytes([*_fp16(d), *qh.to_bytes(4, "little"), *lo])
-
-
-def _ref_q5_1(x) -> bytes:
-    """quantize_row_q5_1_ref for one block of 32 (no clamp to 31 in the C)."""
-    mn, mx = F(np.finfo(F).max), F(-np.finfo(F).max)
-    for v in x:
-        mn, mx = (v if v < mn else mn), (v if v > mx else mx)
-    d = (mx - mn) / F(31)
-    idv = F(1) / d if d else F(0)
-    q = [int((x[j] - mn) * idv + F(0.5)) & 0xFF for j in range(32)]
+    if bits == 4:
+        return bytes([*head, *lo])
     qh = sum(((q[j] & 0x10) >> 4) << j for j in range(32))
-    lo = [(q[j] & 0xF) | ((q[j + 16] & 0xF) << 4) for j in range(16)]
-    return bytes([*_fp16(d), *_fp16(mn), *qh.to_bytes(4, "little"), *lo])
+    return bytes([*head, *qh.to_bytes(4, "little"), *lo])
 
 
 def _hard_blocks(n_blocks: int, size: int, seed: int) -> np.ndarray:
     """Blocks of ``size`` float32 values that exercise the corner cases: Gaussian at several
     scales, outliers, all-positive/all-negative, zeros, a constant block, a zero sub-block,
-    values on a half-integer grid (rounding ties), fp16-subnormal scales."""
+    values on a half-integer grid (rounding ties), fp16-subnormal scales, ``±0.0`` extremes."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n_blocks, size)).astype(F)
     x *= F(10.0) ** rng.uniform(-3, 1, (n_blocks, 1)).astype(F)
@@ -192,13 +174,18 @@ def _hard_blocks(n_blocks: int, size: int, seed: int) -> np.ndarray:
     x[7] *= F(1e-6)
     x[8] = np.arange(size, dtype=F) % 16
     x[9, 100 % size] = -3.0
+    keep = rng.random((3, size)) < 0.25  # masked weights: zeros of both signs
+    x[10] = np.where(keep[0], -np.abs(x[10]), F(-0.0))
+    x[11] = np.where(keep[1], np.abs(x[11]), F(-0.0))
+    x[12] = np.where(keep[2], F(0.0), F(-0.0))
+    x[12, 0] = -0.0
     return x
 
 
 def test_q4_k_equals_the_c_reference_bit_for_bit():
-    x = _hard_blocks(28, 256, seed=0)
+    x = _hard_blocks(30, 256, seed=0)
     got = quantize_q4_k(x)
-    assert got.shape == (28, 144) and got.dtype == np.uint8
+    assert got.shape == (30, 144) and got.dtype == np.uint8
     for b in range(len(x)):
         assert got[b].tobytes() == _ref_q4_k(x[b]), f"block {b}"
 
@@ -248,16 +235,18 @@ def test_q4_k_round_trip_through_gguf_dequantize():
     assert (sub_err <= sub_range / 15).all()  # within one level of every sub-block's grid
 
 
-def test_q4_k_rejects_partial_super_blocks():
+def test_partial_blocks_are_refused():
     with pytest.raises(InvalidValueError, match=r"^x: Q4_K needs rows of a multiple of 256"):
-        quantize_q4_k(np.zeros((2, 96), F))
+        quantize_ggml(np.zeros((2, 96), F), "Q4_K")
+    with pytest.raises(InvalidValueError, match=r"^x: Q4_0 needs rows of a multiple of 32"):
+        quantize_ggml(np.zeros((2, 40), F), "Q4_0")
 
 
-@pytest.mark.parametrize(
-    "name, ref", [("Q4_0", _ref_q4_0), ("Q4_1", _ref_q4_1), ("Q5_0", _ref_q5_0), ("Q5_1", _ref_q5_1)]
-)
-def test_gguf_py_32_blocks_equal_the_c_reference(name, ref):
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
+def test_32_blocks_equal_the_c_reference(name):
+    """gguf-py's quantizers with the zero-sign fix of quantize_ggml (blocks 10-12)."""
     x = _hard_blocks(40, 32, seed=2)
-    got = gguf.quants.quantize(x, gguf.GGMLQuantizationType[name])
+    got = quantize_ggml(x, name)
+    assert got.shape == (40, gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]][1])
     for b in range(len(x)):
-        assert got[b].tobytes() == ref(list(x[b])), f"{name} block {b}"
+        assert got[b].tobytes() == _ref_32(list(x[b]), name), f"{name} block {b}"
