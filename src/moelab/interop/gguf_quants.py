@@ -36,7 +36,11 @@ conversions round to nearest even as ``ggml_compute_fp32_to_fp16``. ggml-quants.
 contract ``a*b + c`` into, so the C rounds every product [C]; a build whose baseline has FMA and
 a compiler that contracts (e.g. aarch64 GCC) may differ in the last bit of a sum and so,
 rarely, in a block [I]. The tests compare against scalar transcriptions of the C and, where
-llama-cpp-python is installed, against the bytes ``llama_model_quantize`` writes.
+llama-cpp-python is installed, against the bytes ``llama_model_quantize`` writes; once, by
+hand, against ggml-quants.c compiled with ggml-base's flags (``gcc -O3 -DNDEBUG -std=gnu11``,
+from llama-cpp-python's compile_commands.json): identical bytes on 18 000 Q4_K super-blocks
+and 144 000 blocks of each 32-block type (Gaussian, 9 decades of scale, heavy-tailed, sparse
+with ``-0.0``, ReLU-like, rounding ties) [measured].
 """
 
 from __future__ import annotations
