@@ -555,12 +555,13 @@ def test_block_types_equal_llama_quantize_bytes(tmp_path, tok, outtype, ftype, p
     mine = {t.name: t for t in gguf.GGUFReader(ours).tensors}
     ref = {t.name: t for t in gguf.GGUFReader(theirs).tensors}
     types = {n: t.tensor_type.name for n, t in mine.items()}
-    same = [n for n, t in ref.items() if pure or t.tensor_type.name == "Q4_K"]
+    # the mix: the matrices llama.cpp writes as Q4_K, or as Q5_0 by Q4_K's fallback
+    same = [n for n, t in ref.items() if pure or t.tensor_type.name in ("Q4_K", "Q5_0")]
     for name in same:
         assert ref[name].tensor_type.name == types[name], name
         assert np.array_equal(np.asarray(ref[name].data), np.asarray(mine[name].data)), name
-    if not pure:
-        assert len(same) >= 10, sorted(same)  # attention q/k/o, gate/up of both FFNs, embd
+    if not pure:  # 0.3.36's Q4_K_M: 17 Q4_K, 1 Q5_0 (one ffn_down is Q6_K → Q8_0), 3 Q6_K
+        assert len(same) >= 15, sorted(same)
         return
     assert {n: t.tensor_type.name for n, t in ref.items()} == types
     # 22 matrices (2 + 10 a layer: attention 4, experts 3, shared expert 3), F32 norms/routers
