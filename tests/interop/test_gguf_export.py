@@ -1,11 +1,13 @@
 """GGUF export for llama.cpp: export → moelab's GGUF reader → identical logits per architecture
-and type, metadata read back, one-line refusals naming the field, the CLI, and (where
-llama-cpp-python is installed) llama.cpp's own greedy tokens."""
+and type (float and llama.cpp's block types), metadata read back, one-line refusals naming the
+field, the CLI, and (where llama-cpp-python is installed) llama.cpp's own greedy tokens and
+``llama_model_quantize``'s bytes."""
 
 from __future__ import annotations
 
 import copy
 import json
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from moelab.data.tokenizer import BPETokenizer, ByteTokenizer
 from moelab.interop import UnexpectedTensorError, UnsupportedConfigError, export_gguf
 from moelab.interop.gguf import load_gguf, read_gguf, read_gguf_metadata
 from moelab.interop.gguf_layout import GGUF_ARCHS, gguf_rules
+from moelab.interop.gguf_quants import quantize_ggml
 from moelab.interop.gguf_vocab import byte_vocab_tokens, unescape_rwkv
 from moelab.models import ModelConfig, MoETransformer, save_model
 from moelab.serve.chat import PLAIN_TEMPLATE, ChatTemplate
@@ -38,11 +41,13 @@ def tok() -> BPETokenizer:
 def _model(
     vocab: int, seed: int = 0, router: dict | None = None, experts: dict | None = None, **kw
 ):
-    """A random tiny MoE model, every weight O(1) in effect (D=64, F=32: whole Q8_0 blocks)."""
-    ex = dict(hidden_size=64, ffn_hidden_size=32) | (experts or {})
+    """A random tiny MoE model, every weight O(1) in effect (D=64, F=32: whole Q8_0 blocks;
+    ``d_model`` in ``kw`` widens it)."""
+    d_model = kw.pop("d_model", 64)
+    ex = dict(hidden_size=d_model, ffn_hidden_size=32) | (experts or {})
     moe = kw.pop("moe", MoEConfig(RouterConfig(**(dict(num_experts=4, top_k=2) | (router or {}))), ExpertsConfig(**ex)))  # fmt: skip
     cfg = ModelConfig(
-        vocab_size=vocab, d_model=64, n_layers=2, n_heads=4, n_kv_heads=kw.pop("n_kv_heads", 2),
+        vocab_size=vocab, d_model=d_model, n_layers=2, n_heads=4, n_kv_heads=kw.pop("n_kv_heads", 2),
         max_seq_len=96, rope_theta=5e4, norm_eps=1e-6, moe=moe, **kw,
     )  # fmt: skip
     torch.manual_seed(seed)
@@ -97,6 +102,15 @@ def _input_dim(name: str) -> int:
     return -1
 
 
+def _blocks(w: torch.Tensor, dim: int, outtype: str) -> torch.Tensor:
+    """``w`` quantized to llama.cpp's ``outtype`` blocks along ``dim`` and dequantized by
+    ``gguf.quants.dequantize`` (what moelab's reader must give back)."""
+    qtype = gguf.GGMLQuantizationType[outtype.upper()]
+    x = w.float().movedim(dim, -1).contiguous().numpy()
+    q = quantize_ggml(x, qtype.name)
+    return torch.from_numpy(gguf.quants.dequantize(q, qtype)).movedim(-1, dim)
+
+
 def _as_stored(model: MoETransformer, outtype: str) -> MoETransformer:
     """``model`` with every matrix rounded as the GGUF file stores it (routers, the shared
     expert's gate, norms and biases stay float32), derived here without the exporter."""
@@ -107,6 +121,8 @@ def _as_stored(model: MoETransformer, outtype: str) -> MoETransformer:
                 continue
             if outtype == "q8_0":
                 p.copy_(_q8_0(p, _input_dim(name)))
+            elif outtype.startswith("q"):
+                p.copy_(_blocks(p, _input_dim(name), outtype))
             elif outtype != "f32":
                 p.copy_(p.to(torch.float16 if outtype == "f16" else torch.bfloat16).float())
     return out
@@ -116,18 +132,22 @@ def _ids(vocab: int) -> torch.Tensor:
     return torch.randint(0, vocab, (2, 24), generator=torch.Generator().manual_seed(1))
 
 
+def _reloaded(path, model: MoETransformer, outtype: str):
+    """``(model read back, (its logits, the model-as-stored's, the model's))`` on ``_ids``."""
+    loaded, _ = load_gguf(path)
+    ids = _ids(model.cfg.vocab_size)
+    with torch.no_grad():
+        logits = loaded(ids).logits, _as_stored(model, outtype)(ids).logits, model(ids).logits
+    return loaded, logits
+
+
 @pytest.mark.parametrize("outtype", ["f32", "f16", "bf16", "q8_0"])
 @pytest.mark.parametrize("arch", sorted(ARCH_MODELS))
 def test_round_trip_logits_identical(tmp_path, tok, arch, outtype):
     model = _model(tok.vocab_size, **ARCH_MODELS[arch])
     report = export_gguf(model, tmp_path / "m.gguf", tokenizer=tok, outtype=outtype)
     assert report.arch == arch
-    loaded, _ = load_gguf(report.path)
-    ids = _ids(tok.vocab_size)
-    with torch.no_grad():
-        got = loaded(ids).logits
-        want = _as_stored(model, outtype)(ids).logits
-        exact = model(ids).logits
+    loaded, (got, want, exact) = _reloaded(report.path, model, outtype)
     assert torch.equal(got, want)
     if outtype == "f32":
         assert torch.equal(got, exact)
@@ -139,6 +159,67 @@ def test_round_trip_logits_identical(tmp_path, tok, arch, outtype):
     assert types["blk.0.ffn_gate_inp.weight"] == "F32"
     assert types["blk.1.ffn_down_exps.weight"] == outtype.upper()
     assert loaded.cfg.tie_embeddings == model.cfg.tie_embeddings
+
+
+def _wide(arch: str, ffn: int = 256) -> dict:
+    """``ARCH_MODELS[arch]`` at D=256 with every matrix row a whole Q4_K super-block (expert
+    width ``ffn``; the shared expert and heads widened to 256 and 64)."""
+    kw = copy.deepcopy(ARCH_MODELS[arch]) | dict(d_model=256)
+    kw["experts"] = kw.get("experts", {}) | dict(ffn_hidden_size=ffn)
+    if "shared_expert_size" in kw["experts"]:
+        kw["experts"]["shared_expert_size"] = 256
+    if "head_dim" in kw:
+        kw["head_dim"] = 64
+    return kw
+
+
+# RMS(Δlogit)/RMS(logit) against the float32 model, measured on these random models (the four
+# architectures): q8_0 0.012-0.033, q5_1 0.08-0.12, q5_0 0.09-0.15, q4_k 0.17-0.23,
+# q4_1 0.18-0.23, q4_0 0.20-0.26; the test's floor (0.05) is above Q8_0's error
+BLOCK_BOUNDS = {"q4_k": 0.3, "q4_0": 0.35, "q4_1": 0.3, "q5_0": 0.2, "q5_1": 0.2}
+BLOCK_CASES = [(a, t) for a in sorted(ARCH_MODELS) for t in ("q4_k", "q4_0")] + [
+    ("llama", t) for t in ("q4_1", "q5_0", "q5_1")
+]
+
+
+@pytest.mark.parametrize("arch, outtype", BLOCK_CASES)
+def test_round_trip_block_types(tmp_path, tok, arch, outtype):
+    """The reader gives back exactly the blocks dequantized by gguf.quants (Q4_K: moelab's own
+    quantizer), and the model differs from the float one by a quantization-sized amount."""
+    model = _model(tok.vocab_size, **_wide(arch))
+    report = export_gguf(model, tmp_path / "m.gguf", tokenizer=tok, outtype=outtype)
+    assert not any("matrices with rows" in n for n in report.notes), report.notes
+    ckpt = read_gguf(report.path)
+    matrices = {k: v for k, v in ckpt.tensor_types.items() if v != "F32"}
+    assert set(matrices.values()) == {outtype.upper()} and len(matrices) >= 14
+    assert ckpt.tensor_types["blk.0.ffn_gate_inp.weight"] == "F32"
+    assert ckpt.metadata["general.file_type"] == {
+        "q4_k": 14, "q4_0": 2, "q4_1": 3, "q5_0": 8, "q5_1": 9
+    }[outtype]  # fmt: skip
+    _, (got, want, exact) = _reloaded(report.path, model, outtype)
+    assert torch.equal(got, want)
+    err = float((got - exact).pow(2).mean().sqrt() / exact.pow(2).mean().sqrt())
+    assert 0.05 < err < BLOCK_BOUNDS[outtype], err
+
+
+def test_q4_k_falls_back_as_llama_quantize(tmp_path, tok):
+    """Rows of 96 (not 256, but 32·3) → Q5_0; rows of 24 (not even 32) → F16."""
+    model = _model(tok.vocab_size, **_wide("llama", ffn=96))
+    report = export_gguf(model, tmp_path / "m.gguf", tokenizer=tok, outtype="q4_k")
+    types = read_gguf(report.path).tensor_types
+    assert types["blk.0.ffn_down_exps.weight"] == "Q5_0"
+    assert types["blk.0.ffn_gate_exps.weight"] == types["output.weight"] == "Q4_K"
+    assert report.notes == ["2 matrices with rows not a multiple of 256 written as Q5_0"]
+    narrow = _model(tok.vocab_size, experts=dict(ffn_hidden_size=24))  # D=64, F=24
+    report = export_gguf(narrow, tmp_path / "n.gguf", tokenizer=tok, outtype="q4_k")
+    types = read_gguf(report.path).tensor_types
+    assert types["blk.0.ffn_down_exps.weight"] == "F16"
+    assert types["blk.0.ffn_gate_exps.weight"] == types["token_embd.weight"] == "Q5_0"
+    assert report.notes == [
+        "2 matrices with rows not a multiple of 256 written as F16",
+        "14 matrices with rows not a multiple of 256 written as Q5_0",
+    ]
+    assert report.tensor_types["F16"] == 2 and "Q4_K" not in report.tensor_types
 
 
 def test_dense_llama_and_logit_scale(tmp_path, tok):
@@ -363,21 +444,22 @@ app.command("convert")(convert_command)
 app.command("noop")(lambda: None)  # keep "convert" a subcommand
 
 
-def test_cli_convert_to_gguf(tmp_path, tok):
+@pytest.mark.parametrize("outtype", ["q8_0", "q4_0"])
+def test_cli_convert_to_gguf(tmp_path, tok, outtype):
     run = tmp_path / "run"
     model = _model(tok.vocab_size)
     save_model(model, run)
     tok.save(run)
     runner = CliRunner()
     out = tmp_path / "m.gguf"
-    res = runner.invoke(app, ["convert", str(run), str(out), "--to", "gguf", "--outtype", "q8_0"])
+    res = runner.invoke(app, ["convert", str(run), str(out), "--to", "gguf", "--outtype", outtype])
     assert res.exit_code == 0, res.output
-    assert "llama.cpp 'llama', q8_0" in res.output and "plain template" in res.output
+    assert f"llama.cpp 'llama', {outtype}" in res.output and "plain template" in res.output
     assert read_gguf_metadata(out)["tokenizer.chat_template"] == PLAIN_TEMPLATE
     loaded, _ = load_gguf(out)
     with torch.no_grad():
         ids = _ids(tok.vocab_size)
-        assert torch.equal(loaded(ids).logits, _as_stored(model, "q8_0")(ids).logits)
+        assert torch.equal(loaded(ids).logits, _as_stored(model, outtype)(ids).logits)
     res = runner.invoke(app, ["convert", str(run), str(out), "--to", "gguf", "--arch", "olmoe"])
     assert res.exit_code == 2 and res.output.count("\n") == 1
     assert res.output.startswith("error: ") and "exists" in res.output
@@ -441,3 +523,47 @@ def test_llama_cpp_greedy_tokens_equal_moelab(tmp_path, tok, arch):
         )
     worst = max(float(np.abs(a.numpy() - b).max()) for a, b in zip(our_logits, their_logits, strict=True))  # fmt: skip
     assert worst < 1e-4, worst  # float32 rounding only (measured ~1e-6)
+
+
+# llama.cpp's LLAMA_FTYPE of each block type (llama.h), quantized ``pure``; and its Q4_K_M mix
+LLAMA_CASES = [("q4_k", 14, True), ("q4_0", 2, True), ("q4_1", 3, True), ("q5_0", 8, True)]
+LLAMA_CASES += [("q5_1", 9, True), ("q4_k", 15, False)]
+
+
+@pytest.mark.parametrize("outtype, ftype, pure", LLAMA_CASES)
+def test_block_types_equal_llama_quantize_bytes(tmp_path, tok, outtype, ftype, pure):
+    """moelab's export at ``outtype`` against ``llama_model_quantize`` run on moelab's F32
+    export. ``pure`` (every matrix the ftype's base type; the shape fallbacks still apply):
+    every tensor has llama.cpp's type and bytes; expert width 96 makes ffn_down take the
+    Q4_K → Q5_0 fallback. The Q4_K_M mix (some matrices Q6_K/Q5_K/Q8_0): the matrices it
+    writes as Q4_K have moelab's bytes."""
+    llama_cpp = pytest.importorskip(
+        "llama_cpp",
+        reason="llama.cpp check needs llama-cpp-python (pip install 'moelab[llamacpp]'; it "
+        "compiles llama.cpp)",
+    )
+    import ctypes
+
+    model = _model(tok.vocab_size, seed=7, **_wide("qwen2moe", ffn=96))
+    f32, ours, theirs = tmp_path / "f32.gguf", tmp_path / "ours.gguf", tmp_path / "theirs.gguf"
+    export_gguf(model, f32, tokenizer=tok, outtype="f32")
+    export_gguf(model, ours, tokenizer=tok, outtype=outtype)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype, params.nthread, params.pure = ftype, 1, pure
+    paths = str(f32).encode(), str(theirs).encode()
+    assert llama_cpp.llama_model_quantize(*paths, ctypes.byref(params)) == 0
+    mine = {t.name: t for t in gguf.GGUFReader(ours).tensors}
+    ref = {t.name: t for t in gguf.GGUFReader(theirs).tensors}
+    types = {n: t.tensor_type.name for n, t in mine.items()}
+    # the mix: the matrices llama.cpp writes as Q4_K, or as Q5_0 by Q4_K's fallback
+    same = [n for n, t in ref.items() if pure or t.tensor_type.name in ("Q4_K", "Q5_0")]
+    for name in same:
+        assert ref[name].tensor_type.name == types[name], name
+        assert np.array_equal(np.asarray(ref[name].data), np.asarray(mine[name].data)), name
+    if not pure:  # 0.3.36's Q4_K_M: 17 Q4_K, 1 Q5_0 (one ffn_down is Q6_K → Q8_0), 3 Q6_K
+        assert len(same) >= 15, sorted(same)
+        return
+    assert {n: t.tensor_type.name for n, t in ref.items()} == types
+    # 22 matrices (2 + 10 a layer: attention 4, experts 3, shared expert 3), F32 norms/routers
+    want = {"Q4_K": 20, "Q5_0": 2} if outtype == "q4_k" else {outtype.upper(): 22}
+    assert Counter(types.values()) == want | {"F32": 15}

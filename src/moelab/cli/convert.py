@@ -40,7 +40,8 @@ def convert_command(
     outtype: Annotated[
         str,
         typer.Option(
-            help="Matrices' type for --to gguf: auto (the model's dtype), f32, f16, bf16 or q8_0."
+            help="Matrices' type for --to gguf: auto (the model's dtype), f32, f16, bf16, or "
+            "llama.cpp's q8_0, q5_1, q5_0, q4_1, q4_0, q4_k (bit-exact with llama-quantize)."
         ),
     ] = "auto",
     overwrite: Annotated[bool, typer.Option(help="Replace a non-empty DST.")] = False,
@@ -56,6 +57,8 @@ def convert_command(
         moelab convert ./runs/mixtral ./export/mixtral-hf --to hf --layout fused
 
         moelab convert ./runs/main ./export/main-q8_0.gguf --to gguf --outtype q8_0
+
+        moelab convert ./runs/main ./export/main-q4_k.gguf --to gguf --outtype q4_k
     """
     if to == "gguf":
         _to_gguf(src, dst, arch, outtype, overwrite, json_out)

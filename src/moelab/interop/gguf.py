@@ -1,11 +1,13 @@
 """Read a GGUF file (llama.cpp's format) into a moelab model and tokenizer.
 
 Every tensor is dequantised to float32 with the ``gguf`` package (``gguf.GGUFReader`` and
-``gguf.quants.dequantize``; ``pip install gguf``). The architectures read are the ones
-:mod:`moelab.interop.gguf_export` writes and llama.cpp runs: ``llama`` (dense, or with experts
-as Mixtral), ``qwen2moe``, ``qwen3moe`` and ``olmoe``; their tensor layout and maths are in
-:mod:`moelab.interop.gguf_layout` (which also holds :func:`permute_rope_rows`: llama.cpp's
-``llama`` architecture stores Q/K rows permuted for its interleaved-pair RoPE, undone here).
+``gguf.quants.dequantize``; ``pip install gguf``): every type moelab's export writes (F32, F16,
+BF16, Q8_0, Q5_1, Q5_0, Q4_1, Q4_0, Q4_K) and most of llama.cpp's others. The architectures
+read are the ones :mod:`moelab.interop.gguf_export` writes and llama.cpp runs: ``llama``
+(dense, or with experts as Mixtral), ``qwen2moe``, ``qwen3moe`` and ``olmoe``; their tensor
+layout and maths are in :mod:`moelab.interop.gguf_layout` (which also holds
+:func:`permute_rope_rows`: llama.cpp's ``llama`` architecture stores Q/K rows permuted for its
+interleaved-pair RoPE, undone here).
 
 The vocabulary in the metadata becomes a moelab tokenizer: byte-level BPE
 (``tokenizer.ggml.model == "gpt2"``) a :class:`moelab.data.tokenizer.BPETokenizer`, the

@@ -9,10 +9,20 @@ architectures (:mod:`moelab.interop.gguf_layout`: ``llama`` with experts as Mixt
 Tensor types follow llama.cpp's ``convert_hf_to_gguf.py`` (``ModelBase.prepare_tensors``):
 1-D tensors, norms and the routers (``ffn_gate_inp``, ``ffn_gate_inp_shexp``) stay F32; every
 other matrix takes the requested type: F32, F16, BF16 (round to nearest even, as ggml's
-``ggml_compute_fp32_to_bf16``) or Q8_0 (blocks of 32 weights along each row, one F16 scale
-``d = max|w|/127`` and ``round(w/d)`` as int8: ``gguf.quants``, bit-exact with ggml's
-``quantize_row_q8_0_ref``). A matrix whose rows are not a whole number of Q8_0 blocks falls
-back to F16, as the converter does; the report says how many did.
+``ggml_compute_fp32_to_bf16``) or one of llama.cpp's block types along each row:
+
+- Q8_0 (blocks of 32, one F16 scale ``d = max|w|/127``, ``round(w/d)`` as int8), Q5_1, Q5_0,
+  Q4_1, Q4_0 (blocks of 32: 5 or 4 bits, with a min for the ``_1`` types) and Q4_K
+  (super-blocks of 256 with 6-bit sub-block scales and mins), bit-exact with ggml's
+  ``quantize_row_*_ref``, which ``llama-quantize`` runs without an importance matrix:
+  :mod:`moelab.interop.gguf_quants` (``gguf.quants``, and a numpy port for Q4_K).
+
+Unlike ``llama-quantize``'s Q4_K_S/Q4_K_M mixes (which keep ``output.weight`` at Q6_K and some
+``attn_v``/``ffn_down`` matrices at Q5_K/Q6_K), every matrix gets the one type asked for: the
+file's ``general.file_type`` says MOSTLY_Q4_K_S, the mix with the fewest exceptions [I].
+A matrix whose rows are not a whole number of blocks falls back as ``llama-quantize`` does
+(src/llama-quant.cpp, ``tensor_type_fallback``): Q4_K → Q5_0, and a 32-block type (or Q5_0
+itself) → F16; the report counts the fallbacks.
 
 Facts moelab's config holds but GGUF has no field for are folded in exactly: a
 ``logit_scale`` s multiplies the final norm's weight (``W·((s·γ) ⊙ n(x))`` is the same map);
@@ -40,13 +50,31 @@ from moelab.interop.gguf_layout import (
     resolve_gguf_arch,
     to_gguf,
 )
+from moelab.interop.gguf_quants import quantize_ggml
 from moelab.interop.gguf_vocab import GGUFVocab, gguf_vocab, write_vocab
 from moelab.models.quantized import is_quantized
 from moelab.models.transformer import MoETransformer
 from moelab.utils.atomic import atomic_write
 
-OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0")
+OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "q4_k")
 """``outtype`` values: ``auto`` keeps the model's own dtype (F32, F16 or BF16: lossless)."""
+
+# general.file_type of each outtype (q4_k: see the module docstring)
+_FILE_TYPES = {
+    "f32": "ALL_F32",
+    "f16": "MOSTLY_F16",
+    "bf16": "MOSTLY_BF16",
+    "q8_0": "MOSTLY_Q8_0",
+    "q5_1": "MOSTLY_Q5_1",
+    "q5_0": "MOSTLY_Q5_0",
+    "q4_1": "MOSTLY_Q4_1",
+    "q4_0": "MOSTLY_Q4_0",
+    "q4_k": "MOSTLY_Q4_K_S",
+}
+# llama-quantize's fallback when a row is not a whole number of blocks (llama-quant.cpp,
+# tensor_type_fallback): Q4_K → Q5_0; a 32-block type has none, and whatever still does not
+# fit becomes F16.
+_FALLBACK = {"Q4_K": "Q5_0"}
 
 
 def _gguf() -> Any:
@@ -66,7 +94,7 @@ class GGUFExportReport:
     Attributes:
         path: the file.
         arch: llama.cpp architecture (``general.architecture``).
-        outtype: the matrices' type asked for (``f32``, ``f16``, ``bf16``, ``q8_0``).
+        outtype: the matrices' type asked for (one of :data:`OUTTYPES` but ``auto``).
         tensor_types: GGML type name → number of tensors of that type.
         bytes: file size.
         tokenizer: one line describing the vocabulary written.
@@ -116,17 +144,18 @@ def _keeps_f32(name: str, ndim: int) -> bool:
     )
 
 
-def _encode_tensor(name: str, t: torch.Tensor, outtype: str) -> tuple[np.ndarray, Any]:
-    """``(data, ggml type)`` of tensor ``name`` in a file of type ``outtype``: float32,
-    float16 or the packed bytes of BF16/Q8_0 as ``gguf.quants.quantize`` returns them."""
+def _encode_tensor(name: str, t: torch.Tensor, outtype: str) -> tuple[np.ndarray, Any, Any]:
+    """``(data, ggml type written, ggml type asked for)`` of tensor ``name`` in a file of type
+    ``outtype``: float32, float16 or the packed bytes of the block types as
+    ``gguf.quants.quantize`` returns them (:func:`quantize_ggml`)."""
     gguf = _gguf()
     q = gguf.GGMLQuantizationType
     arr = t.detach().to(torch.float32).cpu().numpy()
-    qtype = q.F32 if _keeps_f32(name, arr.ndim) else getattr(q, outtype.upper())
-    try:
-        return gguf.quants.quantize(arr, qtype), qtype
-    except gguf.QuantError:  # rows not a whole number of blocks: the converter's fallback
-        return gguf.quants.quantize(arr, q.F16), q.F16
+    asked = q.F32 if _keeps_f32(name, arr.ndim) else q[outtype.upper()]
+    qtype = asked
+    while arr.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0]:
+        qtype = q[_FALLBACK.get(qtype.name, "F16")]
+    return quantize_ggml(arr, qtype.name), qtype, asked
 
 
 def gguf_tensors(
@@ -157,14 +186,15 @@ def gguf_tensors(
             "(merge adapters or a grown expert bank into plain weights first)"
         )
     out = []
-    fallback = 0
+    fallback: Counter[str] = Counter()
     for r in rules:
         for name, piece in zip(r.sources, to_gguf(r, state[r.target]), strict=True):
-            data, qtype = _encode_tensor(name, piece, outtype)
-            fallback += outtype == "q8_0" and qtype.name == "F16"
+            data, qtype, asked = _encode_tensor(name, piece, outtype)
+            if qtype != asked:
+                block = _gguf().GGML_QUANT_SIZES[asked][0]
+                fallback[f"rows not a multiple of {block} written as {qtype.name}"] += 1
             out.append((name, data, qtype))
-    if fallback:
-        notes.append(f"{fallback} matrices with rows not a multiple of 32 written as F16")
+    notes += [f"{n} matrices with {what}" for what, n in sorted(fallback.items())]
     return out, notes
 
 
@@ -197,8 +227,7 @@ def _write_metadata(w: Any, model: MoETransformer, arch: GGUFArch, outtype: str)
         w.add_expert_used_count(moe.router.top_k)
         if arch.shared_expert:
             w.add_expert_shared_feed_forward_length(moe.experts.shared_expert_size)
-    ftype = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0"}
-    w.add_file_type(getattr(gguf.LlamaFileType, ftype[outtype]))
+    w.add_file_type(gguf.LlamaFileType[_FILE_TYPES[outtype]])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
@@ -220,7 +249,8 @@ def export_gguf(
     Args:
         arch: llama.cpp architecture (``llama``, ``qwen2moe``, ``qwen3moe``, ``olmoe``, or the
             HF names ``mixtral``, ...); None = inferred (dense → ``llama``).
-        outtype: ``auto`` (the model's dtype), ``f32``, ``f16``, ``bf16`` or ``q8_0``.
+        outtype: ``auto`` (the model's dtype), ``f32``, ``f16``, ``bf16``, ``q8_0``,
+            ``q5_1``, ``q5_0``, ``q4_1``, ``q4_0`` or ``q4_k`` (see the module docstring).
         chat_template: Jinja chat template for ``tokenizer.chat_template`` (None = none).
         bos_token, eos_token: the BOS/EOS tokens the chat template uses, when not
             ``<|endoftext|>`` (BPE tokenizers).
