@@ -23,7 +23,8 @@ F32 maths); the timings use llama.cpp's defaults (F16 K/V cache, flash attention
 picks it), what its users get; moelab's cache is float32.
 
 Timings: each measure's candidates interleaved round-robin, median of ``--repeats``
-(``benchmarks/_timing.py``). The table gives moelab / llama.cpp ratios (> 1: moelab faster).
+(``benchmarks/_timing.py``). The first table gives moelab / llama.cpp ratios (> 1: moelab
+faster), the second each library's 8-bit speed over its own F32 speed.
 
 Usage::
 
@@ -275,6 +276,12 @@ def main() -> None:
             weights = "F32 both" if kind == "f32" else "moelab int8 experts / llama.cpp Q8_0"
             for key, (a, b) in r[kind].items():
                 print(f"| {r['run']} | {weights} | {key} | {a:.1f} | {b:.1f} | {a / b:.2f}× |")
+    print("\n| model | measure | moelab 8-bit / moelab F32 | llama.cpp Q8_0 / llama.cpp F32 |")
+    print("|---|---|---|---|")
+    for r in rows:
+        for key, (a8, c8) in r["8-bit"].items():
+            a32, c32 = r["f32"][key]
+            print(f"| {r['run']} | {key} | {a8 / a32:.2f}× | {c8 / c32:.2f}× |")
     for r in rows:
         print(f"\n{r['run']}: greedy tokens at F32: {r['greedy']}")
 
