@@ -56,7 +56,8 @@ ARMS = {
     "dense": {"arm": "dense"},
 }
 DPO_ARM = {"come_dpo": {"arm": "come", "dpo": "info"}}
-PAIRS = [("come", "token_moe"), ("come", "come_no_rft"), ("come", "dense")]
+PAIRS = [("come", "token_moe"), ("come", "come_no_rft"), ("come", "dense"), ("come_dpo", "come")]
+PAIRED_METRICS = ["action_match", "action_type", "alignment", "online_success"]
 MARGIN, NO_RFT_MARGIN = 0.03, 0.02
 COLUMNS = (
     "action_match",
@@ -146,7 +147,7 @@ def _from_progress(log: Path, settings: dict, seeds: list[int], out: Path) -> No
         raise SystemExit(f"{log}: the come arm has not finished for seeds {seeds}")
     metrics = {a: {s: done[a][s] for s in seeds} for a in arms}
     settings = {**settings, "partial": [a for a in settings["arms"] if a not in arms]}
-    pairs = [p for p in PAIRS if p[1] in arms]
+    pairs = [p for p in PAIRS if p[0] in arms and p[1] in arms]
     finish(
         "come",
         settings,
@@ -156,7 +157,7 @@ def _from_progress(log: Path, settings: dict, seeds: list[int], out: Path) -> No
         seconds={},
         elapsed=0.0,
         out=out,
-        paired_metrics=["action_match", "action_type", "alignment"],
+        paired_metrics=PAIRED_METRICS,
     )
 
 
@@ -219,12 +220,12 @@ def main() -> None:
         "come",
         settings,
         metrics,
-        PAIRS,
+        [p for p in PAIRS if p[0] in arms],
         report,
         seconds=seconds,
         elapsed=time.perf_counter() - start,
         out=args.out,
-        paired_metrics=["action_match", "action_type", "alignment"],
+        paired_metrics=PAIRED_METRICS,
     )
 
 
