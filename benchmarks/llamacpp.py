@@ -36,6 +36,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
 import sys
 import time
@@ -61,8 +62,11 @@ PROMPT_TEXT = (
 
 
 def ensure_gguf(run: Path, work: Path, outtype: str) -> Path:
-    """``work/<run>-<outtype>.gguf``: the run exported for llama.cpp (made once)."""
-    path = work / f"{run.resolve().name}-{outtype}.gguf"
+    """``work/<run>-<digest>-<outtype>.gguf``: the run exported for llama.cpp, made once per
+    run content (``digest``: of the run's ``manifest.json``, which holds its files' SHA-256,
+    so a retrained run at the same path is exported again)."""
+    digest = hashlib.sha256((run / "manifest.json").read_bytes()).hexdigest()[:12]
+    path = work / f"{run.resolve().name}-{digest}-{outtype}.gguf"
     if not path.is_file():
         export_gguf(load_model(run), path, tokenizer=load_tokenizer(run), outtype=outtype)
     return path

@@ -225,3 +225,23 @@ def test_per_layer_pruned_model_generates():
     assert [len(c) for c in counts] == [4, 3]
     # every forward token is routed to k experts: 3 prompt tokens + 4 decode steps x 2 rows
     assert [sum(c) for c in counts] == [(3 + 8) * k] * 2
+
+
+def test_only_rows_with_non_finite_logits_fail_and_an_overflowing_sum_is_not_one():
+    """A NaN row and an inf row get -1 and an error; a row of huge finite logits, whose sum
+    overflows float32, is sampled normally."""
+    engine = Engine(_model(), max_batch=4)
+    seqs = [
+        engine_module.Sequence.__new__(engine_module.Sequence) for _ in range(4)
+    ]  # only what _sample reads
+    for s in seqs:
+        s.params, s.prompt_ids, s.output_ids, s.error = SamplingParams(temperature=0), [1], [], None
+    logits = torch.zeros(4, 61)
+    logits[0, 3] = float("nan")
+    logits[1, 5] = float("inf")
+    logits[2] = 3e38
+    logits[2, 7] = 3.3e38
+    logits[3, 9] = 1.0
+    assert engine._sample(logits, seqs) == [-1, -1, 7, 9]
+    assert "not finite" in seqs[0].error and "not finite" in seqs[1].error
+    assert seqs[2].error is None and seqs[3].error is None

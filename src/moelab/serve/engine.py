@@ -535,7 +535,11 @@ class Engine:
         row with its own settings and generator (so a row's draws do not depend on its
         neighbours). A row that cannot be sampled (non-finite logits, or its sampling
         raised) gets -1 and its :attr:`Sequence.error`; the other rows are unaffected."""
-        finite = torch.isfinite(logits).all(dim=-1).tolist()
+        # A row's sum is finite only if every logit is (NaN and ±inf propagate): one reduction
+        # instead of an elementwise test over the vocabulary; an overflowed sum is re-checked.
+        finite = torch.isfinite(logits.sum(dim=-1)).tolist()
+        if not all(finite):
+            finite = torch.isfinite(logits).all(dim=-1).tolist()
         if not all(finite):  # NaN/inf weights: those rows fail instead of sampling garbage
             for s, ok in zip(seqs, finite, strict=True):
                 if not ok:
