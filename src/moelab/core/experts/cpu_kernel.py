@@ -47,11 +47,8 @@ ACTIVATIONS = {"swiglu": 0, "geglu": 1, "gelu": 2, "gelu_tanh": 3}
 """Activations the kernel implements (``ExpertsConfig.activation`` → the kernel's code)."""
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = (
-    "experts_cpu.cpp",
-    "quant_cpu.cpp",
-    "quant_int8.cpp",
-)  # compiled; the headers beside them included
+# compiled (the headers beside them are included)
+_SOURCES = ("experts_cpu.cpp", "quant_cpu.cpp", "quant_int8.cpp")
 _ITEMS_PER_THREAD = 4  # tile very large experts so every thread gets work in a skewed plan
 _MIN_TILE_ROWS = 256
 

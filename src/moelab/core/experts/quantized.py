@@ -519,9 +519,10 @@ class QuantizedExpertBank(nn.Module):
 
     def _kernel_rows(
         self, x: Tensor, counts: Tensor, active: Tensor | None
-    ) -> tuple[list[int], list[int]] | None:
-        """``(rows per expert, expert ids)`` as host lists when this forward's projections run
-        the compiled decode kernel (``csrc/quant_cpu.cpp``), else None. The kernel reads the
+    ) -> tuple[list[int], list[int], bool] | None:
+        """``(rows per expert, expert ids, int8 activations)`` (host lists and
+        :func:`cpu_kernel.int8_activations`) when this forward's projections run the compiled
+        decode kernel (``csrc/quant_cpu.cpp``), else None. The kernel reads the
         packed codes once instead of writing and re-reading a float32 copy; it takes
         decode-sized experts (at most 8 rows each) at 4 or 8 bits in float32 without
         gradients. Act-order, rotated or 2/3-bit codes, other dtypes, larger batches and
@@ -544,7 +545,7 @@ class QuantizedExpertBank(nn.Module):
         ):
             return None
         experts = active if active is not None else torch.arange(len(counts))
-        return counts.tolist(), experts.tolist()
+        return counts.tolist(), experts.tolist(), cpu_kernel.int8_activations()
 
     def _project(
         self,
@@ -552,7 +553,7 @@ class QuantizedExpertBank(nn.Module):
         x: Tensor,
         counts: Tensor,
         active: Tensor | None,
-        kernel_rows: tuple[list[int], list[int]] | None,
+        kernel_rows: tuple[list[int], list[int], bool] | None,
     ) -> Tensor:
         """Rows ``x [N, I]`` (sorted by expert: ``counts`` rows for each of the ``active``
         experts, or of every expert when None) through projection ``name``'s dequantized
@@ -563,9 +564,10 @@ class QuantizedExpertBank(nn.Module):
             zeros = None
             if proj.zeros is not None:
                 zeros = proj._unpack_experts(proj.zeros, tuple(proj.scales.shape), None)
+            counts_list, experts_list, int8 = kernel_rows
             return cpu_kernel.kernel().quant_experts_mm(
-                x.contiguous(), *kernel_rows, proj.codes, proj.scale_values, zeros,
-                proj.spec.bits, proj.shape[1], cpu_kernel.int8_activations(),
+                x.contiguous(), counts_list, experts_list, proj.codes, proj.scale_values, zeros,
+                proj.spec.bits, proj.shape[1], int8,
             )  # fmt: skip
         w = proj.dequantize(x.dtype, active).transpose(1, 2).contiguous()
         return grouped_mm(x, w, counts, self.backend)

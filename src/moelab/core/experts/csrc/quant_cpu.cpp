@@ -144,30 +144,26 @@ at::Tensor quant_experts_mm(const at::Tensor& x, const std::vector<int64_t>& cou
   float* yp = y.data_ptr<float>();
   const auto* cp = codes.data_ptr<uint8_t>();
   const auto* sp = scales.data_ptr<at::Half>();
-  if (int8_activations && moelab::int8_dot_supported() && (K / G) % 64 == 0) {
-    std::vector<int8_t> q(N * K);
-    std::vector<float> d(N * G);
-    std::vector<int32_t> qsum(N * G);
-    moelab::quantize_rows_int8(xp, N, K, K / G, bits, q.data(), d.data(), qsum.data());
-    moelab::run_items(items, [&](const QItem& it) {
-      const int64_t e = experts[it.slot];
-      moelab::quant_rows_int8(it.rows, q.data() + it.begin * K, d.data() + it.begin * G,
-                              qsum.data() + it.begin * G, K, cp + e * O * K * bits / 8,
-                              sp + e * O * G, zp == nullptr ? nullptr : zp + e * O * G, G, bits,
-                              it.o0, it.o1, yp + it.begin * O, O);
-    }, /*adaptive=*/true);
-    return y;
-  }
+  const bool integer = int8_activations && moelab::int8_dot_supported() && (K / G) % 64 == 0;
+  std::vector<int8_t> q(integer ? N * K : 0);  // the rows' int8 codes, steps and code sums
+  std::vector<float> d(integer ? N * G : 0);
+  std::vector<int32_t> qsum(integer ? N * G : 0);
+  if (integer) moelab::quantize_rows_int8(xp, N, K, K / G, bits, q.data(), d.data(), qsum.data());
   moelab::run_items(items, [&](const QItem& it) {
     const int64_t e = experts[it.slot];
     const auto rows = std::make_integer_sequence<int64_t, kMaxRows>();
+    const uint8_t* ce = cp + e * O * K * bits / 8;
     const uint8_t* ze = zp == nullptr ? nullptr : zp + e * O * G;
-    if (bits == 8)
-      quant_rows_any<8>(rows, it.rows, xp + it.begin * K, K, cp + e * O * K, sp + e * O * G, ze,
-                        G, it.o0, it.o1, yp + it.begin * O, O);
+    if (integer)
+      moelab::quant_rows_int8(it.rows, q.data() + it.begin * K, d.data() + it.begin * G,
+                              qsum.data() + it.begin * G, K, ce, sp + e * O * G, ze, G, bits,
+                              it.o0, it.o1, yp + it.begin * O, O);
+    else if (bits == 8)
+      quant_rows_any<8>(rows, it.rows, xp + it.begin * K, K, ce, sp + e * O * G, ze, G, it.o0,
+                        it.o1, yp + it.begin * O, O);
     else
-      quant_rows_any<4>(rows, it.rows, xp + it.begin * K, K, cp + e * O * K / 2, sp + e * O * G,
-                        ze, G, it.o0, it.o1, yp + it.begin * O, O);
+      quant_rows_any<4>(rows, it.rows, xp + it.begin * K, K, ce, sp + e * O * G, ze, G, it.o0,
+                        it.o1, yp + it.begin * O, O);
   }, /*adaptive=*/true);  // decode-sized experts at inference only
   return y;
 }
