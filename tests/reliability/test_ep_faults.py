@@ -139,7 +139,8 @@ def test_sigterm_ends_a_rank_blocked_in_a_collective_after_the_grace(corpus, tmp
 
 
 def test_sigterm_to_a_healthy_run_still_checkpoints(corpus, tmp_path):
-    ranks = Ranks(tmp_path, corpus, "--dist-timeout", "60")
+    # a run far longer than the test: on a fast machine 200 steps end before the signal lands
+    ranks = Ranks(tmp_path, corpus, "--dist-timeout", "60", "--steps", "1000000")
     try:
         metrics, end = ranks.out / "metrics.jsonl", time.monotonic() + 120
         while not (metrics.is_file() and '"step": 3,' in metrics.read_text()):
