@@ -95,6 +95,7 @@ from moelab.train.expand import counterpart_cosine, expanded_config
 from moelab.train.expand_run import expand_run
 from moelab.train.loop import prepare_data, train
 from moelab.train.metrics import MetricsLog
+from moelab.utils.results import make_result, write_result
 
 # every run reads the same capped corpus: load it once (identical documents, far less CPU)
 loop.load_corpus = functools.lru_cache(maxsize=None)(loop.load_corpus)
@@ -351,6 +352,7 @@ def main() -> None:
     )
     ap.add_argument("--workers", type=int, default=2, help="parallel processes (setting, seed)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    ap.add_argument("--json", type=Path, default=None, help="write the shared result JSON here")
     args = ap.parse_args()
     if args.expand_at < 50 or args.steps < args.expand_at + 200 or args.expand_at % 50:
         ap.error("--expand-at: a multiple of 50 (checkpoints), >= 50, and <= steps - 200")
@@ -404,30 +406,18 @@ def main() -> None:
     print(head)
     print("|" + "---|" * (len(cols) + 2))
     t_e = args.expand_at
-    for (kind, axis, opt), by_method in results.items():
-        scratch = by_method["scratch"]
-        targets = [min(rolling(r["loss"], 20)[-1:]) for r in scratch]
-        base_cost = [to_target(r, t) for r, t in zip(scratch, targets, strict=True)]
+    cells = {setting: setting_cells(by_method, t_e) for setting, by_method in results.items()}
+    for (kind, axis, opt), by_method in cells.items():
         for method, runs in by_method.items():
-            fl, wall, reached = [], [], 0
-            for r, t, b in zip(runs, targets, base_cost, strict=True):
-                c = to_target(r, t)
-                if c is not None and b is not None:
-                    reached += 1
-                    fl.append(c[0] / b[0])
-                    wall.append(c[1] / b[1])
-            first = [
-                100 * (r["loss"][t_e] / c["loss"][t_e] - 1)
-                for r, c in zip(runs, by_method["copy"], strict=True)
-            ]
-            paired = [r["bpb"] - c["bpb"] for r, c in zip(runs, scratch, strict=True)]
+            col = {k: [c[k] for c in runs if k in c] for c in runs for k in c}
             print(
-                f"| {kind} {LABELS[axis]} 2× {opt} | {method} | {fmt([r['spike'] for r in runs], '+.1f')} | "
-                f"{fmt([r['probe_spike'] for r in runs], '+.2f')} | "
-                f"{fmt(first, '+.2f') if method != 'scratch' else '—'} | "
-                f"{fmt([r['cos'] for r in runs], '.3f')} | {fmt([r['bpb'] for r in runs], '.4f')} | "
-                f"{fmt(paired, '+.4f') if method != 'scratch' else '—'} | "
-                f"{fmt(fl)} | {fmt(wall)} | {reached}/{len(runs)} |"
+                f"| {kind} {LABELS[axis]} 2× {opt} | {method} | {fmt(col['spike_pct'], '+.1f')} | "
+                f"{fmt(col['probe_spike_pct'], '+.2f')} | "
+                f"{fmt(col.get('first_step_vs_copy_pct', []), '+.2f')} | "
+                f"{fmt(col['pair_cos'], '.3f')} | {fmt(col['val_bpb'], '.4f')} | "
+                f"{fmt(col.get('delta_bpb_vs_scratch', []), '+.4f')} | "
+                f"{fmt(col.get('flops_to_target', []))} | "
+                f"{fmt(col.get('wall_to_target', []))} | {sum(col['reached']):.0f}/{len(runs)} |"
             )
     print("\nPaired Δ val bpb (same seeds, same held-out documents; benchmarks/_paired.py)")
     for (kind, axis, opt), by_method in results.items():
@@ -438,7 +428,59 @@ def main() -> None:
             if other in bpb and "sparkling" in bpb:
                 line = paired_line(bpb["sparkling"], bpb[other])
                 print(f"  {'sparkling − ' + other:<40} {line}")
+    if args.json is not None:
+        config = {k: v for k, v in vars(args).items() if k not in ("run_methods", "json")}
+        write_result(result_json(cells, {**config, "methods": list(methods)}), args.json)
+        print(f"result: {args.json}")
     print(f"\ntotal time {time.time() - t_start:.0f} s; runs in {root}")
+
+
+def setting_cells(by_method: dict[str, list[dict]], t_e: int) -> dict[str, list[dict]]:
+    """Per run and seed, the table's cells of one setting: spikes (%), 1st-step Δ vs copy (%,
+    not for scratch), pair cos, val bpb, Δ bpb vs the same seed's scratch (not for scratch),
+    ``reached`` (0/1) and, where reached, the FLOPs and wall-time ratios to scratch's target."""
+    scratch = by_method["scratch"]
+    targets = [rolling(r["loss"], 20)[-1] for r in scratch]
+    base = [to_target(r, t) for r, t in zip(scratch, targets, strict=True)]
+    out = {}
+    for method, runs in by_method.items():
+        out[method] = []
+        for r, t, b, c, s in zip(runs, targets, base, by_method["copy"], scratch, strict=True):
+            cell = {"spike_pct": r["spike"], "probe_spike_pct": r["probe_spike"],
+                    "pair_cos": r["cos"], "val_bpb": r["bpb"]}  # fmt: skip
+            if method != "scratch":
+                cell["first_step_vs_copy_pct"] = 100 * (r["loss"][t_e] / c["loss"][t_e] - 1)
+                cell["delta_bpb_vs_scratch"] = r["bpb"] - s["bpb"]
+            reach = to_target(r, t)
+            cell["reached"] = float(reach is not None and b is not None)
+            if cell["reached"]:
+                cell["flops_to_target"] = reach[0] / b[0]
+                cell["wall_to_target"] = reach[1] / b[1]
+            out[method].append(cell)
+    return out
+
+
+def result_json(cells: dict[tuple, dict[str, list[dict]]], config: dict):
+    """The shared result (:mod:`moelab.utils.results`) of :func:`setting_cells`: one arm per
+    (setting, run), named ``"moe hidden 2× adamw/sparkling"``, seeds 0..n-1; the
+    compute-to-target ratios only in an arm whose every seed reached the target (every seed
+    of an arm has the same metrics). Pairs: every run against the setting's scratch, and
+    sparkling against each of the paper's ablations present."""
+    metrics: dict[str, dict[int, dict[str, float]]] = {}
+    pairs = []
+    for (kind, axis, opt), by_method in cells.items():
+        label = f"{kind} {LABELS[axis]} 2× {opt}"
+        for method, runs in by_method.items():
+            keep = set.intersection(*(set(c) for c in runs)) - {"delta_bpb_vs_scratch"}
+            metrics[f"{label}/{method}"] = {
+                seed: {k: v for k, v in c.items() if k in keep} for seed, c in enumerate(runs)
+            }
+            if method != "scratch":
+                pairs.append((f"{label}/{method}", f"{label}/scratch"))
+        for other in ("random", *ABLATIONS):
+            if other in by_method and "sparkling" in by_method:
+                pairs.append((f"{label}/sparkling", f"{label}/{other}"))
+    return make_result("sparkling", "sparkling", config, metrics, pairs=pairs)
 
 
 if __name__ == "__main__":
