@@ -33,7 +33,6 @@ The training runs go to ``--workers`` processes of ``--threads`` torch threads e
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -52,6 +51,7 @@ from moelab.models import ModelConfig, load_model
 from moelab.train.config import TrainConfig
 from moelab.train.evaluate import evaluate
 from moelab.train.loop import train, validation_streams
+from moelab.utils.results import make_result, write_result
 
 
 @torch.no_grad()
@@ -202,7 +202,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     ap.add_argument("--lambdas", type=float, nargs=2, metavar=("SPEC", "CROSS"),
                     help="skip the sweep and use these coefficients")  # fmt: skip
-    ap.add_argument("--json", type=Path, help="also write the table cells here")
+    ap.add_argument("--json", type=Path, help="also write the shared result JSON here")
     args = ap.parse_args()
     t0 = time.time()
     root = Path(tempfile.mkdtemp(prefix="spec-bench-"))
@@ -250,9 +250,19 @@ def main() -> None:
         for k, v in done[key(losses, shared, seed)].items():
             cell.setdefault(k, []).append(v)
     if args.json is not None:
-        args.json.write_text(json.dumps(
-            {"steps": args.steps, "seeds": args.seeds, "lambdas": chosen, "table": table}
-        ))  # fmt: skip
+        metrics = {
+            arm: {seed: {m: vals[seed] for m, vals in cell.items()} for seed in range(args.seeds)}
+            for arm, cell in table.items()
+        }
+        pairs = [
+            (arm, f"{arm.split(' / ')[0]} / LB only")
+            for arm in table
+            if not arm.endswith("LB only")
+        ]
+        config = {"steps": args.steps, "seeds": args.seeds, "sweep": args.sweep,
+                  "eval_tokens": args.eval_tokens, "lambdas": chosen}  # fmt: skip
+        write_result(make_result("specialization", "specialization_losses", config, metrics,
+                                 pairs=pairs), args.json)  # fmt: skip
     print_table(table, args.steps, args.seeds, chosen)
     print(f"total time {time.time() - t0:.0f} s")
 
