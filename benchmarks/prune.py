@@ -54,9 +54,9 @@ from moelab.compress import (
     calibration_set,
     domain_streams,
     held_out_documents,
+    run_data,
 )
 from moelab.compress.prune import build_criterion, calibrate, prune_experts
-from moelab.compress.quant.pipeline import run_data
 from moelab.data import Document, load_tokenizer
 from moelab.models import load_model
 from moelab.models.hooks import moe_layers

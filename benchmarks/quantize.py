@@ -75,10 +75,10 @@ from moelab.compress.calibration import (
     calibration_set,
     domain_streams,
     held_out_documents,
+    run_data,
 )
 from moelab.compress.quant import QuantizeConfig, collect_hessians, quantize_layer
 from moelab.compress.quant.lowrank import tileq_code_lora_params, tileq_grid
-from moelab.compress.quant.pipeline import run_data
 from moelab.core.experts.quantized import QuantSpec
 from moelab.data import load_tokenizer
 from moelab.models import ModelConfig, MoETransformer, load_model

@@ -153,3 +153,32 @@ def test_default_calibration_is_the_held_out_half_of_the_run_validation_docs(tmp
     assert len(calibration_documents(str(tmp_path), None)) == 40
     with pytest.raises(ValueError, match="calib_data"):
         calibration_documents(None, None)
+
+
+def test_run_data_takes_the_split_seed_the_run_trained_with(tmp_path):
+    # a multi-seed comparison trains seed 1 with split seed 0: its held-out documents are
+    # split seed 0's, so calibration must not read seed 1's split (training text for it)
+    import json
+
+    from moelab.compress import run_data
+
+    def folder(name: str, train: dict):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text(json.dumps({"train": train}))
+        return run_data(tmp_path / name)
+
+    base = {"data": "mix", "max_bytes_per_domain": 1000, "val_fraction": 0.1, "seed": 1}
+    assert folder("split", {**base, "split_seed": 0}).seed == 0
+    assert folder("null", {**base, "split_seed": None}).seed == 1
+    plain = folder("plain", base)
+    assert (plain.data, plain.max_bytes_per_domain, plain.val_fraction, plain.seed) == (
+        "mix",
+        1000,
+        0.1,
+        1,
+    )
+    assert run_data(tmp_path / "absent") is None
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "run.json").write_text(json.dumps({"train": {"seed": 1}}))
+    with pytest.raises(ValueError, match="no 'train' section naming the training data"):
+        run_data(tmp_path / "bad")

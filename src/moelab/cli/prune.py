@@ -107,10 +107,10 @@ def _prune(
 ):  # fmt: skip
     from moelab.cli._common import check_source_model, load_run, write_derived_run
     from moelab.compress import (
-        RunData,
         calibration_documents,
         calibration_set,
         domain_streams,
+        run_data,
     )
     from moelab.compress.progress import TokenProgress
     from moelab.compress.prune import build_criterion, check_budget, check_model, prune_experts
@@ -141,16 +141,11 @@ def _prune(
     check_budget(model, keep, per_layer, min_experts)
     has_run = run.is_dir() and (run / RUN_FILE).exists()
     train_cfg = run_train_config(run) if has_run else None
-    run_data = (
-        RunData(train_cfg.data, train_cfg.max_bytes_per_domain, train_cfg.val_fraction,
-                train_cfg.seed)
-        if train_cfg is not None else None
-    )  # fmt: skip
     S = seq_len or (train_cfg.seq_len if train_cfg is not None else 256)
     if S < 1:
         raise InvalidValueError(f"seq_len: must be >= 1, got {S}")
     S = min(S, model.cfg.max_seq_len)
-    streams = domain_streams(calibration_documents(calib_data, run_data), tokenizer)
+    streams = domain_streams(calibration_documents(calib_data, run_data(run)), tokenizer)
     calib = calibration_set(
         streams, tokens=calib_tokens, seq_len=S, batch_size=batch_size, seed=seed
     )

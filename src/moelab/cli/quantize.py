@@ -170,11 +170,15 @@ def _quantize(
     seq_len: int | None, batch_size: int, seed: int,
 ):  # fmt: skip
     from moelab.cli._common import check_source_model, load_run, write_derived_run
-    from moelab.compress import calibration_documents, calibration_set, domain_streams
+    from moelab.compress import (
+        calibration_documents,
+        calibration_set,
+        domain_streams,
+        run_data,
+    )
     from moelab.compress.progress import TokenProgress
     from moelab.compress.quant import QuantizeConfig, quantize_model
     from moelab.compress.quant.lowrank import tileq_grid
-    from moelab.compress.quant.pipeline import run_data
     from moelab.core.experts.quantized import QuantSpec
     from moelab.models.hooks import moe_layers
     from moelab.train.loop import RUN_FILE, read_run_info, run_train_config

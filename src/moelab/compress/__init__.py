@@ -11,6 +11,7 @@ from moelab.compress.calibration import (
     held_out_documents,
     route,
     routed_pairs,
+    run_data,
 )
 from moelab.compress.stats import LayerStats, collect_stats
 
@@ -27,4 +28,5 @@ __all__ = [
     "held_out_documents",
     "route",
     "routed_pairs",
+    "run_data",
 ]

@@ -28,6 +28,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -37,6 +38,7 @@ from moelab.core.plan import RoutingPlan
 from moelab.data import CorpusError, Document, Tokenizer, TokenStream, load_corpus, split_documents
 from moelab.errors import InvalidValueError
 from moelab.models.hooks import LayerObserver, observe_moe_layers
+from moelab.utils.jsonfile import read_json
 
 HELD_OUT_SPLIT_SEED = 1234
 """Seed of the 50/50 split of the run's validation documents into calibration / evaluation."""
@@ -57,6 +59,30 @@ class RunData:
     max_bytes_per_domain: int | None = None
     val_fraction: float = 0.05
     seed: int = 0
+
+
+def run_data(folder: str | Path) -> RunData | None:
+    """The :class:`RunData` recorded in a run folder's ``run.json`` ``train`` section (None
+    for a bare model folder without one). The split seed is the run's ``split_seed`` where it
+    set one (a multi-seed comparison on one held-out set), else its ``seed``, as in training.
+
+    Raises:
+        ValueError: ``run.json`` exists but is malformed (names the file).
+    """
+    path = Path(folder) / "run.json"
+    if not path.exists():
+        return None
+    info = read_json(path)
+    train = info.get("train") if isinstance(info, dict) else None
+    if not isinstance(train, dict) or not isinstance(train.get("data"), str):
+        raise InvalidValueError(f"{path}: no 'train' section naming the training data")
+    split_seed = train.get("split_seed")
+    return RunData(
+        data=train["data"],
+        max_bytes_per_domain=train.get("max_bytes_per_domain"),
+        val_fraction=train.get("val_fraction", 0.05),
+        seed=train.get("seed", 0) if split_seed is None else split_seed,
+    )
 
 
 def held_out_documents(run: RunData) -> tuple[list[Document], list[Document]]:

@@ -34,12 +34,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from moelab.compress.calibration import RunData, route, routed_pairs
+from moelab.compress.calibration import route, routed_pairs
 from moelab.compress.quant.gptq import GROUP_STATS, gptq_quantize
 from moelab.compress.quant.hessian import HessianAccumulator
 from moelab.compress.quant.lowrank import (
@@ -62,7 +61,6 @@ from moelab.core.experts.rotation import rotate, rotate_hessian, unrotate
 from moelab.core.layer import MoELayer, MoEOutput
 from moelab.errors import InvalidValueError
 from moelab.models.hooks import moe_layers
-from moelab.utils.jsonfile import read_json
 
 
 @dataclass(frozen=True)
@@ -484,25 +482,3 @@ def check_finite_outputs(model: torch.nn.Module, ids: Tensor) -> None:
             f"quantize: {where} are not finite on the calibration text after quantization; "
             "the quantized model is unusable and must not be saved"
         )
-
-
-def run_data(folder: str | Path) -> RunData | None:
-    """The :class:`~moelab.compress.calibration.RunData` recorded in a run folder's
-    ``run.json`` ``train`` section (None for a bare model folder without one).
-
-    Raises:
-        ValueError: ``run.json`` exists but is malformed (names the file).
-    """
-    path = Path(folder) / "run.json"
-    if not path.exists():
-        return None
-    info = read_json(path)
-    train = info.get("train") if isinstance(info, dict) else None
-    if not isinstance(train, dict) or not isinstance(train.get("data"), str):
-        raise InvalidValueError(f"{path}: no 'train' section naming the training data")
-    return RunData(
-        data=train["data"],
-        max_bytes_per_domain=train.get("max_bytes_per_domain"),
-        val_fraction=train.get("val_fraction", 0.05),
-        seed=train.get("seed", 0),
-    )
