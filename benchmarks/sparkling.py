@@ -136,6 +136,12 @@ FACTORS = {"hidden": (2.0, None), "inner": (None, 2.0), "both": (2.0, 2.0)}
 LABELS = {"hidden": "hidden", "inner": "expert", "both": "hidden+expert"}
 
 
+def setting_label(setting: tuple[str, str, str]) -> str:
+    """``("moe", "inner", "adamw")`` → ``"moe expert 2× adamw"`` (table rows, result arms)."""
+    kind, axis, opt = setting
+    return f"{kind} {LABELS[axis]} 2× {opt}"
+
+
 def small_config(kind: str, seq_len: int, d_model: int, n_layers: int, experts: int) -> ModelConfig:
     """The model before expansion: ``n_layers`` layers of width ``d_model``, heads of 16
     (half as many KV heads), byte vocabulary; MoE: ``experts`` experts of F = ``d_model``,
@@ -407,11 +413,11 @@ def main() -> None:
     print("|" + "---|" * (len(cols) + 2))
     t_e = args.expand_at
     cells = {setting: setting_cells(by_method, t_e) for setting, by_method in results.items()}
-    for (kind, axis, opt), by_method in cells.items():
+    for setting, by_method in cells.items():
         for method, runs in by_method.items():
             col = {k: [c[k] for c in runs if k in c] for c in runs for k in c}
             print(
-                f"| {kind} {LABELS[axis]} 2× {opt} | {method} | {fmt(col['spike_pct'], '+.1f')} | "
+                f"| {setting_label(setting)} | {method} | {fmt(col['spike_pct'], '+.1f')} | "
                 f"{fmt(col['probe_spike_pct'], '+.2f')} | "
                 f"{fmt(col.get('first_step_vs_copy_pct', []), '+.2f')} | "
                 f"{fmt(col['pair_cos'], '.3f')} | {fmt(col['val_bpb'], '.4f')} | "
@@ -420,14 +426,11 @@ def main() -> None:
                 f"{fmt(col.get('wall_to_target', []))} | {sum(col['reached']):.0f}/{len(runs)} |"
             )
     print("\nPaired Δ val bpb (same seeds, same held-out documents; benchmarks/_paired.py)")
-    for (kind, axis, opt), by_method in results.items():
-        bpb = {m: [r["bpb"] for r in runs] for m, runs in by_method.items()}
-        print(f"{kind} {LABELS[axis]} 2× {opt}:")
-        print("\n".join(paired_block(bpb, "scratch", width=40)))
-        for other in ("random", *ABLATIONS):  # the paper's own ablations against its method
-            if other in bpb and "sparkling" in bpb:
-                line = paired_line(bpb["sparkling"], bpb[other])
-                print(f"  {'sparkling − ' + other:<40} {line}")
+    for setting, by_method in results.items():
+        print(f"{setting_label(setting)}:")
+        print(
+            "\n".join(paired_lines({m: [r["bpb"] for r in runs] for m, runs in by_method.items()}))
+        )
     if args.json is not None:
         config = {k: v for k, v in vars(args).items() if k not in ("run_methods", "json")}
         write_result(result_json(cells, {**config, "methods": list(methods)}), args.json)
@@ -467,20 +470,38 @@ def result_json(cells: dict[tuple, dict[str, list[dict]]], config: dict):
     of an arm has the same metrics). Pairs: every run against the setting's scratch, and
     sparkling against each of the paper's ablations present."""
     metrics: dict[str, dict[int, dict[str, float]]] = {}
-    pairs = []
-    for (kind, axis, opt), by_method in cells.items():
-        label = f"{kind} {LABELS[axis]} 2× {opt}"
+    pairs: list[tuple[str, str]] = []
+    for setting, by_method in cells.items():
+        label = setting_label(setting)
         for method, runs in by_method.items():
             keep = set.intersection(*(set(c) for c in runs)) - {"delta_bpb_vs_scratch"}
             metrics[f"{label}/{method}"] = {
                 seed: {k: v for k, v in c.items() if k in keep} for seed, c in enumerate(runs)
             }
-            if method != "scratch":
-                pairs.append((f"{label}/{method}", f"{label}/scratch"))
-        for other in ("random", *ABLATIONS):
-            if other in by_method and "sparkling" in by_method:
-                pairs.append((f"{label}/sparkling", f"{label}/{other}"))
+        pairs += setting_pairs(label, by_method)
     return make_result("sparkling", "sparkling", config, metrics, pairs=pairs)
+
+
+def paired_lines(values: dict[str, list[float]]) -> list[str]:
+    """Per-seed paired differences of one setting's runs (``{run: per-seed values}``): every
+    run against scratch, then sparkling against each of the paper's ablations present."""
+    lines = paired_block(values, "scratch", width=40)
+    for other in ("random", *ABLATIONS):
+        if other in values and "sparkling" in values:
+            line = paired_line(values["sparkling"], values[other])
+            lines.append(f"  {'sparkling − ' + other:<40} {line}")
+    return lines
+
+
+def setting_pairs(label: str, methods) -> list[tuple[str, str]]:
+    """The compared arms of one setting: every run against scratch, and sparkling against
+    each of the paper's ablations present (arms named ``"<label>/<run>"``)."""
+    pairs = [(f"{label}/{m}", f"{label}/scratch") for m in methods if m != "scratch"]
+    if "sparkling" in methods:
+        pairs += [
+            (f"{label}/sparkling", f"{label}/{o}") for o in ("random", *ABLATIONS) if o in methods
+        ]
+    return pairs
 
 
 if __name__ == "__main__":

@@ -1,0 +1,121 @@
+"""SPARKLING's downstream score: the held-out next-line multiple choice (``_mc.py``) on every
+finished run of a ``sparkling.py`` runs folder.
+
+``sparkling.py`` keeps its runs (it prints ``runs in ROOT``); each finished run folder,
+``<kind>-<axis>-<optimizer>-s<seed>-<run>``, holds the final model. Every run is scored on
+the same items: ``--mc-items`` next-line questions per domain drawn from the validation
+documents of the runs' split (``split_seed`` 0, never trained on by any run), with contexts
+of ``--mc-context`` characters so that a question fits the models' 128-byte window (longer
+ones are dropped and counted). Accuracy overall and per domain, chance 25 %; the paper's
+claim is that the expanded model does better than scratch downstream.
+
+Prints mean ± sd per run and the paired differences against scratch (and sparkling against
+the paper's ablations) per setting, and writes the shared result JSON with ``--json``.
+
+Usage::
+
+    python benchmarks/sparkling.py --settings 0,1,2,3,4 --json sparkling.json   # prints ROOT
+    python benchmarks/sparkling_downstream.py ROOT --json sparkling_downstream.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from pathlib import Path
+
+from _mc import mc_accuracy, mc_items
+from _pool import run_jobs
+from moelab.compress import held_out_documents, run_data
+from moelab.data import load_tokenizer
+from moelab.models import load_model
+from moelab.utils.results import make_result, write_result
+from sparkling import fmt, paired_lines, setting_label, setting_pairs
+
+RUN_NAME = re.compile(r"(dense|moe)-(hidden|inner|both)-(adamw|muon)-s(\d+)-(.+)")
+
+
+def finished_runs(root: Path) -> dict[tuple[tuple[str, str, str], str], dict[int, Path]]:
+    """``{(setting, run): {seed: folder}}`` of the folders in ``root`` holding a final model
+    (the small pre-expansion runs stop early and have none).
+
+    Raises:
+        SystemExit: no finished run, or a run missing a seed the others have.
+    """
+    found: dict[tuple[tuple[str, str, str], str], dict[int, Path]] = {}
+    for folder in sorted(root.iterdir()):
+        m = RUN_NAME.fullmatch(folder.name)
+        if m and (folder / "model.safetensors").is_file():
+            kind, axis, opt, seed, method = m.groups()
+            found.setdefault(((kind, axis, opt), method), {})[int(seed)] = folder
+    if not found:
+        raise SystemExit(f"{root}: no finished sparkling.py run in it")
+    seeds = {tuple(sorted(s)) for s in found.values()}
+    if len(seeds) != 1:
+        raise SystemExit(f"{root}: the runs do not all have the same seeds ({sorted(seeds)})")
+    return found
+
+
+def score(folder: Path, items, prefix: list[int]) -> dict[str, float]:
+    """One pool job: the multiple-choice accuracy of ``folder``'s final model."""
+    acc = mc_accuracy(load_model(folder).eval(), items, prefix)
+    return {("mc_acc" if k == "all" else f"mc_acc/{k}"): v for k, v in acc.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("root", type=Path, help="the runs folder sparkling.py printed")
+    ap.add_argument("--mc-items", type=int, default=60, help="questions per domain")
+    ap.add_argument("--mc-context", type=int, default=40, help="context characters")
+    ap.add_argument("--workers", type=int, default=2, help="parallel processes")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    ap.add_argument("--json", type=Path, default=None, help="write the shared result JSON here")
+    args = ap.parse_args()
+    t0 = time.time()
+    runs = finished_runs(args.root)
+    first = next(iter(next(iter(runs.values())).values()))
+    calib, evaluation = held_out_documents(run_data(first))
+    tok = load_tokenizer(first)
+    window = load_model(first).cfg.max_seq_len
+    drawn = mc_items([*calib, *evaluation], tok, args.mc_items, args.mc_context)
+    items = [it for it in drawn if len(it.context) + max(map(len, it.candidates)) <= window]
+    prefix = tok.encode("\n")
+    keys = [(key, seed) for key, by_seed in runs.items() for seed in sorted(by_seed)]
+    jobs = [(score, (runs[key][seed], items, prefix)) for key, seed in keys]
+    scores = run_jobs(jobs, args.workers, args.threads)
+    metrics: dict[str, dict[int, dict[str, float]]] = {}
+    for ((setting, method), seed), acc in zip(keys, scores, strict=True):
+        metrics.setdefault(f"{setting_label(setting)}/{method}", {})[seed] = acc
+    settings = dict.fromkeys(setting for setting, _ in runs)
+    print(
+        f"\nSPARKLING downstream: next-line multiple choice, {len(items)} items "
+        f"({len(drawn) - len(items)} longer than the {window}-byte window dropped), "
+        f"{args.mc_context}-character contexts, chance 0.25; accuracy mean ± sd over seeds"
+    )
+    pairs: list[tuple[str, str]] = []
+    for setting in settings:
+        label = setting_label(setting)
+        arms = {a.split("/", 1)[1]: m for a, m in metrics.items() if a.startswith(label + "/")}
+        acc = {
+            method: [by_seed[s]["mc_acc"] for s in sorted(by_seed)]
+            for method, by_seed in arms.items()
+        }
+        print(f"{label}:")
+        for method, vals in acc.items():
+            print(f"  {method:<40} {fmt(vals, '.3f')}")
+        print("\n".join(paired_lines(acc)))
+        pairs += setting_pairs(label, arms)
+    if args.json is not None:
+        config = {"root": str(args.root), "items": len(items), "mc_items": args.mc_items,
+                  "mc_context": args.mc_context, "settings": [setting_label(s) for s in settings]}  # fmt: skip
+        write_result(
+            make_result("sparkling_downstream", "sparkling", config, metrics, pairs=pairs),
+            args.json,
+        )
+        print(f"result: {args.json}")
+    print(f"total time {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
