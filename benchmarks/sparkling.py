@@ -76,6 +76,7 @@ import argparse
 import dataclasses
 import functools
 import math
+import re
 import statistics
 import tempfile
 import time
@@ -323,6 +324,31 @@ def run_seed_setting(root: Path, seed: int, setting: tuple, args: argparse.Names
     return run_setting(
         root, key, small, wide, tdict, args.expand_at, axis, args.run_methods, args.rewarm_steps
     )
+
+
+RUN_NAME = re.compile(r"(dense|moe)-(hidden|inner|both)-(adamw|muon)-s(\d+)-(.+)")
+"""A run folder's name: ``<kind>-<axis>-<optimizer>-s<seed>-<run>`` (:func:`run_seed_setting`)."""
+
+
+def finished_runs(root: Path) -> dict[tuple[tuple[str, str, str], str], dict[int, Path]]:
+    """``{(setting, run): {seed: folder}}`` of the folders in ``root`` holding a final model
+    (the small pre-expansion runs stop early and have none).
+
+    Raises:
+        SystemExit: no finished run, or a run missing a seed the others have.
+    """
+    found: dict[tuple[tuple[str, str, str], str], dict[int, Path]] = {}
+    for folder in sorted(root.iterdir()):
+        m = RUN_NAME.fullmatch(folder.name)
+        if m and (folder / "model.safetensors").is_file():
+            kind, axis, opt, seed, method = m.groups()
+            found.setdefault(((kind, axis, opt), method), {})[int(seed)] = folder
+    if not found:
+        raise SystemExit(f"{root}: no finished sparkling.py run in it")
+    seeds = {tuple(sorted(s)) for s in found.values()}
+    if len(seeds) != 1:
+        raise SystemExit(f"{root}: the runs do not all have the same seeds ({sorted(seeds)})")
+    return found
 
 
 def main() -> None:

@@ -21,7 +21,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import re
 import time
 from pathlib import Path
 
@@ -31,30 +30,7 @@ from moelab.compress import held_out_documents, run_data
 from moelab.data import load_tokenizer
 from moelab.models import load_model
 from moelab.utils.results import make_result, write_result
-from sparkling import fmt, paired_lines, setting_label, setting_pairs
-
-RUN_NAME = re.compile(r"(dense|moe)-(hidden|inner|both)-(adamw|muon)-s(\d+)-(.+)")
-
-
-def finished_runs(root: Path) -> dict[tuple[tuple[str, str, str], str], dict[int, Path]]:
-    """``{(setting, run): {seed: folder}}`` of the folders in ``root`` holding a final model
-    (the small pre-expansion runs stop early and have none).
-
-    Raises:
-        SystemExit: no finished run, or a run missing a seed the others have.
-    """
-    found: dict[tuple[tuple[str, str, str], str], dict[int, Path]] = {}
-    for folder in sorted(root.iterdir()):
-        m = RUN_NAME.fullmatch(folder.name)
-        if m and (folder / "model.safetensors").is_file():
-            kind, axis, opt, seed, method = m.groups()
-            found.setdefault(((kind, axis, opt), method), {})[int(seed)] = folder
-    if not found:
-        raise SystemExit(f"{root}: no finished sparkling.py run in it")
-    seeds = {tuple(sorted(s)) for s in found.values()}
-    if len(seeds) != 1:
-        raise SystemExit(f"{root}: the runs do not all have the same seeds ({sorted(seeds)})")
-    return found
+from sparkling import finished_runs, fmt, paired_lines, setting_label, setting_pairs
 
 
 def score(folder: Path, items, prefix: list[int]) -> dict[str, float]:
