@@ -4,9 +4,10 @@
 crosses scratch's final value: one noisy crossing. Here, for every (setting, seed) of a
 ``sparkling.py`` runs folder, the from-scratch run is trained again at ``--fractions`` of its
 steps (each a complete run: same data order, warm-up and a cosine ending at its own length;
-kept in ``ROOT/scratch-lengths/``; a fraction above 1 brackets runs better than scratch). With the full-length scratch run they give scratch's final
-validation bits per byte as a function of training FLOPs; every run's own final bits per byte
-is placed on that curve (piecewise-linear in log FLOPs), and
+kept in ``ROOT/scratch-lengths/``; a fraction above 1 brackets runs better than scratch).
+With the full-length scratch run they give scratch's final validation bits per byte as a
+function of training FLOPs; every run's own final bits per byte is placed on that curve
+(piecewise-linear in log FLOPs), and
 
     saving = 1 − run FLOPs / scratch FLOPs at the same bits per byte,
 
