@@ -128,9 +128,8 @@ def main() -> None:
     points = dict(zip(grid, run_jobs(jobs, args.workers, args.threads), strict=True))
     metrics: dict[str, dict[int, dict[str, float]]] = {}
     pairs: list[tuple[str, str]] = []
-    print(
-        f"\nSPARKLING compute to equal quality: scratch at {sorted(args.fractions)} and 1 × its steps"
-    )
+    lengths_text = ", ".join(f"{f:g}" for f in sorted([*args.fractions, 1.0]))
+    print(f"\nSPARKLING compute to equal quality: scratch at {lengths_text} × its steps")
     for s in settings:
         label, methods = setting_label(s), [m for (s2, m) in runs if s2 == s]
         savings: dict[str, list[float]] = {}

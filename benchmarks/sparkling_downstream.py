@@ -84,7 +84,8 @@ def main() -> None:
         pairs += setting_pairs(label, arms)
     if args.json is not None:
         config = {"root": str(args.root), "items": len(items), "mc_items": args.mc_items,
-                  "mc_context": args.mc_context, "settings": [setting_label(s) for s in settings]}  # fmt: skip
+                  "mc_context": args.mc_context,
+                  "settings": [setting_label(s) for s in settings]}  # fmt: skip
         write_result(
             make_result("sparkling_downstream", "sparkling", config, metrics, pairs=pairs),
             args.json,
