@@ -84,7 +84,7 @@ from pathlib import Path
 
 import torch
 
-from _paired import paired_block, paired_line
+from _paired import paired_line
 from _pool import run_jobs
 from moelab.core.config import ExpertsConfig, LossConfig, MoEConfig, RouterConfig
 from moelab.models import ModelConfig, count_params, load_model
@@ -441,7 +441,8 @@ def main() -> None:
     cells = {setting: setting_cells(by_method, t_e) for setting, by_method in results.items()}
     for setting, by_method in cells.items():
         for method, runs in by_method.items():
-            col = {k: [c[k] for c in runs if k in c] for c in runs for k in c}
+            keys = dict.fromkeys(k for cell in runs for k in cell)
+            col = {k: [cell[k] for cell in runs if k in cell] for k in keys}
             print(
                 f"| {setting_label(setting)} | {method} | {fmt(col['spike_pct'], '+.1f')} | "
                 f"{fmt(col['probe_spike_pct'], '+.2f')} | "
@@ -498,36 +499,41 @@ def result_json(cells: dict[tuple, dict[str, list[dict]]], config: dict):
     metrics: dict[str, dict[int, dict[str, float]]] = {}
     pairs: list[tuple[str, str]] = []
     for setting, by_method in cells.items():
-        label = setting_label(setting)
         for method, runs in by_method.items():
             keep = set.intersection(*(set(c) for c in runs)) - {"delta_bpb_vs_scratch"}
-            metrics[f"{label}/{method}"] = {
+            metrics[arm_name(setting, method)] = {
                 seed: {k: v for k, v in c.items() if k in keep} for seed, c in enumerate(runs)
             }
-        pairs += setting_pairs(label, by_method)
+        pairs += arm_pairs(setting, by_method)
     return make_result("sparkling", "sparkling", config, metrics, pairs=pairs)
 
 
-def paired_lines(values: dict[str, list[float]]) -> list[str]:
-    """Per-seed paired differences of one setting's runs (``{run: per-seed values}``): every
-    run against scratch, then sparkling against each of the paper's ablations present."""
-    lines = paired_block(values, "scratch", width=40)
-    for other in ("random", *ABLATIONS):
-        if other in values and "sparkling" in values:
-            line = paired_line(values["sparkling"], values[other])
-            lines.append(f"  {'sparkling − ' + other:<40} {line}")
-    return lines
+def arm_name(setting: tuple[str, str, str], run: str) -> str:
+    """A result arm: ``"moe hidden 2× adamw/sparkling"``."""
+    return f"{setting_label(setting)}/{run}"
 
 
-def setting_pairs(label: str, methods) -> list[tuple[str, str]]:
-    """The compared arms of one setting: every run against scratch, and sparkling against
-    each of the paper's ablations present (arms named ``"<label>/<run>"``)."""
-    pairs = [(f"{label}/{m}", f"{label}/scratch") for m in methods if m != "scratch"]
+def arm_pairs(setting: tuple[str, str, str], runs) -> list[tuple[str, str]]:
+    """The :func:`compared_runs` of one setting as result arm pairs."""
+    return [(arm_name(setting, a), arm_name(setting, b)) for a, b in compared_runs(runs)]
+
+
+def compared_runs(methods) -> list[tuple[str, str]]:
+    """``(run, baseline)`` pairs of one setting's runs: every run against scratch, then
+    sparkling against each of the paper's ablations present (random-random first)."""
+    pairs = [(m, "scratch") for m in methods if m != "scratch"]
     if "sparkling" in methods:
-        pairs += [
-            (f"{label}/sparkling", f"{label}/{o}") for o in ("random", *ABLATIONS) if o in methods
-        ]
+        pairs += [("sparkling", o) for o in ("random", *ABLATIONS) if o in methods]
     return pairs
+
+
+def paired_lines(values: dict[str, list[float]]) -> list[str]:
+    """The :func:`compared_runs` differences of one setting (``{run: per-seed values}``),
+    paired by seed, one line each."""
+    return [
+        f"  {run + ' − ' + base:<40} {paired_line(values[run], values[base])}"
+        for run, base in compared_runs(values)
+    ]
 
 
 if __name__ == "__main__":

@@ -37,13 +37,14 @@ from moelab.train.config import TrainConfig
 from moelab.train.loop import read_run_info, train
 from moelab.utils.results import make_result, write_result
 from sparkling import (
+    arm_name,
+    arm_pairs,
     finished_runs,
     flops_per_token,
     fmt,
     paired_lines,
     read_metrics,
     setting_label,
-    setting_pairs,
 )
 
 
@@ -147,16 +148,16 @@ def main() -> None:
                 cell = {"saving": 1 - flops / equal, "run_flops_ratio": flops / full[0],
                         "equal_quality_flops_ratio": equal / full[0],
                         "extrapolated": float(extrapolated), "val_bpb": bpb}  # fmt: skip
-                metrics.setdefault(f"{label}/{m}", {})[seed] = cell
+                metrics.setdefault(arm_name(s, m), {})[seed] = cell
                 savings.setdefault(m, []).append(cell["saving"])
         print(f"{label}: saving (1 − run FLOPs / scratch FLOPs at equal val bpb), mean ± sd")
         for m in methods:
-            extra = sum(metrics[f"{label}/{m}"][seed]["extrapolated"] for seed in seeds)
+            extra = sum(metrics[arm_name(s, m)][seed]["extrapolated"] for seed in seeds)
             print(
                 f"  {m:<40} {fmt(savings[m], '+.3f')}  ({extra:.0f} of {len(seeds)} extrapolated)"
             )
         print("\n".join(paired_lines(savings)))
-        pairs += setting_pairs(label, methods)
+        pairs += arm_pairs(s, methods)
     if args.json is not None:
         config = {"root": str(args.root), "fractions": sorted(args.fractions),
                   "settings": [setting_label(s) for s in settings]}  # fmt: skip

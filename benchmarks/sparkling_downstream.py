@@ -30,7 +30,7 @@ from moelab.compress import held_out_documents, run_data
 from moelab.data import load_tokenizer
 from moelab.models import load_model
 from moelab.utils.results import make_result, write_result
-from sparkling import finished_runs, fmt, paired_lines, setting_label, setting_pairs
+from sparkling import arm_name, arm_pairs, finished_runs, fmt, paired_lines, setting_label
 
 
 def score(folder: Path, items, prefix: list[int]) -> dict[str, float]:
@@ -60,9 +60,10 @@ def main() -> None:
     keys = [(key, seed) for key, by_seed in runs.items() for seed in sorted(by_seed)]
     jobs = [(score, (runs[key][seed], items, prefix)) for key, seed in keys]
     scores = run_jobs(jobs, args.workers, args.threads)
-    metrics: dict[str, dict[int, dict[str, float]]] = {}
-    for ((setting, method), seed), acc in zip(keys, scores, strict=True):
-        metrics.setdefault(f"{setting_label(setting)}/{method}", {})[seed] = acc
+    scored: dict[tuple, dict[int, dict[str, float]]] = {}  # (setting, run) -> seed -> scores
+    for (key, seed), acc in zip(keys, scores, strict=True):
+        scored.setdefault(key, {})[seed] = acc
+    metrics = {arm_name(*key): by_seed for key, by_seed in scored.items()}
     settings = dict.fromkeys(setting for setting, _ in runs)
     print(
         f"\nSPARKLING downstream: next-line multiple choice, {len(items)} items "
@@ -71,17 +72,16 @@ def main() -> None:
     )
     pairs: list[tuple[str, str]] = []
     for setting in settings:
-        label = setting_label(setting)
-        arms = {a.split("/", 1)[1]: m for a, m in metrics.items() if a.startswith(label + "/")}
         acc = {
             method: [by_seed[s]["mc_acc"] for s in sorted(by_seed)]
-            for method, by_seed in arms.items()
+            for (s2, method), by_seed in scored.items()
+            if s2 == setting
         }
-        print(f"{label}:")
+        print(f"{setting_label(setting)}:")
         for method, vals in acc.items():
             print(f"  {method:<40} {fmt(vals, '.3f')}")
         print("\n".join(paired_lines(acc)))
-        pairs += setting_pairs(label, arms)
+        pairs += arm_pairs(setting, acc)
     if args.json is not None:
         config = {"root": str(args.root), "items": len(items), "mc_items": args.mc_items,
                   "mc_context": args.mc_context,
