@@ -48,24 +48,22 @@ from sparkling import (
 )
 
 
-def run_flops(folder: Path, t_e: int) -> float:
-    """Training FLOPs of a finished run: the small width's for the ``t_e`` steps before its
-    expansion (``t_e`` = 0: a run without one), its own width's for the others."""
+def small_run(folder: Path) -> Path:
+    """The shared pre-expansion run of ``folder``'s (setting, seed): ``<key>-small``."""
+    return folder.with_name(folder.name.rsplit("-", 1)[0] + "-small")
+
+
+def run_flops(folder: Path, small: Path | None = None, t_e: int = 0) -> float:
+    """Training FLOPs of a finished run: the ``small`` run's width for the ``t_e`` steps
+    before its expansion (none for a run without one), its own width's for the others."""
     info = read_run_info(folder)
     tcfg, wide = TrainConfig.from_dict(info["train"]), ModelConfig.from_dict(info["model"])
     tokens = tcfg.batch_size * tcfg.grad_accum * tcfg.seq_len
     f_wide = flops_per_token(wide, tcfg.seq_len)
-    if t_e == 0:
+    if small is None:
         return tokens * tcfg.steps * f_wide
-    small = folder.with_name(folder.name.rsplit("-", 1)[0] + "-small")
     f_small = flops_per_token(ModelConfig.from_dict(read_run_info(small)["model"]), tcfg.seq_len)
     return tokens * (t_e * f_small + (tcfg.steps - t_e) * f_wide)
-
-
-def expansion_step(folder: Path) -> int:
-    """The step of the expansion: the last step the shared small run trained."""
-    small = folder.with_name(folder.name.rsplit("-", 1)[0] + "-small")
-    return len(read_metrics(small)[0])
 
 
 def train_scratch(scratch: Path, out: Path, fraction: float) -> tuple[float, float]:
@@ -76,7 +74,7 @@ def train_scratch(scratch: Path, out: Path, fraction: float) -> tuple[float, flo
     tcfg = dataclasses.replace(tcfg, steps=round(fraction * tcfg.steps))
     if not (out / "model.safetensors").is_file():
         train(ModelConfig.from_dict(info["model"]), tcfg, out, progress=False)
-    return run_flops(out, 0), read_metrics(out)[3]
+    return run_flops(out), read_metrics(out)[3]
 
 
 def equal_quality_flops(curve: list[tuple[float, float]], bpb: float) -> tuple[float, bool]:
@@ -136,14 +134,16 @@ def main() -> None:
         savings: dict[str, list[float]] = {}
         for seed in seeds:
             scratch = runs[s, "scratch"][seed]
-            full = (run_flops(scratch, 0), read_metrics(scratch)[3])
+            full = (run_flops(scratch), read_metrics(scratch)[3])
+            small = small_run(scratch)
+            t_e = len(read_metrics(small)[0])  # the expansion step: where the small run stopped
             curve = sorted([*(points[s, seed, f] for f in args.fractions), full])
             print(f"{label} seed {seed} scratch curve: "
                   + ", ".join(f"{f / full[0]:.2f}× → {b:.4f}" for f, b in curve))  # fmt: skip
             for m in methods:
                 folder = runs[s, m][seed]
-                t_e = 0 if m == "scratch" else expansion_step(folder)
-                flops, bpb = run_flops(folder, t_e), read_metrics(folder)[3]
+                flops = full[0] if m == "scratch" else run_flops(folder, small, t_e)
+                bpb = full[1] if m == "scratch" else read_metrics(folder)[3]
                 equal, extrapolated = equal_quality_flops(curve, bpb)
                 cell = {"saving": 1 - flops / equal, "run_flops_ratio": flops / full[0],
                         "equal_quality_flops_ratio": equal / full[0],
