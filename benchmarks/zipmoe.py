@@ -64,11 +64,12 @@ from moelab.compress.lossless.model_store import expert_tensor_names, moe_layers
 from moelab.compress.lossless.tensor_codec import chunk_bounds
 from moelab.data import TokenStream, load_corpus, load_tokenizer
 from moelab.models import load_model
-from moelab.serve.generate import generate_ids
+from moelab.serve.engine import Engine, TokenEvent
 from moelab.serve.offload import load_offloaded, offload_engine
 from moelab.serve.offload.engine import MIB, free_cores
 from moelab.serve.offload.policies import simulate
 from moelab.serve.offload.trace import record_requests, record_trace
+from moelab.serve.params import SamplingParams
 from moelab.utils.atomic import atomic_write_json
 
 SYSTEMS = (
@@ -165,16 +166,32 @@ def text_ids(tokenizer, corpus: str, n: int, skip: int = 0) -> torch.Tensor:
 def timed_generation(model, prompt: list[int], tokens: int, snapshot=None):
     """(tokens, TTFT seconds (prompt to first token), TPOT seconds (per output token after the
     first), (statistics at the first token, at the end) from ``snapshot()``, or None): the
-    differences are the decode steps' own reads and hits, the prefill's left out as in TPOT."""
-    stamps, out, first = [], [], None
+    differences are the decode steps' own reads and hits, the prefill's left out as in TPOT.
+
+    Greedy, on a one-slot :class:`~moelab.serve.engine.Engine` driven here: the times and the
+    first snapshot are taken in the token callback, when each token is sampled. (An engine step
+    prefills and then decodes once, so a caller of :func:`generate_ids` sees the first token
+    only after the second token's forward, which would move that forward into TTFT.)"""
+    stamps: list[float] = []
+    out: list[int] = []
+    first = []
+
+    def on_event(ev) -> None:
+        if isinstance(ev, TokenEvent):
+            stamps.append(time.perf_counter())
+            out.append(ev.token_id)
+            if snapshot is not None and not first:
+                first.append(snapshot())
+
+    engine = Engine(model.eval(), max_batch=1, max_queue=1, track_experts=False)
     t0 = time.perf_counter()
-    for t in generate_ids(model, list(prompt), max_new_tokens=tokens, temperature=0):
-        stamps.append(time.perf_counter())
-        out.append(t)
-        if snapshot is not None and first is None:
-            first = snapshot()
+    seq = engine.submit(list(prompt), SamplingParams(max_tokens=tokens, temperature=0), on_event)
+    while not seq.done.is_set():
+        engine.step()
+    if seq.finish_reason == "error":
+        raise RuntimeError(f"generation failed: {seq.error}") from seq.exception
     per_token = (stamps[-1] - stamps[0]) / max(len(stamps) - 1, 1)
-    stats = (first, snapshot()) if snapshot is not None else None
+    stats = (first[0], snapshot()) if snapshot is not None else None
     return out, stamps[0] - t0, per_token, stats
 
 
@@ -391,7 +408,7 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=16)
     ap.add_argument("--profile-seqs", type=int, default=8, help="128-token sequences profiled")
     ap.add_argument(
-        "--budgets", type=int, nargs="+", default=[10, 25, 50], help="% of expert bytes"
+        "--budgets", type=int, nargs="+", default=[10, 25, 50], help="%% of expert bytes"
     )
     ap.add_argument(
         "--regimes", nargs="+", default=["nvme", "cap150", "cap300", "cap600"],
