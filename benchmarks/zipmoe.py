@@ -168,31 +168,24 @@ def timed_generation(model, prompt: list[int], tokens: int, snapshot=None):
     first), (statistics at the first token, at the end) from ``snapshot()``, or None): the
     differences are the decode steps' own reads and hits, the prefill's left out as in TPOT.
 
-    Greedy, on a one-slot :class:`~moelab.serve.engine.Engine` driven here: the times and the
-    first snapshot are taken in the token callback, when each token is sampled. (An engine step
-    prefills and then decodes once, so a caller of :func:`generate_ids` sees the first token
-    only after the second token's forward, which would move that forward into TTFT.)"""
-    stamps: list[float] = []
-    out: list[int] = []
+    Greedy, on a one-slot :class:`~moelab.serve.engine.Engine` driven here, its sequence's own
+    ``ttft``/``tpot``, and the first snapshot taken in the token callback when the first token
+    is sampled. (An engine step prefills and then decodes once, so a caller of
+    :func:`generate_ids` sees the first token only after the second token's forward.)"""
     first = []
 
     def on_event(ev) -> None:
-        if isinstance(ev, TokenEvent):
-            stamps.append(time.perf_counter())
-            out.append(ev.token_id)
-            if snapshot is not None and not first:
-                first.append(snapshot())
+        if snapshot is not None and not first and isinstance(ev, TokenEvent):
+            first.append(snapshot())
 
     engine = Engine(model.eval(), max_batch=1, max_queue=1, track_experts=False)
-    t0 = time.perf_counter()
     seq = engine.submit(list(prompt), SamplingParams(max_tokens=tokens, temperature=0), on_event)
     while not seq.done.is_set():
         engine.step()
     if seq.finish_reason == "error":
         raise RuntimeError(f"generation failed: {seq.error}") from seq.exception
-    per_token = (stamps[-1] - stamps[0]) / max(len(stamps) - 1, 1)
     stats = (first[0], snapshot()) if snapshot is not None else None
-    return out, stamps[0] - t0, per_token, stats
+    return seq.output_ids, seq.ttft, seq.tpot or 0.0, stats
 
 
 def build_store(model, folder: Path, codec: str, trace) -> None:
