@@ -14,9 +14,11 @@ continuous batching over a slotted KV cache). Both get the same number of thread
 - **Decode**: ``B`` prompts of 16 tokens generate ``N`` tokens each, greedy; aggregate decode
   tokens/s ``B·(N−1) / (T(N) − T(1))`` (prefill and first token cancel out), B = 1, 4, 8.
 - **8-bit**: llama.cpp runs the Q8_0 file (every matrix but the routers 8-bit); moelab runs its
-  own 8-bit experts (``quantize_model``, RTN, 8 bits, symmetric, groups of 64 columns: what
-  ``moelab quantize --method rtn --bits 8 --symmetric`` writes; attention and embeddings stay
-  float32). Not the same weights: only their speeds are compared.
+  own 8-bit model: experts (``quantize_model``, RTN, 8 bits, symmetric, groups of 64 columns)
+  and every dense projection, attention and LM head (``quantize_dense``, the same grid): what
+  ``moelab quantize --method rtn --bits 8 --symmetric --dense-bits 8`` writes; the embedding
+  lookup stays float32. ``--experts-only`` keeps attention and head float32 (``--dense-bits
+  0``). Not the same weights: only their speeds are compared.
 
 The token check runs llama.cpp with a float32 K/V cache and without flash attention (the
 F32 maths); the timings use llama.cpp's defaults (F16 K/V cache, flash attention where it
@@ -72,14 +74,18 @@ def ensure_gguf(run: Path, work: Path, outtype: str) -> Path:
     return path
 
 
-def int8_experts(model: MoETransformer, calib: torch.Tensor) -> MoETransformer:
-    """``model`` with its experts quantized to 8 bits as ``moelab quantize --method rtn
-    --bits 8 --symmetric --group-size 64`` does (attention and embeddings stay float32)."""
+def int8_model(model: MoETransformer, calib: torch.Tensor, dense: bool) -> MoETransformer:
+    """``model`` quantized to 8 bits as ``moelab quantize --method rtn --bits 8 --symmetric
+    --group-size 64 --dense-bits 8`` does (``dense``; else ``--dense-bits 0``: attention and
+    head stay float32)."""
+    from moelab.compress.quant.dense import quantize_dense
     from moelab.compress.quant.pipeline import QuantizeConfig, quantize_model
     from moelab.core.experts.quantized import QuantSpec
 
     spec = QuantSpec(method="rtn", bits=8, group_size=64, symmetric=True)
     quantize_model(model, [calib], QuantizeConfig(spec=spec, sequential=False))
+    if dense:
+        quantize_dense(model, 8, 64)
     return model.eval()
 
 
@@ -244,8 +250,8 @@ def bench_run(run: Path, args) -> dict:
     q8 = LlamaCpp(ensure_gguf(run, args.work, "q8_0"), args.threads, 8, n_ctx)
     calib = torch.tensor([ids[i : i + 64] for i in range(0, 8 * 64, 64)])
     start = time.perf_counter()
-    int8 = int8_experts(load_model(run), calib)
-    print(f"  moelab int8 experts in {time.perf_counter() - start:.0f} s", flush=True)
+    int8 = int8_model(load_model(run), calib, dense=not args.experts_only)
+    print(f"  moelab 8-bit model in {time.perf_counter() - start:.0f} s", flush=True)
     out["8-bit"] = bench_type("8-bit", int8, q8, prompts, long_prompt, args)
     q8.close()
     return out
@@ -261,6 +267,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=33, help="greedy tokens per sequence")
     ap.add_argument("--prefill", type=int, default=128, help="prefill prompt tokens")
+    ap.add_argument("--experts-only", action="store_true",
+                    help="moelab's 8-bit model: experts only, attention and head float32")  # fmt: skip
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -277,7 +285,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for r in rows:
         for kind in ("f32", "8-bit"):
-            weights = "F32 both" if kind == "f32" else "moelab int8 experts / llama.cpp Q8_0"
+            eight = "int8 experts" if args.experts_only else "int8 experts + dense"
+            weights = "F32 both" if kind == "f32" else f"moelab {eight} / llama.cpp Q8_0"
             for key, (a, b) in r[kind].items():
                 print(f"| {r['run']} | {weights} | {key} | {a:.1f} | {b:.1f} | {a / b:.2f}× |")
     print("\n| model | measure | moelab 8-bit / moelab F32 | llama.cpp Q8_0 / llama.cpp F32 |")

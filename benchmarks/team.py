@@ -135,11 +135,30 @@ def train_lines(n: int, exclude: set[str], digits: int = 5) -> list[str]:
     return out
 
 
+def finished_steps(run: Path) -> tuple[int, int]:
+    """(last step in ``run``'s metrics.jsonl, the steps its training planned; fitted to the time
+    budget where ``--fit-to-budget`` fitted them)."""
+    from moelab.train.loop import read_run_info
+    from moelab.train.metrics import MetricsLog
+
+    planned = int(read_run_info(run)["train"]["steps"])
+    done = max((r["step"] for r in MetricsLog(run / "metrics.jsonl").read()), default=0)
+    return done, planned
+
+
 def stage_train(args) -> None:
     from moelab.data import load_corpus
     from moelab.train.config import TrainConfig
     from moelab.train.loop import train
 
+    # A `make run` that hit its time budget before its warm-up ended leaves a model of a few
+    # steps; diffusion training on it learns none of the tasks, and nothing else says why.
+    done, planned = finished_steps(Path(args.init_from))
+    if done < 0.9 * planned and not args.allow_short_init:
+        raise SystemExit(
+            f"train: --init-from {args.init_from} stopped at step {done} of its {planned}; "
+            "train it to the end (make run on a quiet machine) or pass --allow-short-init"
+        )
     data = Path(args.out + "_data")
     data.mkdir(parents=True, exist_ok=True)
     for d in load_corpus("mix", max_bytes_per_domain=args.mix_bytes):
@@ -203,7 +222,7 @@ def eval_run(run: Path, args, ar) -> dict:
     seen = trained_prompts(run)
     b = dm.cfg.block_size
     info = {
-        "run": str(run), "elbo_bpb": elbo.overall.bits_per_byte, "ar_bpb": arb.overall.bits_per_byte,
+        "run": str(run), "seed": run_train_config(run).seed, "elbo_bpb": elbo.overall.bits_per_byte, "ar_bpb": arb.overall.bits_per_byte,
         "text_bytes": elbo.overall.bytes, "block": b, "skipped": [],
         "blocks_per_text": -(-(16 + args.text_tokens) // b) - 16 // b,
     }  # fmt: skip
@@ -270,6 +289,26 @@ def eval_run(run: Path, args, ar) -> dict:
     return {"info": info, "rows": rows, "problems": problems}
 
 
+def write_team_result(models: list[dict], settings: dict, path: Path) -> None:
+    """The shared result JSON: arms = decoders, seeds = the models' training seeds, metrics =
+    each model's mean over the problem seeds; pairs = every decoder against vanilla."""
+    from moelab.utils.results import make_result, write_result
+
+    seeds = [m["info"]["seed"] for m in models]
+    if len(set(seeds)) != len(seeds):
+        raise SystemExit(f"--result: the models' training seeds {seeds} repeat")
+    names = list(models[0]["rows"])
+    metrics = {
+        d: {m["info"]["seed"]: {c: statistics.fmean(v) for c, v in m["rows"][d].items()}
+            for m in models}
+        for d in names
+    }  # fmt: skip
+    config = {**settings, "block": models[0]["info"]["block"],
+              "runs": [m["info"]["run"] for m in models]}  # fmt: skip
+    pairs = [(d, "vanilla") for d in names if d != "vanilla"]
+    write_result(make_result("team", "team", config, metrics, pairs=pairs), path)
+
+
 def stage_eval(args) -> None:
     """One model: mean ± sd over the problem seeds. Several (``--run A B C``, e.g. training
     seeds): each model's mean over the problem seeds, then mean ± sd over the models; the
@@ -296,6 +335,8 @@ def stage_eval(args) -> None:
         models += [eval_run(Path(run), args, ar) for run in args.run]
     if args.json:
         Path(args.json).write_text(json.dumps({"settings": settings, "model": models[0]}))
+    if args.result:
+        write_team_result(models, settings, Path(args.result))
     blocks = {m["info"]["block"] for m in models}
     if len(blocks) > 1:
         raise SystemExit(f"the models have different block sizes {sorted(blocks)}")
@@ -375,6 +416,8 @@ def main() -> None:
     t.add_argument("--task-lines", type=int, default=60_000)
     t.add_argument("--block", type=int, default=8, help="tokens per diffusion block")
     t.add_argument("--digits", type=int, default=5, help="digits of copy/reverse problems")
+    t.add_argument("--allow-short-init", action="store_true",
+                   help="train on an --init-from run that stopped before 90 %% of its steps")  # fmt: skip
     t.add_argument(
         "--seed",
         type=int,
@@ -388,6 +431,7 @@ def main() -> None:
         "--combine", nargs="+", default=[],
         help="--json files of models evaluated separately (e.g. in parallel), combined as --run",
     )  # fmt: skip
+    e.add_argument("--result", help="write the shared result JSON here (one model per seed)")
     e.add_argument("--ar-run", default=AR_RUN)
     e.add_argument("--per-task", type=int, default=25)
     e.add_argument("--seeds", type=int, nargs="+", default=[0])

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from moelab.core.config import ExpertsConfig, MoEConfig, RouterConfig
-from moelab.models import ModelConfig, MoETransformer
+from moelab.data import ByteTokenizer
+from moelab.models import ModelConfig, MoETransformer, save_model
 
 
 def tiny_model(
@@ -49,3 +50,20 @@ def make_model():
 @pytest.fixture
 def make_batches():
     return random_batches
+
+
+@pytest.fixture
+def cli_model(tmp_path):
+    """A saved one-layer byte-level model folder and a calibration text file."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        vocab_size=256, d_model=32, n_layers=1, n_heads=2, max_seq_len=64,
+        moe=MoEConfig(router=RouterConfig(num_experts=4, top_k=2),
+                      experts=ExpertsConfig(hidden_size=32, ffn_hidden_size=32)),
+    )  # fmt: skip
+    folder = tmp_path / "run"
+    save_model(MoETransformer(cfg), folder)
+    ByteTokenizer().save(folder)
+    text = tmp_path / "calib.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 200)
+    return folder, text

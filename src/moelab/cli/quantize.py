@@ -8,7 +8,8 @@ The written folder evaluates, analyses and generates like any run:
     tokenizer_meta.json, tokenizer.json              (the source's tokenizer)
     run.json                                         (the source run's, when it has one)
     quantize.json                                    spec, calibration, bits per parameter,
-                                                     per-layer errors, under-calibrated experts
+                                                     per-layer errors, under-calibrated experts,
+                                                     quantized dense projections (--dense-bits)
 
 It is assembled in a temporary sibling folder and renamed into place: on any error nothing is
 written.
@@ -129,6 +130,15 @@ def quantize(
     sequential: Annotated[
         bool, Opt(help="Calibrate each layer on the already quantized layers before it.")
     ] = True,
+    dense_bits: Annotated[
+        int,
+        Opt(
+            help="Also quantize every dense projection (attention, dense FFN, LM head; not the "
+            "routers) to 8 or 4 bits, RTN symmetric with --group-size columns per scale, as "
+            "llama.cpp's Q8_0 does. 0: keep them float."
+        ),
+        Range(min=0),
+    ] = 0,
     calib_data: CalibData = None,
     calib_tokens: CalibTokens = 32_768,
     seq_len: CalibSeqLen = None,
@@ -147,26 +157,34 @@ def quantize(
       moelab quantize runs/e16 --bits 2 --lowrank tileq --rank 4 --rotate-block 64 --out runs/e16-tr2
       moelab quantize runs/e16 --bits 2 --lowrank tileq-core --rank 8 --out runs/e16-tc2
       moelab quantize runs/main --method rtn --bits 4 --lowrank per-expert --out runs/main-r4
+      moelab quantize runs/main --method rtn --bits 8 --symmetric --dense-bits 8 --out runs/main-q8
     """
     report, table = guarded(
         _quantize, run, out, method, bits, group_size, symmetric, act_order, damp, group_stats, rotate_block, lowrank,
-        rank, grid, sweeps, lowrank_target, weighting, min_tokens, sequential, calib_data, calib_tokens, seq_len,
-        batch_size, seed,
+        rank, grid, sweeps, lowrank_target, weighting, min_tokens, sequential, dense_bits, calib_data,
+        calib_tokens, seq_len, batch_size, seed,
     )  # fmt: skip
     if as_json:
         console.print_json(json.dumps(report))
     else:
         console.print(table)
+        dense = report.get("dense")
+        dense_text = (
+            f"; {len(dense['modules'])} dense projections at {dense['bits_per_param']:.3f} bits"
+            if dense
+            else ""
+        )
         console.print(
             f"{report['bits_per_param']:.3f} bits per expert parameter "
-            f"({report['bytes'].get('lowrank', 0):,} low-rank bytes); wrote {out}"
+            f"({report['bytes'].get('lowrank', 0):,} low-rank bytes){dense_text}; wrote {out}"
         )
 
 
 def _quantize(
     run: Path, out: Path, method: str, bits: int, group_size: int, symmetric: bool,
     act_order: bool, damp: float, group_stats: str, rotate_block: int, lowrank: str, rank: int, grid_text: str | None, sweeps: int,
-    lowrank_target: str, weighting: str, min_tokens: int, sequential: bool, calib_data: str | None, calib_tokens: int,
+    lowrank_target: str, weighting: str, min_tokens: int, sequential: bool, dense_bits: int, calib_data: str | None,
+    calib_tokens: int,
     seq_len: int | None, batch_size: int, seed: int,
 ):  # fmt: skip
     from moelab.cli._common import check_source_model, load_run, write_derived_run
@@ -178,6 +196,7 @@ def _quantize(
     )
     from moelab.compress.progress import TokenProgress
     from moelab.compress.quant import QuantizeConfig, quantize_model
+    from moelab.compress.quant.dense import dense_targets, quantize_dense
     from moelab.compress.quant.lowrank import tileq_grid
     from moelab.core.experts.quantized import QuantSpec
     from moelab.models.hooks import moe_layers
@@ -223,6 +242,8 @@ def _quantize(
     for layer in layers:
         ex = layer.config.experts
         spec.check_model(layer.config.router.num_experts, (ex.hidden_size, ex.ffn_hidden_size))
+    if dense_bits:
+        dense_targets(model, dense_bits, group_size)  # refuse before calibrating
     has_run = run.is_dir() and (run / RUN_FILE).exists()
     S = seq_len or (run_train_config(run).seq_len if has_run else 256)
     if S < 1:
@@ -238,6 +259,8 @@ def _quantize(
             on_pass=lambda label: bar.start_pass(label, calib.n_tokens),
         )  # fmt: skip
     report = result.to_dict()
+    if dense_bits:
+        report["dense"] = quantize_dense(model, dense_bits, group_size).to_dict()
     report.update(
         source=str(run),
         calibration={"data": calib_data or "held-out documents of the run's training data",

@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from moelab.errors import InvalidValueError
-from moelab.interop.errors import ConfigMismatchError, InteropError
+from moelab.interop.errors import ConfigMismatchError, InteropError, UnsupportedConfigError
 from moelab.interop.files import (
     copy_tokenizer,
     read_json,
@@ -41,6 +41,7 @@ from moelab.interop.hf_weights import (
 )
 from moelab.models import MoETransformer, load_model, save_model
 from moelab.models.memory import check_model_fits
+from moelab.models.quantized import is_quantized
 from moelab.utils.atomic import write_folder_atomically
 from moelab.utils.outdir import MARKER, check_output_folder
 
@@ -156,6 +157,11 @@ def hf_state(
         raise TypeError(f"model: expected MoETransformer, got {type(model).__name__}")
     if layout not in LAYOUTS:
         raise InvalidValueError(f"layout: must be one of {LAYOUTS}, got {layout!r}")
+    if is_quantized(model):  # its codes have no place in the HF layouts
+        raise UnsupportedConfigError(
+            "model: quantized (moelab quantize) weights have no Hugging Face form; export the "
+            "full-precision model"
+        )
     arch = arch or infer_arch(model.cfg)
     hf = config_to_hf(model.cfg, arch)
     state = model.state_dict()

@@ -35,7 +35,13 @@ from moelab.core.experts.segmented import SegmentedExpertBank
 from moelab.errors import UserError
 from moelab.models.adapters import ADAPTER_TYPES
 from moelab.models.config import ModelConfig
-from moelab.models.quantized import quantization_section, quantized_structure, read_quantization
+from moelab.models.quantized import (
+    quantization_section,
+    quantized_structure,
+    read_dense,
+    read_quantization,
+)
+from moelab.models.quantized_linear import QuantizedLinear
 from moelab.models.transformer import MoETransformer
 from moelab.utils.atomic import atomic_write, atomic_write_json, ensure_free_space
 from moelab.utils.jsonfile import read_json
@@ -95,9 +101,14 @@ def _check_described(model: MoETransformer, state: dict[str, torch.Tensor]) -> N
         ref = MoETransformer(model.cfg)
     # quantized banks are checked by their own spec when the folder loads
     quantized = tuple(
-        f"{n}." for n, m in model.named_modules() if isinstance(m, QuantizedExpertBank)
+        f"{n}."
+        for n, m in model.named_modules()
+        if isinstance(m, (QuantizedExpertBank, QuantizedLinear))
     )
     want = {k: tuple(v.shape) for k, v in ref.state_dict().items() if not k.startswith(quantized)}
+    for n in quantized:  # a quantized projection's weight is its codes
+        want.pop(f"{n}weight", None)
+        want.pop(f"{n}bias", None)
     if model.cfg.tie_embeddings:
         want.pop("lm_head.weight", None)
     state = {k: t for k, t in state.items() if not k.startswith(quantized)}
@@ -263,7 +274,8 @@ def load_model(
     quant = _read_json(folder / CONFIG_FILE).get("quantization")
     if quant is not None:
         try:
-            quantized_structure(model, read_quantization(quant, str(folder / CONFIG_FILE)))
+            where = str(folder / CONFIG_FILE)
+            quantized_structure(model, read_quantization(quant, where), read_dense(quant, where))
         except ValueError as e:
             raise CheckpointError(str(e)) from e
     expected = _stored_state(model)
@@ -292,7 +304,8 @@ def load_model(
     if w.dtype != model.embed.weight.dtype:
         model = model.to(w.dtype)
     model.load_state_dict(tensors, strict=not cfg.tie_embeddings)
-    if cfg.tie_embeddings and model.lm_head.weight is not model.embed.weight:
+    tied_head = isinstance(model.lm_head, torch.nn.Linear)  # a quantized head is untied
+    if cfg.tie_embeddings and tied_head and model.lm_head.weight is not model.embed.weight:
         raise CheckpointError(f"{wpath}: tied embeddings came apart while loading")
     if device is not None:
         model = model.to(device)

@@ -172,6 +172,22 @@ class QuantSpec:
             raise InvalidValueError(f"grid: {M}x{N} has fewer cells than the {num_experts} experts")
 
 
+def kernel_applies(spec: QuantSpec, x: Tensor) -> bool:
+    """Whether the compiled decode kernel (``csrc/quant_cpu.cpp``) can multiply ``x`` by
+    weights quantized with ``spec``: 4 or 8 bits (4-bit groups whole bytes), no act-order or
+    rotation, ``x`` float32 on the CPU without gradients, and the kernel built."""
+    return (
+        spec.bits in (4, 8)
+        and (spec.bits == 8 or spec.group_size % 2 == 0)
+        and not spec.act_order
+        and not spec.rotate_block
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and not (torch.is_grad_enabled() and x.requires_grad)
+        and cpu_kernel.kernel() is not None
+    )
+
+
 def _empty_factors(spec: QuantSpec, K: int, d_out: int, d_in: int) -> LowRankFactors | None:
     r = spec.rank
     if spec.lowrank == "none":
@@ -357,6 +373,21 @@ class QuantizedProjection(nn.Module):
             w = unrotate(w, pick(self.perm), self.spec.rotate_block)
         return w
 
+    def kernel_mm(self, x: Tensor, counts: list[int], experts: list[int], int8: bool) -> Tensor:
+        """``[N, O]`` rows of ``x [N, I]`` (float32, sorted by expert: ``counts[i]`` rows, 1 to
+        8, for expert ``experts[i]``; an expert may repeat) through the dequantized weights,
+        without the low-rank correction, by the compiled decode kernel
+        (``csrc/quant_cpu.cpp``: the packed codes read once; ``int8``: the rows quantized to
+        int8 per group first, :func:`cpu_kernel.int8_activations`). The caller checks that the
+        kernel applies: 4 or 8 bits, no act-order or rotation, no gradients."""
+        zeros = None
+        if self.zeros is not None:
+            zeros = self._unpack_experts(self.zeros, tuple(self.scales.shape), None)
+        return cpu_kernel.kernel().quant_experts_mm(
+            x.contiguous(), counts, experts, self.codes, self.scale_values, zeros,
+            self.spec.bits, self.shape[1], int8,
+        )  # fmt: skip
+
     def weight(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """``[E, O, I]`` effective weights: dequantized plus the low-rank correction."""
         w = self.dequantize(dtype)
@@ -530,19 +561,7 @@ class QuantizedExpertBank(nn.Module):
         rounding; with :func:`cpu_kernel.int8_activations` the kernel's rows are quantized to
         int8 per group first). Decided once per forward: every projection shares the spec and
         the rows."""
-        spec = self.spec
-        if not (
-            spec.bits in (4, 8)
-            and (spec.bits == 8 or spec.group_size % 2 == 0)
-            and not spec.act_order
-            and not spec.rotate_block
-            and x.device.type == "cpu"
-            and x.dtype == torch.float32
-            and len(counts) > 0
-            and int(counts.max()) <= 8
-            and not (torch.is_grad_enabled() and x.requires_grad)
-            and cpu_kernel.kernel() is not None
-        ):
+        if not (kernel_applies(self.spec, x) and len(counts) > 0 and int(counts.max()) <= 8):
             return None
         experts = active if active is not None else torch.arange(len(counts))
         return counts.tolist(), experts.tolist(), cpu_kernel.int8_activations()
@@ -561,14 +580,7 @@ class QuantizedExpertBank(nn.Module):
         :meth:`_kernel_rows`)."""
         proj = self.projections[name]
         if kernel_rows is not None:
-            zeros = None
-            if proj.zeros is not None:
-                zeros = proj._unpack_experts(proj.zeros, tuple(proj.scales.shape), None)
-            counts_list, experts_list, int8 = kernel_rows
-            return cpu_kernel.kernel().quant_experts_mm(
-                x.contiguous(), counts_list, experts_list, proj.codes, proj.scale_values, zeros,
-                proj.spec.bits, proj.shape[1], int8,
-            )  # fmt: skip
+            return proj.kernel_mm(x, *kernel_rows)
         w = proj.dequantize(x.dtype, active).transpose(1, 2).contiguous()
         return grouped_mm(x, w, counts, self.backend)
 
