@@ -17,11 +17,12 @@ from moelab.cli import app
 from moelab.compress.quant import QuantizeConfig, quantize_model
 from moelab.compress.quant.dense import quantize_dense
 from moelab.core.experts import QuantSpec, cpu_kernel
+from moelab.core.experts.quantized import KERNEL_MAX_ROWS
 from moelab.interop.errors import UnsupportedConfigError
 from moelab.interop.hf import hf_state
 from moelab.models import CheckpointError, MoETransformer, load_model, save_model
 from moelab.models.hooks import moe_layers
-from moelab.models.quantized_linear import KERNEL_MAX_ROWS, QuantizedLinear
+from moelab.models.quantized_linear import QuantizedLinear
 
 from ..cli_checks import cli_error
 from .conftest import tiny_model

@@ -400,9 +400,11 @@ def test_quantized_decode_kernel_equals_dequantized_float64(
     bits, group_size, symmetric, monkeypatch
 ):
     """Decode-sized rows of a 4/8-bit bank run the packed-code kernel; they equal the rows of
-    the dequantized weights computed in float64, and the batch path (more than 8 rows of an
-    expert: dequantize + grouped matmul) agrees with it."""
+    the dequantized weights computed in float64, also with more than 8 rows of an expert (tiles
+    of 8), and the batch path (more than KERNEL_MAX_ROWS rows of an expert: dequantize +
+    grouped matmul) agrees with it."""
     from moelab.core.experts.quantized import (
+        KERNEL_MAX_ROWS,
         QuantizedExpertBank,
         QuantizedProjection,
         QuantSpec,
@@ -439,13 +441,21 @@ def test_quantized_decode_kernel_equals_dequantized_float64(
     monkeypatch.setattr(
         cpu_kernel.kernel(), "quant_experts_mm", lambda *a: calls.append(1) or kernel_mm(*a)
     )
-    for counts, kernel_calls in (([2, 0, 8, 1, 3], 3), ([1, 1, 1, 1, 1], 3), ([0, 0, 12, 0, 3], 0)):
+    # 12 rows of one expert: tiles of 8 + 4; above KERNEL_MAX_ROWS rows: the batch path
+    big = KERNEL_MAX_ROWS + 1
+    cases = (
+        ([2, 0, 8, 1, 3], 3),
+        ([1, 1, 1, 1, 1], 3),
+        ([0, 0, 12, 0, 3], 3),
+        ([0, big, 0, 0, 3], 0),
+    )
+    for counts, kernel_calls in cases:
         counts = torch.tensor(counts)
         x = torch.randn(int(counts.sum()), D, generator=g)
         calls.clear()
         with torch.no_grad():
             got = bank(x, counts)
-        assert len(calls) == kernel_calls  # gate, up, down; none with 12 rows for one expert
+        assert len(calls) == kernel_calls  # gate, up, down
         ref = reference(x, counts)
         assert got.dtype == torch.float32
         torch.testing.assert_close(got.double(), ref, rtol=1e-4, atol=1e-5)

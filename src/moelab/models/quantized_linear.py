@@ -12,8 +12,8 @@ routers for the same reason (``llama-quant.cpp`` skips ``ffn_gate_inp``); ``moel
 A :class:`QuantizedLinear` holds its matrix ``W [O, I]`` as a one-expert
 :class:`~moelab.core.experts.quantized.QuantizedProjection` (the experts' format:
 :mod:`moelab.core.experts.qformat`): symmetric round-to-nearest codes, one float16 scale per
-output row and group of input columns. Decode-sized inputs (at most :data:`KERNEL_MAX_ROWS`
-rows) run through the experts' compiled kernel, which reads the packed codes once (with int8
+output row and group of input columns. Decode-sized inputs (at most
+:data:`~moelab.core.experts.quantized.KERNEL_MAX_ROWS` rows) run through the experts' compiled kernel, which reads the packed codes once (with int8
 activations where the CPU has AVX-512 VNNI, as llama.cpp's quantized matmuls do); larger
 inputs (prefill, training) dequantize the matrix and multiply in float.
 
@@ -28,13 +28,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from moelab.core.experts import cpu_kernel
-from moelab.core.experts.quantized import QuantizedProjection, QuantSpec, kernel_applies
-
-# [I] Above this many rows the matrix is dequantized once and multiplied by the GEMM: the
-# kernel re-reads the codes for every 8 rows, the GEMM's cost grows with the rows while the
-# dequantization's does not. 32 rows = 4 kernel passes.
-KERNEL_MAX_ROWS = 32
-KERNEL_TILE_ROWS = 8  # the kernel's rows per call for one matrix (csrc/quant_cpu.cpp kMaxRows)
+from moelab.core.experts.quantized import (
+    KERNEL_MAX_ROWS,
+    QuantizedProjection,
+    QuantSpec,
+    kernel_applies,
+    kernel_tiles,
+)
 
 
 def dense_spec(bits: int, group_size: int) -> QuantSpec:
@@ -109,10 +109,8 @@ class QuantizedLinear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         n = rows.shape[0]
         if 0 < n <= KERNEL_MAX_ROWS and kernel_applies(self.proj.spec, rows):
-            counts = [KERNEL_TILE_ROWS] * (n // KERNEL_TILE_ROWS)
-            if n % KERNEL_TILE_ROWS:
-                counts.append(n % KERNEL_TILE_ROWS)
-            y = self.proj.kernel_mm(rows, counts, [0] * len(counts), cpu_kernel.int8_activations())
+            counts, experts = kernel_tiles([n], [0])
+            y = self.proj.kernel_mm(rows, counts, experts, cpu_kernel.int8_activations())
         else:
             y = F.linear(rows, self.proj.dequantize(x.dtype)[0])
         if self.bias is not None:
