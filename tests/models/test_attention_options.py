@@ -119,3 +119,22 @@ def test_rmsnorm_is_used():
     assert isinstance(
         MoETransformer(ModelConfig.tiny(qk_norm="head")).blocks[0].attn.q_norm, RMSNorm
     )
+
+
+@pytest.mark.parametrize(("heads", "kv"), [(6, 2), (4, 1), (4, 4)])
+def test_masked_gqa_equals_attention_over_repeated_kv_heads(heads, kv):
+    """With a mask shared by the heads, the query heads of one K/V head attend as rows of
+    that head (no K/V copies): the same output as repeating each K/V head per query head."""
+    torch.manual_seed(heads + kv)
+    hd, B, S, L = 8, 2, 3, 7
+    attn = Attention(16, heads, kv, hd, RotaryEmbedding(hd, 32)).double()
+    q = torch.randn(B, heads, S, hd, dtype=torch.float64)
+    k, v = (torch.randn(B, kv, L, hd, dtype=torch.float64) for _ in range(2))
+    mask = torch.rand(B, 1, S, L) < 0.6
+    mask[..., -1] = True  # every query sees at least one key
+    rep = heads // kv
+    ref = F.scaled_dot_product_attention(
+        q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), attn_mask=mask
+    )
+    want = attn.o_proj(ref.transpose(1, 2).reshape(B, S, heads * hd))
+    torch.testing.assert_close(attn.attend(q, k, v, mask), want, rtol=0, atol=1e-12)

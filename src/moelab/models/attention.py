@@ -257,15 +257,25 @@ class Attention(nn.Module):
         """Attention of ``q [B, H, S, hd]`` over ``k, v [B, Hkv, L, hd]`` (RoPE applied) with
         bool ``attn_mask`` broadcastable to ``[B, H, S, L]`` (True = may attend; None = plain
         causal, needs ``L == S``), then ``W_o`` → ``[B, S, D]``."""
-        B, _, S, _ = q.shape
-        if self.n_kv_heads != self.n_heads:
-            rep = self.n_heads // self.n_kv_heads
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None
-        )
-        return self.o_proj(out.transpose(1, 2).reshape(B, S, self.n_heads * self.head_dim))
+        B, _, S, hd = q.shape
+        rep = self.n_heads // self.n_kv_heads
+        if rep > 1 and attn_mask is not None and attn_mask.dim() == 4 and attn_mask.shape[1] == 1:
+            # GQA with a mask shared by the heads: the `rep` query heads of each K/V head
+            # become rows of one head ([B, Hkv, rep·S, hd]; row r·S + s is head kv·rep + r,
+            # position s) and attend without copying K/V `rep` times (a decode step's cost
+            # is reading the cache)
+            q = q.reshape(B, self.n_kv_heads, rep * S, hd)
+            attn_mask = attn_mask.repeat(1, 1, rep, 1)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+            out = out.reshape(B, self.n_heads, S, hd)
+        else:
+            if rep > 1:
+                k = k.repeat_interleave(rep, dim=1)
+                v = v.repeat_interleave(rep, dim=1)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None
+            )
+        return self.o_proj(out.transpose(1, 2).reshape(B, S, self.n_heads * hd))
 
 
 def causal_mask(
