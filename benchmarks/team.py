@@ -289,6 +289,16 @@ def eval_run(run: Path, args, ar) -> dict:
     return {"info": info, "rows": rows, "problems": problems}
 
 
+def _metric_name(col: str) -> str:
+    """A table column as a result metric name (no spaces or slashes, for the docs' directives):
+    ``em_<task>`` for exact match, ``APT_all``, ``tok_per_s``, ..."""
+    if col in (*TASKS, "all"):
+        return f"em_{col}"
+    named = {"tok/s": "tok_per_s", "NFE/token": "NFE_per_token", "cost µs/token": "cost_us_per_token",
+             "AR NLL": "AR_NLL", "agree %": "agree_pct"}  # fmt: skip
+    return named.get(col, col.replace(" ", "_"))
+
+
 def write_team_result(models: list[dict], settings: dict, path: Path) -> None:
     """The shared result JSON: arms = decoders, seeds = the models' training seeds, metrics =
     each model's mean over the problem seeds; pairs = every decoder against vanilla."""
@@ -299,7 +309,8 @@ def write_team_result(models: list[dict], settings: dict, path: Path) -> None:
         raise SystemExit(f"--result: the models' training seeds {seeds} repeat")
     names = list(models[0]["rows"])
     metrics = {
-        d: {m["info"]["seed"]: {c: statistics.fmean(v) for c, v in m["rows"][d].items()}
+        d: {m["info"]["seed"]: {_metric_name(c): statistics.fmean(v)
+                                for c, v in m["rows"][d].items()}
             for m in models}
         for d in names
     }  # fmt: skip
