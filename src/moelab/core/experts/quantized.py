@@ -175,8 +175,8 @@ class QuantSpec:
 # [I] Rows per expert up to which the kernel runs (in tiles of KERNEL_TILE_ROWS, re-reading
 # the codes for each tile); above it dequantization and the GEMM, whose cost per row is lower
 # once the rows are many. On a SmolLM2-sized 8-bit bank (8 experts of 576 x 1536, 2 threads,
-# AVX-512 VNNI) the tiled kernel was 7x faster than dequantization + GEMM at 32 rows per
-# expert, 3x at 256 and still 2x at 512.
+# AVX-512 VNNI) the tiled kernel was 4.5x faster than dequantization + GEMM at 32 rows per
+# expert, 2x at 256, 1.5x at 512 and even at 1024.
 KERNEL_MAX_ROWS = 256
 KERNEL_TILE_ROWS = 8  # the kernel's rows per expert and call (csrc/quant_cpu.cpp kMaxRows)
 
