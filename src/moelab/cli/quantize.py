@@ -134,8 +134,9 @@ def quantize(
         int,
         Opt(
             help="Also quantize every dense projection (attention, dense FFN, LM head; not the "
-            "routers) to 8 or 4 bits, RTN symmetric with --group-size columns per scale, as "
-            "llama.cpp's Q8_0 does. 0: keep them float."
+            "routers) to this many bits (8 or 4 take the decode kernel; 2 and 3 dequantize), "
+            "RTN symmetric with --group-size columns per scale, as llama.cpp's Q8_0 does. "
+            "0: keep them float."
         ),
         Range(min=0),
     ] = 0,

@@ -12,10 +12,12 @@ routers for the same reason (``llama-quant.cpp`` skips ``ffn_gate_inp``); ``moel
 A :class:`QuantizedLinear` holds its matrix ``W [O, I]`` as a one-expert
 :class:`~moelab.core.experts.quantized.QuantizedProjection` (the experts' format:
 :mod:`moelab.core.experts.qformat`): symmetric round-to-nearest codes, one float16 scale per
-output row and group of input columns. Decode-sized inputs (at most
-:data:`~moelab.core.experts.quantized.KERNEL_MAX_ROWS` rows) run through the experts' compiled kernel, which reads the packed codes once (with int8
-activations where the CPU has AVX-512 VNNI, as llama.cpp's quantized matmuls do); larger
-inputs (prefill, training) dequantize the matrix and multiply in float.
+output row and group of input columns. Inputs of at most
+:data:`~moelab.core.experts.quantized.KERNEL_MAX_ROWS` rows (decode, and prefill of a few
+hundred tokens) run through the experts' compiled kernel, which reads the packed codes once
+per 8 rows (with int8 activations where the CPU has AVX-512 VNNI, as llama.cpp's quantized
+matmuls do); larger inputs, other dtypes and training dequantize the matrix and multiply in
+float.
 
 The routers are never quantized: they are parameters of the MoE layer, not ``nn.Linear``
 modules, and rounding their logits would move the routing.

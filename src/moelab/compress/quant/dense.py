@@ -5,8 +5,8 @@ The rule is :func:`~moelab.compress.quant.rtn.quantize_rtn`, symmetric, group-wi
 input columns: what llama.cpp's Q8_0 does per block of 32 (``quantize_row_q8_0_ref``: step
 ``max|w| / 127``, one float16 scale per block), here with moelab's symmetric grid (step
 ``2·max|w| / (2^bits − 1)``, zero point ``2^(bits−1)``) and the experts' group size.
-No calibration: at 8 bits RTN is within half a step of every weight, and GPTQ's gain there
-is nil.
+No calibration: every weight is within half a step of its code (8 bits: 1/255 of the group's
+range), where GPTQ has little left to recover.
 """
 
 from __future__ import annotations
