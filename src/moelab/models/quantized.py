@@ -88,19 +88,17 @@ def quantized_structure(
             names a module that is not an ``nn.Linear`` of the model.
     """
     for name in dense["modules"] if dense is not None else ():
-        parent_name, _, attr = name.rpartition(".")
         try:
-            parent = model.get_submodule(parent_name)
+            linear = model.get_submodule(name)
         except AttributeError:
-            parent = None
-        linear = getattr(parent, attr, None)
+            linear = None
         if not isinstance(linear, nn.Linear):
             raise InvalidValueError(f"quantization: dense module {name!r} is not a linear layer")
         q = QuantizedLinear(
             linear.in_features, linear.out_features, linear.bias is not None, dense["bits"],
             dense["group_size"],
         )  # fmt: skip
-        setattr(parent, attr, q.to(device=linear.weight.device, dtype=linear.weight.dtype))
+        model.set_submodule(name, q.to(device=linear.weight.device, dtype=linear.weight.dtype))
     for layer in model.modules():
         if isinstance(layer, MoELayer):
             ex = layer.config.experts

@@ -399,7 +399,7 @@ class QuantizedProjection(nn.Module):
         :data:`KERNEL_TILE_ROWS`, for expert ``experts[i]``; an expert may repeat:
         :func:`kernel_tiles`) through the dequantized weights,
         without the low-rank correction, by the compiled decode kernel
-        (``csrc/quant_cpu.cpp``: the packed codes read once; ``int8``: the rows quantized to
+        (``csrc/quant_cpu.cpp``: the packed codes read once per run; ``int8``: the rows quantized to
         int8 per group first, :func:`cpu_kernel.int8_activations`). The caller checks that the
         kernel applies: 4 or 8 bits, no act-order or rotation, no gradients."""
         zeros = None
