@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from moelab.core.routers.usmoe import PrefixState
+from moelab.models.linear import Linear
 from moelab.models.norm import RMSNorm
 from moelab.models.rope import RotaryEmbedding
 
@@ -196,10 +197,10 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.layer_idx = layer_idx
         self.qk_norm = qk_norm
-        self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=False)
+        self.q_proj = Linear(d_model, n_heads * head_dim, bias=bias)
+        self.k_proj = Linear(d_model, n_kv_heads * head_dim, bias=bias)
+        self.v_proj = Linear(d_model, n_kv_heads * head_dim, bias=bias)
+        self.o_proj = Linear(n_heads * head_dim, d_model, bias=False)
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if qk_norm == "head":

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from moelab.models.linear import Linear
+
 
 class SwiGLUFFN(nn.Module):
     """``y = W_down(silu(W_gate x) ⊙ W_up x)``, no biases.
@@ -22,9 +24,9 @@ class SwiGLUFFN(nn.Module):
             raise ValueError(
                 f"d_model, ffn_hidden_size: must be >= 1, got {d_model}, {ffn_hidden_size}"
             )
-        self.w_gate = nn.Linear(d_model, ffn_hidden_size, bias=False)
-        self.w_up = nn.Linear(d_model, ffn_hidden_size, bias=False)
-        self.w_down = nn.Linear(ffn_hidden_size, d_model, bias=False)
+        self.w_gate = Linear(d_model, ffn_hidden_size, bias=False)
+        self.w_up = Linear(d_model, ffn_hidden_size, bias=False)
+        self.w_down = Linear(ffn_hidden_size, d_model, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))

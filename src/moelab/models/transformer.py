@@ -21,6 +21,7 @@ from moelab.models.attention import KVCache, causal_mask
 from moelab.models.block import DecoderBlock
 from moelab.models.config import ModelConfig
 from moelab.models.ffn import SwiGLUFFN
+from moelab.models.linear import Linear
 from moelab.models.memory import check_model_fits
 from moelab.models.norm import RMSNorm
 from moelab.models.packing import document_attention_mask, segment_ids
@@ -123,7 +124,7 @@ class MoETransformer(nn.Module):
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
         self.blocks = nn.ModuleList(DecoderBlock(cfg, i, self.rope) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         self.reset_parameters()

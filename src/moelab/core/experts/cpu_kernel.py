@@ -48,7 +48,7 @@ ACTIVATIONS = {"swiglu": 0, "geglu": 1, "gelu": 2, "gelu_tanh": 3}
 
 _CSRC = Path(__file__).with_name("csrc")
 # compiled (the headers beside them are included)
-_SOURCES = ("experts_cpu.cpp", "quant_cpu.cpp", "quant_int8.cpp")
+_SOURCES = ("experts_cpu.cpp", "quant_cpu.cpp", "quant_int8.cpp", "dense_rows.cpp")
 _ITEMS_PER_THREAD = 4  # tile very large experts so every thread gets work in a skewed plan
 _MIN_TILE_ROWS = 256
 
@@ -319,6 +319,66 @@ def fused_moe(
         top_k,
         save,
     )
+
+
+DENSE_MAX_ROWS = 8
+"""Most rows a :func:`dense_rows` call takes (a decode step's batch); more go to MKL's GEMM."""
+_DENSE_ITEMS_PER_THREAD = 8  # blocks of output features per thread (dynamic balance)
+
+
+def dense_rows_apply(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    """True when :func:`dense_rows` runs ``F.linear(x, weight, bias)``: inference (no gradient
+    wanted), float32 CPU plain tensors, a contiguous weight, 1 to :data:`DENSE_MAX_ROWS` rows,
+    no CPU autocast (which would run the projection in bfloat16), and the kernel available."""
+    plain = all(type(t) in (Tensor, torch.nn.Parameter) for t in (x, weight))
+    tensors = (x, weight) if bias is None else (x, weight, bias)
+    return (
+        plain
+        and x.device.type == "cpu"
+        and all(t.dtype == torch.float32 for t in tensors)
+        and 0 < x.numel() <= DENSE_MAX_ROWS * x.shape[-1]
+        and weight.is_contiguous()
+        and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+        and not torch.is_autocast_enabled("cpu")
+        and _available()
+    )
+
+
+@torch.library.custom_op("moelab::dense_rows", mutates_args=())
+def _dense_rows_op(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    N = weight.shape[0]
+    block = max(4, math.ceil(N / (_DENSE_ITEMS_PER_THREAD * torch.get_num_threads())))
+    y = kernel().dense_rows_mm(x.reshape(-1, x.shape[-1]).contiguous(), weight, bias, block)
+    return y.view(*x.shape[:-1], N)
+
+
+@_dense_rows_op.register_fake
+def _(x, weight, bias):
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+def dense_rows(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)`` for a decode step's few rows (``csrc/dense_rows.cpp``).
+
+    MKL reads an ``[N, K]`` weight at a fraction of the memory bandwidth when it multiplies
+    1-8 rows by it; the kernel streams each weight row once, with register tiles of 4 weight
+    rows × 4 input rows, over blocks of output features shared by the intra-op threads (the
+    adaptive scheduler: a busy core is not waited for). Each output is summed in a fixed order
+    that does not depend on the call's other rows, so a batched decode gives each row the
+    values it gets alone; they differ from MKL's by float32 rounding.
+
+    Args:
+        x: ``[..., K]`` float32 CPU, at most :data:`DENSE_MAX_ROWS` rows.
+        weight: ``[N, K]`` float32, contiguous (``nn.Linear`` layout).
+        bias: ``[N]`` float32, or None.
+    Returns:
+        ``[..., N]`` float32, not differentiable (check :func:`dense_rows_apply` first).
+    Raises:
+        RuntimeError: the kernel is unavailable, or the shapes, dtypes or row count are not
+            those above.
+    """
+    _check_available()
+    return _dense_rows_op(x, weight, bias)
 
 
 def int8_activations() -> bool:

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "dense_rows.h"
 #include "kernel_common.h"
 #include "quant_cpu.h"
 #include "quant_int8.h"
@@ -393,5 +394,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("experts_forward", &experts_forward);
   m.def("experts_backward", &experts_backward);
   m.def("quant_experts_mm", &quant_experts_mm);
+  m.def("dense_rows_mm", &dense_rows_mm);
   m.def("int8_dot_supported", &moelab::int8_dot_supported);
 }

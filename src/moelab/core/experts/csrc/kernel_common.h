@@ -77,10 +77,11 @@ inline void update_cost(std::atomic<int64_t>& ema, int64_t sample, int64_t weigh
 // Autograd and autocast state is thread-local, so every worker enters inference mode and
 // leaves autocast itself: the kernels' temporaries never record a graph (the Python
 // autograd.Function owns the backward) and their GEMMs keep the inputs' dtype. `adaptive`:
-// a decode-sized call, which may run solo (see above).
+// a decode-sized call, which may run solo (see above). `st`: whose cost averages it reads and
+// feeds (callers whose items differ much in size keep their own).
 template <typename ItemT, typename Fn>
-void run_items(const std::vector<ItemT>& items, const Fn& fn, bool adaptive) {
-  auto& st = scheduler();
+void run_items(const std::vector<ItemT>& items, const Fn& fn, bool adaptive,
+               SchedulerState& st = scheduler()) {
   std::atomic<int64_t> next{0};
   const int64_t n = static_cast<int64_t>(items.size());
   const int64_t workers = std::min<int64_t>(at::get_num_threads(), std::max<int64_t>(n, 1));

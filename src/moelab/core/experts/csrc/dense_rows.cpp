@@ -1,0 +1,148 @@
+// nn.Linear at a decode step: y [M, N] = x [M, K] · w [N, K]ᵀ (+ bias) for 1-8 float32 rows.
+// MKL's GEMM and GEMV read a [N, K] weight at a fraction of the memory bandwidth when M is
+// this small (benchmarks/decode_linear.py), though each weight needs reading only once: here
+// every weight row is streamed once, its M dot products accumulated in 16-lane partial sums
+// (two per row, for two independent FMA chains) that are reduced in a fixed order. A row's
+// result therefore does not depend on the other rows of the call, nor on the thread that
+// computes it. Blocks of output features are work items for the adaptive scheduler of
+// kernel_common.h (its own state: a projection's items are far smaller than an expert's).
+#include "dense_rows.h"
+
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "kernel_common.h"
+
+namespace {
+
+constexpr int64_t kMaxRows = 8;
+constexpr int64_t kLanes = 16;
+
+// 16 float lanes as one value (GCC/Clang vector extension): one AVX-512 register, two AVX2
+// ones. Accumulators of this type stay in registers, where float arrays indexed in the final
+// reduction would be kept on the stack and reloaded at every multiply-add.
+typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
+
+__attribute__((always_inline)) inline Lanes load_lanes(const float* p) {
+  Lanes v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// a[0] + ... + a[15] by pairwise halving, in a fixed order.
+__attribute__((always_inline)) inline float sum_lanes(Lanes a) {
+  float t[kLanes];
+  std::memcpy(t, &a, sizeof(t));
+  for (int64_t width = kLanes / 2; width >= 1; width /= 2)
+    for (int64_t l = 0; l < width; ++l) t[l] += t[l + width];
+  return t[0];
+}
+
+// out[m, o] for the weight rows o0 .. o0 + R - 1 and M <= 4 input rows: a register tile of
+// R x M accumulators, so each loaded weight vector serves M rows and each loaded input vector
+// R weight rows (loads, not multiply-adds, would bound a row-at-a-time loop).
+template <int64_t R, int64_t M>
+__attribute__((always_inline)) inline void dot_tile(const float* x, int64_t K, const float* w,
+                                                    int64_t o0, const float* bias, float* out,
+                                                    int64_t N) {
+  Lanes acc[R][M];
+#pragma GCC unroll 16
+  for (int64_t r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int64_t m = 0; m < M; ++m) acc[r][m] = Lanes{};
+  int64_t k = 0;
+  for (; k + kLanes <= K; k += kLanes) {
+    Lanes xv[M], wv[R];
+#pragma GCC unroll 16
+    for (int64_t m = 0; m < M; ++m) xv[m] = load_lanes(x + m * K + k);
+#pragma GCC unroll 16
+    for (int64_t r = 0; r < R; ++r) wv[r] = load_lanes(w + (o0 + r) * K + k);
+#pragma GCC unroll 16
+    for (int64_t r = 0; r < R; ++r)
+#pragma GCC unroll 16
+      for (int64_t m = 0; m < M; ++m) acc[r][m] += xv[m] * wv[r];
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t m = 0; m < M; ++m) {
+      float s = sum_lanes(acc[r][m]);
+      for (int64_t j = k; j < K; ++j) s += x[m * K + j] * w[(o0 + r) * K + j];
+      out[m * N + o0 + r] = bias != nullptr ? s + bias[o0 + r] : s;
+    }
+  }
+}
+
+constexpr int64_t kTileRows = 4;  // weight rows per register tile
+
+// Output features [o0, o1) for M <= 4 input rows.
+template <int64_t M>
+__attribute__((always_inline)) inline void dot_block(const float* x, int64_t K, const float* w,
+                                                     int64_t o0, int64_t o1, const float* bias,
+                                                     float* out, int64_t N) {
+  int64_t o = o0;
+  for (; o + kTileRows <= o1; o += kTileRows) dot_tile<kTileRows, M>(x, K, w, o, bias, out, N);
+  for (; o < o1; ++o) dot_tile<1, M>(x, K, w, o, bias, out, N);
+}
+
+// Output features [o0, o1) for M <= 8 rows: groups of at most 4 input rows (the second group
+// reads the block's weights again, from cache).
+template <int64_t M>
+MOELAB_CLONES void dot_rows_m(const float* x, int64_t K, const float* w, int64_t o0, int64_t o1,
+                              const float* bias, float* out, int64_t N) {
+  if constexpr (M <= 4) {
+    dot_block<M>(x, K, w, o0, o1, bias, out, N);
+  } else {
+    dot_block<4>(x, K, w, o0, o1, bias, out, N);
+    dot_block<M - 4>(x + 4 * K, K, w, o0, o1, bias, out + 4 * N, N);
+  }
+}
+
+template <int64_t... Ms>
+void dot_rows(std::integer_sequence<int64_t, Ms...>, int64_t M, const float* x, int64_t K,
+              const float* w, int64_t o0, int64_t o1, const float* bias, float* out, int64_t N) {
+  ((M == Ms + 1 ? dot_rows_m<Ms + 1>(x, K, w, o0, o1, bias, out, N) : void()), ...);
+}
+
+struct Block {
+  int64_t begin, end;
+};
+
+moelab::SchedulerState& dense_scheduler() {
+  static moelab::SchedulerState state;
+  return state;
+}
+
+}  // namespace
+
+at::Tensor dense_rows_mm(const at::Tensor& x, const at::Tensor& w,
+                         const c10::optional<at::Tensor>& bias, int64_t block) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat,
+              "dense_rows_mm: float32 only, got ", x.scalar_type(), " and ", w.scalar_type());
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(0) >= 1 && x.size(0) <= kMaxRows,
+              "dense_rows_mm: x must be contiguous [1..", kMaxRows, ", K]");
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.size(1) == x.size(1),
+              "dense_rows_mm: w must be contiguous [N, ", x.size(1), "]");
+  TORCH_CHECK(block >= 1, "dense_rows_mm: block ", block, " < 1");
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  const float* b = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->dim() == 1 &&
+                    bias->size(0) == N,
+                "dense_rows_mm: bias must be contiguous float32 [", N, "]");
+    b = bias->data_ptr<float>();
+  }
+  auto y = at::empty({M, N}, x.options());
+  std::vector<Block> blocks;
+  for (int64_t o = 0; o < N; o += block) blocks.push_back({o, std::min(N, o + block)});
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  moelab::run_items(
+      blocks,
+      [&](const Block& it) {
+        dot_rows(std::make_integer_sequence<int64_t, kMaxRows>(), M, xp, K, wp, it.begin, it.end,
+                 b, yp, N);
+      },
+      /*adaptive=*/true, dense_scheduler());
+  return y;
+}
