@@ -46,6 +46,30 @@ def test_compiled_decode_gives_eager_tokens_with_one_graph_across_cache_growth()
     assert counters["stats"]["unique_graphs"] == 1  # a new engine reuses the graph
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(cpu_kernel.kernel() is None, reason="no C++ toolchain")
+def test_compiled_batched_decode_gives_eager_tokens_for_8_rows():
+    # 8 rows in one compiled step (GQA): checking each row's cached length against start_pos
+    # inside the graph made inductor size buffers by a symbol it never bound (NameError,
+    # every request failed) from 7 rows on
+    torch.manual_seed(0)
+    model = MoETransformer(ModelConfig.tiny(vocab_size=50, max_seq_len=64, n_kv_heads=2)).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)
+
+    def decode(compile):
+        engine = Engine(model, max_batch=8, track_experts=False, compile=compile)
+        seqs = [engine.submit([1 + i, 2, 3, 4, 5], SamplingParams(max_tokens=12, temperature=0))
+                for i in range(8)]  # fmt: skip
+        while engine.has_work():
+            engine.step()
+        assert all(s.error is None for s in seqs)
+        return [s.output_ids for s in seqs]
+
+    torch._dynamo.reset()
+    assert decode(True) == decode(False)
+
+
 def test_stop_after_the_cache_grew_cancels_instead_of_raising():
     # the grown buffers are inference tensors; freeing a row outside step() used to raise
     # "Inplace update to inference tensor outside InferenceMode"

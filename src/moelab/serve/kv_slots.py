@@ -111,6 +111,14 @@ class SlotKVCache(KVCache):
         lo, hi = self._lo, self._hi
         if batch_size != hi - lo:
             raise ValueError(f"kv_cache: the window holds {hi - lo} rows, got batch {batch_size}")
+        if isinstance(start_pos, int) and torch.compiler.is_compiling():
+            # A compiled decode (Engine(compile=True)), whose start_pos the engine took from
+            # these lengths. Comparing them here would make each row's length a symbol equal to
+            # start_pos, and inductor then sized buffers by a length symbol that is no input
+            # of the graph (NameError at run time, from 7 rows on).
+            if start_pos + num_new > self.max_len:
+                raise ValueError(f"kv_cache: positions beyond its max_len={self.max_len}")
+            return
         have = self.lengths[lo:hi]
         starts = start_pos.tolist() if isinstance(start_pos, Tensor) else [start_pos] * (hi - lo)
         if starts != have:
@@ -126,13 +134,21 @@ class SlotKVCache(KVCache):
     def advance(self, start_pos: int | Tensor, mask: Tensor | None, num_new: int) -> Tensor:
         """Record ``num_new`` positions per window row; return its key mask ``[n, L]``."""
         lo, hi = self._lo, self._hi
+        if isinstance(start_pos, int):
+            # every window row is at start_pos (check() made sure): the end and the lengths
+            # follow from start_pos alone, so a compiled decode sizes its key/value views by
+            # its input rather than by the rows' lengths (see check())
+            s = start_pos
+            self._end = s + num_new
+            self.reserve(self._end)
+            self.key_mask[lo:hi, s : self._end] = True if mask is None else mask
+            self.lengths[lo:hi] = [self._end] * (hi - lo)
+            self.length = max(self.length, self._end)
+            return self.key_mask[lo:hi, : self._end]
         starts = self.lengths[lo:hi]
         self._end = max(starts) + num_new
         self.reserve(self._end)
-        if isinstance(start_pos, int):
-            s = start_pos
-            self.key_mask[lo:hi, s : s + num_new] = True if mask is None else mask
-        elif num_new == 1 and mask is None:
+        if num_new == 1 and mask is None:
             self.key_mask[self._rows[lo:hi], start_pos] = True
         else:
             for i, s in enumerate(starts):
