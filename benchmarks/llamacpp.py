@@ -13,6 +13,9 @@ continuous batching over a slotted KV cache). Both get the same number of thread
 - **Prefill**: a ``--prefill``-token prompt to its first sampled token; tokens/s.
 - **Decode**: ``B`` prompts of 16 tokens generate ``N`` tokens each, greedy; aggregate decode
   tokens/s ``B·(N−1) / (T(N) − T(1))`` (prefill and first token cancel out), B = 1, 4, 8.
+- **Compiled decode** (``--compile``): moelab's engine again with its decode steps through
+  ``torch.compile`` (``Engine(compile=True)``, what ``moelab serve --compile`` runs), in the
+  same interleaved runs; compiled once per model before timing.
 - **8-bit**: llama.cpp runs the Q8_0 file (every matrix but the routers 8-bit); moelab runs its
   own 8-bit model: experts (``quantize_model``, RTN, 8 bits, symmetric, groups of 64 columns)
   and every dense projection, attention and LM head (``quantize_dense``, the same grid): what
@@ -33,6 +36,7 @@ Usage::
     pip install 'moelab[llamacpp]'          # compiles llama.cpp (10-20 minutes on 2 cores)
     python benchmarks/llamacpp.py                                   # both models
     python benchmarks/llamacpp.py --runs runs/main --threads 2 --repeats 5
+    python benchmarks/llamacpp.py --compile     # also moelab's decode through torch.compile
 """
 
 from __future__ import annotations
@@ -162,9 +166,12 @@ class LlamaCpp:
         self.L.llama_model_free(self.model)
 
 
-def moelab_generate(model: MoETransformer, prompts: list[list[int]], n: int) -> list[list[int]]:
-    """Greedy ``n`` tokens for each prompt with moelab's serving engine, all in one batch."""
-    engine = Engine(model, max_batch=len(prompts), track_experts=False)
+def moelab_generate(
+    model: MoETransformer, prompts: list[list[int]], n: int, compile: bool = False
+) -> list[list[int]]:
+    """Greedy ``n`` tokens for each prompt with moelab's serving engine, all in one batch
+    (``compile``: its decode steps through ``torch.compile``)."""
+    engine = Engine(model, max_batch=len(prompts), track_experts=False, compile=compile)
     seqs = [engine.submit(p, SamplingParams(max_tokens=n, temperature=0)) for p in prompts]
     while engine.has_work():
         engine.step()
@@ -198,7 +205,9 @@ def compare_greedy(model, cpp: LlamaCpp, prompt: list[int], n: int) -> str:
 
 
 def bench_type(label, model, cpp: LlamaCpp, prompts, long_prompt, args) -> dict:
-    """Prefill and decode at B = 1, 4, 8: ``{measure: (moelab tok/s, llama.cpp tok/s)}``."""
+    """Prefill and decode at B = 1, 4, 8: ``{measure: (moelab tok/s, llama.cpp tok/s)}``, and
+    with ``--compile`` ``{"compiled decode B=…": (moelab compiled tok/s, llama.cpp tok/s)}``
+    from the same interleaved runs."""
     N, S = args.tokens, len(long_prompt)
     row = {}
     t = interleaved_medians(
@@ -218,11 +227,16 @@ def bench_type(label, model, cpp: LlamaCpp, prompts, long_prompt, args) -> dict:
             "cpp N": lambda ps=ps: cpp.generate(ps, N),
             "cpp 1": lambda ps=ps: cpp.generate(ps, 1),
         }
+        if args.compile:
+            moelab_generate(model, ps, 3, compile=True)  # compiles (once per model and shape)
+            fns["compiled N"] = lambda ps=ps: moelab_generate(model, ps, N, compile=True)
+            fns["compiled 1"] = lambda ps=ps: moelab_generate(model, ps, 1, compile=True)
         t = interleaved_medians(fns, repeats=args.repeats, budget_s=60, min_repeats=args.repeats)
-        row[f"decode B={B}"] = (
-            decode_rate(B, N, t["ours N"], t["ours 1"]),
-            decode_rate(B, N, t["cpp N"], t["cpp 1"]),
-        )
+        theirs = decode_rate(B, N, t["cpp N"], t["cpp 1"])
+        row[f"decode B={B}"] = (decode_rate(B, N, t["ours N"], t["ours 1"]), theirs)
+        if args.compile:
+            compiled = decode_rate(B, N, t["compiled N"], t["compiled 1"])
+            row[f"compiled decode B={B}"] = (compiled, theirs)
     for key, (a, b) in row.items():
         print(f"  {label:5s} {key:11s} moelab {a:9.1f} tok/s  llama.cpp {b:9.1f} tok/s  {a / b:.2f}x", flush=True)  # fmt: skip
     return row
@@ -267,6 +281,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=33, help="greedy tokens per sequence")
     ap.add_argument("--prefill", type=int, default=128, help="prefill prompt tokens")
+    ap.add_argument("--compile", action="store_true",
+                    help="also time moelab's decode through torch.compile (Engine(compile=True))")  # fmt: skip
     ap.add_argument("--experts-only", action="store_true",
                     help="moelab's 8-bit model: experts only, attention and head float32")  # fmt: skip
     args = ap.parse_args()
