@@ -94,3 +94,24 @@ def test_compile_refuses_offload_and_diffusion_decoders(tmp_path, extra, needle)
         assert result.exit_code == 2, result.output
         text = result.output.strip()
         assert text.startswith("error:") and needle in text and "\n" not in text, text
+
+
+def test_compile_refuses_quantized_weights(tmp_path):
+    from moelab.compress.quant import QuantizeConfig, quantize_model
+    from moelab.core.experts.quantized import QuantSpec
+
+    torch.manual_seed(0)
+    model = MoETransformer(ModelConfig.tiny(vocab_size=256, max_seq_len=64)).eval()
+    spec = QuantSpec(method="rtn", bits=8, group_size=16, symmetric=True)
+    calibration = [torch.randint(0, 256, (2, 16))]
+    quantize_model(model, calibration, QuantizeConfig(spec=spec, sequential=False))
+    # the packed-code kernel would break the graph at every layer
+    with pytest.raises(ValueError, match="quantized weights decodes eagerly"):
+        Engine(model, compile=True)
+    Engine(model)  # eager decoding is fine
+    save_model(model, tmp_path)
+    ByteTokenizer().save(tmp_path)
+    result = CliRunner().invoke(app, ["generate", str(tmp_path), "--compile", "--prompt", "a"])
+    assert result.exit_code == 2, result.output
+    text = result.output.strip()
+    assert text.startswith("error:") and "quantized" in text and "\n" not in text, text

@@ -59,11 +59,14 @@ def generate(
     import torch
 
     from moelab.serve.diffusion import sampling_picker
+    from moelab.serve.engine import check_compilable
     from moelab.serve.generate import generate_ids, stream_text
 
     guarded(check_compile, compile, offload, decoder)
     guarded(_check_request, prompt, max_new_tokens, temperature, top_k or None, top_p)
     model, tokenizer = guarded(load_for_inference, run, offload, cache_mb, policy, storage_mbps)
+    if compile:
+        guarded(check_compilable, model)
     options = guarded(decode_options, model, decoder, threshold)
     if options is not None:
         pick = sampling_picker(  # settings checked by _check_request
