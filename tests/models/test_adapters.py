@@ -263,3 +263,12 @@ def test_errors_name_the_pattern():
     with pytest.raises(InvalidValueError, match="k_proj is a MoELoRALinear"):
         merge_adapters(model2)
     assert isinstance(model2.blocks[0].attn.q_proj, LoRALinear)  # refused before any merge
+
+
+def test_a_merged_lm_projection_keeps_its_class():
+    # the LM's projections decode through the streaming kernel; merging LoRA must not lose it
+    from moelab.models.linear import Linear
+
+    base = Linear(6, 4)
+    merged = LoRALinear(base, rank=2, alpha=2.0).merge()
+    assert type(merged) is Linear and torch.equal(merged.weight, base.weight)

@@ -15,6 +15,7 @@ from moelab.methods.editing import (
     save_edits,
 )
 from moelab.models import ModelConfig, MoETransformer
+from moelab.models.linear import Linear
 
 LAYER = "blocks.1.ffn.w_down"
 
@@ -71,7 +72,7 @@ def test_a_corrupt_or_mismatched_state_is_refused(tiny, tmp_path):
     )
     with pytest.raises(EditStateError, match="do not fit"):
         load_edits(tmp_path / "e", other)
-    assert type(other.blocks[1].ffn.w_down) is torch.nn.Linear  # left as it was
+    assert type(other.blocks[1].ffn.w_down) is Linear  # left as it was
     (tmp_path / "e" / "edits.safetensors").write_bytes(b"junk")
     with pytest.raises(EditStateError, match="checksum"):
         load_edits(tmp_path / "e", base)

@@ -30,6 +30,7 @@ from moelab.methods.editing.grace import GraceBank
 from moelab.methods.editing.layer import EditBank, EditedLinear
 from moelab.methods.editing.lora_key import LoRAKeyBank
 from moelab.methods.editing.requests import EditRequest, TokenizedEdit, tokenize_edit
+from moelab.models.linear import Linear
 
 _BLOCK = re.compile(r"(?:^|\.)blocks\.(\d+)\.")
 
@@ -77,7 +78,7 @@ class Editor:
             layer = model.get_submodule(config.layer)
         except AttributeError:
             raise InvalidValueError(f"layer: the model has no module {config.layer!r}") from None
-        if type(layer) is not nn.Linear:
+        if type(layer) not in (nn.Linear, Linear):  # not a wrapped or quantized projection
             raise InvalidValueError(
                 f"layer: {config.layer!r} is a {type(layer).__name__}, not an nn.Linear"
             )

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from moelab.errors import InvalidTypeError, InvalidValueError
+from moelab.models.linear import Linear
 
 
 def check_lora_args(rank: int, alpha: float, dropout: float) -> None:
@@ -78,10 +79,13 @@ class LoRALinear(nn.Module):
 
     @torch.no_grad()
     def merge(self) -> nn.Linear:
-        """A plain ``nn.Linear`` with ``W + (α/r)·B·A`` (and the base bias); trainable, new
-        tensors (a base weight tied to another module is not tied to it any more)."""
+        """A linear layer of the base's class (``nn.Linear``, or the LM's
+        :class:`~moelab.models.linear.Linear`) with ``W + (α/r)·B·A`` (and the base bias);
+        trainable, new tensors (a base weight tied to another module is not tied to it any
+        more)."""
         b = self.base
-        out = nn.Linear(b.in_features, b.out_features, bias=b.bias is not None)
+        cls = Linear if isinstance(b, Linear) else nn.Linear
+        out = cls(b.in_features, b.out_features, bias=b.bias is not None)
         out = out.to(device=b.weight.device, dtype=b.weight.dtype)
         out.weight.copy_(b.weight + self.scaling * (self.lora_B @ self.lora_A))
         if b.bias is not None:
