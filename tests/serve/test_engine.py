@@ -307,3 +307,14 @@ def test_position_scope_usmoe_warns_that_serving_alone_is_not_the_trained_model(
         assert len(hits) == (1 if warns else 0), scope
         if warns:
             assert "selection_scope='position'" in str(hits[0].message)
+
+
+def test_the_slotted_cache_length_is_the_longest_row_after_releases():
+    model = MoETransformer(ModelConfig.tiny(vocab_size=50, max_seq_len=64)).eval()
+    engine = Engine(model, max_batch=2)
+    long = engine.submit([1] * 9, SamplingParams(max_tokens=2, temperature=0))
+    short = engine.submit([2] * 3, SamplingParams(max_tokens=6, temperature=0))
+    while engine.has_work():
+        engine.step()
+        assert engine.cache.length == max(engine.cache.lengths)
+    assert long.finish_reason == short.finish_reason == "length"

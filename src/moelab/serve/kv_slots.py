@@ -79,6 +79,7 @@ class SlotKVCache(KVCache):
         self._settle()
         self.key_mask[row] = False
         self.lengths[row] = 0
+        self.length = max(self.lengths)  # advance() extends this maximum without a rescan
         for state in self._prefix.values():
             state.valid[row] = False
 

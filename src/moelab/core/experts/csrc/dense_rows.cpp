@@ -1,9 +1,9 @@
 // nn.Linear at a decode step: y [M, N] = x [M, K] · w [N, K]ᵀ (+ bias) for 1-8 float32 rows.
 // MKL's GEMM and GEMV read a [N, K] weight at a fraction of the memory bandwidth when M is
 // this small (benchmarks/decode_linear.py), though each weight needs reading only once: here
-// every weight row is streamed once, its M dot products accumulated in 16-lane partial sums
-// (two per row, for two independent FMA chains) that are reduced in a fixed order. A row's
-// result therefore does not depend on the other rows of the call, nor on the thread that
+// every weight row is streamed once, in register tiles of 4 weight rows x 4 input rows, each
+// output accumulated in 16-lane partial sums that are reduced in a fixed order. An output's
+// value therefore does not depend on the other rows of the call, nor on the thread that
 // computes it. Blocks of output features are work items for the adaptive scheduler of
 // kernel_common.h (its own state: a projection's items are far smaller than an expert's).
 #include "dense_rows.h"

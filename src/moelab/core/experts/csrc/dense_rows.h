@@ -3,7 +3,5 @@
 
 #include <ATen/ATen.h>
 
-#include <optional>
-
 at::Tensor dense_rows_mm(const at::Tensor& x, const at::Tensor& w,
                          const c10::optional<at::Tensor>& bias, int64_t block);
