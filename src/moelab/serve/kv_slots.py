@@ -112,50 +112,43 @@ class SlotKVCache(KVCache):
         lo, hi = self._lo, self._hi
         if batch_size != hi - lo:
             raise ValueError(f"kv_cache: the window holds {hi - lo} rows, got batch {batch_size}")
-        if isinstance(start_pos, int) and torch.compiler.is_compiling():
-            # A compiled decode (Engine(compile=True)), whose start_pos the engine took from
-            # these lengths. Comparing them here would make each row's length a symbol equal to
-            # start_pos, and inductor then sized buffers by a length symbol that is no input
-            # of the graph (NameError at run time, from 7 rows on).
-            if start_pos + num_new > self.max_len:
-                raise ValueError(f"kv_cache: positions beyond its max_len={self.max_len}")
-            return
-        have = self.lengths[lo:hi]
-        starts = start_pos.tolist() if isinstance(start_pos, Tensor) else [start_pos] * (hi - lo)
-        if starts != have:
+        shared = isinstance(start_pos, int)  # every row at one position
+        starts = [start_pos] * (hi - lo) if shared else start_pos.tolist()
+        # A compiled decode (Engine(compile=True)) took start_pos from these lengths. Comparing
+        # them inside its graph would make each row's length a symbol equal to start_pos, and
+        # inductor then sized buffers by a length symbol that is no input of the graph
+        # (NameError at run time, from 7 rows on).
+        if not (shared and torch.compiler.is_compiling()):
+            have = self.lengths[lo:hi]
+            if starts != have:
+                raise ValueError(
+                    f"start_pos: rows must continue at their cached lengths {have}, got {starts}"
+                )
+        last = (start_pos if shared else max(starts)) + num_new
+        if last > self.max_len:
             raise ValueError(
-                f"start_pos: rows must continue at their cached lengths {have}, got {starts}"
-            )
-        if max(starts) + num_new > self.max_len:
-            raise ValueError(
-                f"kv_cache: positions up to {max(starts) + num_new - 1} exceed its "
-                f"max_len={self.max_len}"
+                f"kv_cache: positions up to {last - 1} exceed its max_len={self.max_len}"
             )
 
     def advance(self, start_pos: int | Tensor, mask: Tensor | None, num_new: int) -> Tensor:
         """Record ``num_new`` positions per window row; return its key mask ``[n, L]``."""
         lo, hi = self._lo, self._hi
-        if isinstance(start_pos, int):
-            # every window row is at start_pos (check() made sure): the end and the lengths
-            # follow from start_pos alone, so a compiled decode sizes its key/value views by
-            # its input rather than by the rows' lengths (see check())
-            s = start_pos
-            self._end = s + num_new
-            self.reserve(self._end)
-            self.key_mask[lo:hi, s : self._end] = True if mask is None else mask
-            self.lengths[lo:hi] = [self._end] * (hi - lo)
-            self.length = max(self.length, self._end)
-            return self.key_mask[lo:hi, : self._end]
-        starts = self.lengths[lo:hi]
-        self._end = max(starts) + num_new
+        # every window row continues at its length (check() made sure); with one shared
+        # position the end and the lengths follow from start_pos alone, so a compiled decode
+        # sizes its key/value views by its input rather than by the rows' lengths (see check())
+        shared = isinstance(start_pos, int)
+        starts = [start_pos] * (hi - lo) if shared else self.lengths[lo:hi]
+        self._end = (start_pos if shared else max(starts)) + num_new
         self.reserve(self._end)
-        if num_new == 1 and mask is None:
+        if shared:
+            self.key_mask[lo:hi, start_pos : self._end] = True if mask is None else mask
+        elif num_new == 1 and mask is None:
             self.key_mask[self._rows[lo:hi], start_pos] = True
         else:
             for i, s in enumerate(starts):
                 self.key_mask[lo + i, s : s + num_new] = True if mask is None else mask[i]
         self.lengths[lo:hi] = [s + num_new for s in starts]
-        self.length = max(self.lengths)
+        self.length = max(self.length, self._end)  # release() keeps it the longest row's
         return self.key_mask[lo:hi, : self._end]
 
     def update(
