@@ -200,6 +200,45 @@ def test_ragep_scores_later_layers_on_the_already_pruned_model(make_model, make_
     assert crit.select(acc, 3).scores == pytest.approx(res.layers[1].scores)
 
 
+def test_ragep_carried_states_equal_a_full_pass_per_layer(make_model, make_batches):
+    """The sequential pipeline carries the calibration states up the pruned copy; the
+    reference re-runs the whole set from the embeddings for every layer (stopped after it):
+    the same scores, kept sets and pruned model, bit for bit, with a dense block first."""
+    model = make_model(E=6, layers=4)
+    model = MoETransformer(dataclasses.replace(model.cfg, first_dense_layers=1)).double().eval()
+    batches = make_batches(n=3)
+    crit = build_criterion("ragep", pca_rank=2, beta=0.5)
+    res = prune_experts(model, batches, crit, 9, per_layer="uniform")
+    work = model
+    for j in range(3):
+        acc = crit.accumulator(moe_layers(work)[j], 3)
+        route(
+            work, batches,
+            lambda i, lay, x, out, j=j, acc=acc: acc.update(lay, x, out) if i == j else None,
+            upto_layer=j,
+        )  # fmt: skip
+        sel = crit.select(acc, 3)
+        assert sel.scores == res.layers[j].scores and sel.keep == res.layers[j].keep
+        work = apply_pruning(work, [sel.keep if i == j else None for i in range(3)])
+    ids = batches[0]
+    assert torch.equal(res.model(ids).logits, work(ids).logits)
+    assert not res.model.training and [len(k.keep) for k in res.layers] == [3, 3, 3]
+
+
+def test_advance_equals_hidden_at_and_checks_its_blocks(make_model, make_batches):
+    model = make_model(layers=3)
+    ids = make_batches(n=1)[0]
+    h1 = model.hidden_at(ids, block=1)
+    assert torch.equal(
+        model.advance(h1, start_block=1, stop_block=3), model.hidden_at(ids, block=3)
+    )
+    assert torch.equal(model.advance(h1, start_block=1, stop_block=1), h1)
+    with pytest.raises(ValueError, match="stop_block: must be >= start_block=2, got 1"):
+        model.advance(h1, start_block=2, stop_block=1)
+    with pytest.raises(ValueError, match=r"stop_block: must be in \[0, 3\], got 4"):
+        model.advance(h1, start_block=0, stop_block=4)
+
+
 def test_bad_inputs_are_refused_before_any_work(make_model, make_batches):
     model = make_model(E=6, layers=2)
     crit = build_criterion("frequency")

@@ -12,6 +12,7 @@ from moelab.compress.calibration import (
     route,
     routed_pairs,
     run_data,
+    training_documents,
 )
 from moelab.compress.stats import LayerStats, collect_stats
 
@@ -29,4 +30,5 @@ __all__ = [
     "route",
     "routed_pairs",
     "run_data",
+    "training_documents",
 ]

@@ -93,10 +93,26 @@ def held_out_documents(run: RunData) -> tuple[list[Document], list[Document]]:
     Raises:
         CorpusError, CorpusNotInstalledError: the run's corpus cannot be loaded.
     """
-    docs = load_corpus(run.data, max_bytes_per_domain=run.max_bytes_per_domain)
-    _, val = split_documents(docs, val_fraction=run.val_fraction, seed=run.seed)
+    _, val = _run_split(run)
     evaluation, calibration = split_documents(val, val_fraction=0.5, seed=HELD_OUT_SPLIT_SEED)
     return calibration, evaluation
+
+
+def training_documents(run: RunData) -> list[Document]:
+    """The run's training documents, as calibration text where the held-out half is too short
+    for the papers' calibration counts. The papers calibrate on C4, pretraining-style text of
+    the kind their models were trained on; evaluation stays on :func:`held_out_documents`'s
+    second half, which no split puts in training.
+
+    Raises:
+        CorpusError, CorpusNotInstalledError: the run's corpus cannot be loaded.
+    """
+    return _run_split(run)[0]
+
+
+def _run_split(run: RunData) -> tuple[list[Document], list[Document]]:
+    docs = load_corpus(run.data, max_bytes_per_domain=run.max_bytes_per_domain)
+    return split_documents(docs, val_fraction=run.val_fraction, seed=run.seed)
 
 
 def calibration_documents(calib_data: str | None, run: RunData | None) -> list[Document]:

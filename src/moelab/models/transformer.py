@@ -412,6 +412,30 @@ class MoETransformer(nn.Module):
         with torch.no_grad():
             return self._run_blocks(self.embed(input_ids), mask, 0, block)
 
+    def advance(
+        self, hidden: Tensor, mask: Tensor | None = None, *, start_block: int, stop_block: int
+    ) -> Tensor:
+        """Run blocks ``start_block .. stop_block-1`` on ``hidden [B, S, D]`` (the states
+        entering ``start_block``) → the states entering ``stop_block``, ``[B, S, D]``.
+
+        ``advance(hidden_at(ids, mask, block=a), mask, start_block=a, stop_block=b)`` equals
+        ``hidden_at(ids, mask, block=b)`` bit for bit, so layer-wise methods (sequential
+        pruning) can carry a calibration set's states up the model once instead of
+        recomputing the lower blocks for every layer. Gradients flow as the caller's mode
+        allows; MoE aux losses and routing records are not returned (forward hooks still run).
+
+        Raises:
+            InvalidValueError: a block index outside ``[0, n_layers]``, ``stop_block`` below
+                ``start_block``, a mask of another shape, a non-causal model.
+        """
+        self._check_start(start_block, "start_block")
+        self._check_start(stop_block, "stop_block")
+        if stop_block < start_block:
+            raise InvalidValueError(
+                f"stop_block: must be >= start_block={start_block}, got {stop_block}"
+            )
+        return self._run_blocks(hidden, mask, start_block, stop_block)
+
     def forward_from(
         self,
         hidden: Tensor,

@@ -10,8 +10,9 @@
 2. the per-layer budgets, uniform or rank-aware (:mod:`moelab.compress.prune.budget`);
 3. the selection: one-shot criteria score every layer from the unpruned model (score criteria
    reuse pass 1; NAEE makes one more pass with its subset accumulators); sequential ones
-   (RaGEP's Stage 2) make one pass per layer, stopped after that layer, on the model whose
-   earlier layers are already pruned; a layer whose budget keeps all its experts is left as is;
+   (RaGEP's Stage 2) score each layer on the model whose earlier layers are already pruned,
+   carrying the calibration states up that model once (about two passes in all); a layer
+   whose budget keeps all its experts is left as is;
 4. the removal (:func:`moelab.compress.prune.apply.apply_pruning`).
 """
 
@@ -23,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import torch
 from torch import Tensor
 
 from moelab.compress.calibration import route
@@ -38,7 +40,7 @@ from moelab.compress.prune.criteria import Criterion, ScoreCriterion, Selection
 from moelab.compress.stats import LayerStats, collect_stats
 from moelab.errors import InvalidTypeError, InvalidValueError
 from moelab.models import MoETransformer
-from moelab.models.hooks import moe_layers
+from moelab.models.hooks import moe_layers, observe_moe_layers
 
 PER_LAYER = ("uniform", "rank", "shuffled-rank")
 """Budget rules: equal shares, RaGEP's effective-rank budgets, and the control for them: the
@@ -193,6 +195,58 @@ def _fill(
     route(model, batches, observe, upto_layer=max(accs), on_batch=progress)
 
 
+def _prune_sequential(
+    model: MoETransformer,
+    batches: list[Tensor],
+    criterion: Criterion,
+    budgets: list[int],
+    todo: list[int],
+    progress: Progress | None,
+) -> tuple[MoETransformer, dict[int, Selection]]:
+    """Select and prune the ``todo`` layers in depth order, each from the calibration states
+    of the model whose earlier layers are already pruned (RaGEP's Stage 2).
+
+    The states entering the next layer's block are carried up the pruned copy once
+    (:meth:`~moelab.models.MoETransformer.advance`), so the cost is about two forward passes
+    however many layers are pruned, where re-running the set from the embeddings for each
+    layer costs about half a pass per layer; the statistics are the same bit for bit. The
+    states take ``tokens × d_model`` values of the model dtype.
+    """
+    work = copy.deepcopy(model)
+    was_training = work.training
+    work.eval()
+    device = next(work.parameters()).device
+    n_layers = len(moe_layers(work))
+    moe_blocks = [b.layer_idx for b in work.blocks if b.is_moe]
+    selections: dict[int, Selection] = {}
+    with torch.no_grad():
+        hidden = [work.hidden_at(ids.to(device), block=0) for ids in batches]
+        at = 0
+        for j in todo:
+            block = moe_blocks[j]
+            hidden = [work.advance(h, start_block=at, stop_block=block) for h in hidden]
+            at = block
+            acc = criterion.accumulator(moe_layers(work)[j], budgets[j])
+
+            def observe(i, layer, x, out, j=j, acc=acc) -> None:
+                if i == j:
+                    acc.update(layer, x, out)
+
+            if progress is not None:
+                label = f"{criterion.name}: layer {j + 1}/{n_layers}"
+                progress.start_pass(label, sum(b.numel() for b in batches))
+            with observe_moe_layers(work, observe):
+                for h, ids in zip(hidden, batches, strict=True):
+                    work.advance(h, start_block=block, stop_block=block + 1)
+                    if progress is not None:
+                        progress(ids.numel())
+            selections[j] = criterion.select(acc, budgets[j])
+            keeps = [selections[j].keep if i == j else None for i in range(n_layers)]
+            work = apply_pruning(work, keeps, inplace=True)
+    work.train(was_training)
+    return work, selections
+
+
 def prune_experts(
     model: MoETransformer,
     batches: Iterable[Tensor],
@@ -252,17 +306,7 @@ def prune_experts(
     todo = [j for j in range(len(layers)) if budgets[j] < E[j]]
     selections: dict[int, Selection] = {}
     if criterion.sequential:
-        work = copy.deepcopy(model)
-        for j in todo:
-            layer = moe_layers(work)[j]
-            acc = criterion.accumulator(layer, budgets[j])
-            _fill(
-                work, batches, {j: acc}, progress, f"{criterion.name}: layer {j + 1}/{len(layers)}"
-            )
-            selections[j] = criterion.select(acc, budgets[j])
-            keeps = [selections[j].keep if i == j else None for i in range(len(layers))]
-            work = apply_pruning(work, keeps, inplace=True)
-        pruned = work
+        pruned, selections = _prune_sequential(model, batches, criterion, budgets, todo, progress)
     else:
         if isinstance(criterion, ScoreCriterion) and not criterion.directions:
             accs: dict[int, Any] = {j: stats[j] for j in todo}
