@@ -58,6 +58,7 @@ from moelab.data import load_tokenizer
 from moelab.models import load_model
 from moelab.models.hooks import moe_layers
 from moelab.train.evaluate import evaluate
+from moelab.utils.results import BenchmarkResult, make_result, write_result
 
 METHODS = ("ragep", "reap", "frequency", "soft-frequency", "naee")
 BUDGETS = ("uniform", "rank", "shuffled-rank")
@@ -106,7 +107,7 @@ def bench_run(run: Path, args, seeds: list[int]) -> list[dict]:
         stats = calibrate(model, calib)
         esn_done = set()
         for keep in args.keeps:
-            for budget in BUDGETS:
+            for budget in args.budgets:
                 for method, opts in variants(args):
                     t = time.perf_counter()
                     res = prune_experts(
@@ -135,6 +136,36 @@ def bench_run(run: Path, args, seeds: list[int]) -> list[dict]:
                           f"mc {r['mc/all']:.3f} {'(cached) ' if hit else ''}"
                           f"{time.perf_counter() - t:.0f}s", flush=True)  # fmt: skip
     return rows
+
+
+def shared_result(rows: list[dict], args) -> BenchmarkResult:
+    """The rows as the shared result: one arm per (run, keep, budget, criterion) and the
+    unpruned model per run, calibration seeds as seeds; pairs: RaGEP with rank budgets
+    against every other setting of the same run and keep, and every setting against the
+    unpruned model."""
+    metrics: dict[str, dict[int, dict[str, float]]] = {}
+    for r in rows:
+        if r["method"] == "esn":
+            continue
+        arm = (f"{r['run']}/unpruned" if r["method"] == "unpruned"
+               else f"{r['run']}/keep{r['keep']:g}/{r['budget']}/{r['method']}")  # fmt: skip
+        metrics.setdefault(arm, {})[r["seed"]] = {
+            k: float(v) for k, v in r.items() if k == "bpb" or k.startswith(("bpb/", "mc/"))
+        }
+    pairs = []
+    for arm in metrics:
+        run, *rest = arm.split("/")
+        if rest == ["unpruned"]:
+            continue
+        pairs.append((arm, f"{run}/unpruned"))
+        keep, budget, method = rest
+        if budget == "rank" and method.startswith("ragep"):
+            pairs += [(arm, other) for other in metrics
+                      if other.startswith(f"{run}/{keep}/") and other != arm
+                      and not other.split("/")[3].startswith("ragep")]  # fmt: skip
+    config = {k: v for k, v in vars(args).items() if k not in ("merge", "save", "result")}
+    return make_result("prune", "ragep", json.loads(json.dumps(config, default=str)), metrics,
+                       pairs=pairs)  # fmt: skip
 
 
 def variants(args) -> list[tuple[str, dict]]:
@@ -186,7 +217,7 @@ def print_table(rows: list[dict], args) -> None:
               + f" | {ref[0]['mc/all']:.3f} |")  # fmt: skip
         for keep in args.keeps:
             deltas = {}
-            for budget in BUDGETS:
+            for budget in args.budgets:
                 for method, _ in variants(args):
                     g = [r for r in rows if r["run"] == run and r["keep"] == keep
                          and r["budget"] == budget and r["method"] == method]  # fmt: skip
@@ -227,6 +258,10 @@ def main() -> None:
     p.add_argument("--keeps", nargs="+", type=float, default=[0.75, 0.5, 0.25])
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--budgets", nargs="+", default=list(BUDGETS), choices=BUDGETS)
+    p.add_argument(
+        "--result", type=Path, help="write the shared result JSON (moelab.result/1) here"
+    )
     p.add_argument("--calib-tokens", type=int, default=2048)
     p.add_argument("--eval-tokens", type=int, default=1536, help="per domain")
     p.add_argument("--seq-len", type=int, default=128)
@@ -268,6 +303,8 @@ def main() -> None:
             rows += part
     if args.save is not None:
         args.save.write_text(json.dumps(rows, indent=1))
+    if args.result is not None:
+        write_result(shared_result(rows, args), args.result)
     print_table(rows, args)
     if args.merge:
         print(f"\nmerged {len(args.merge)} saved file(s), {len(rows)} rows")

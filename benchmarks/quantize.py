@@ -85,6 +85,7 @@ from moelab.data import load_tokenizer
 from moelab.models import ModelConfig, MoETransformer, load_model
 from moelab.models.hooks import moe_layers
 from moelab.train.evaluate import evaluate
+from moelab.utils.results import BenchmarkResult, make_result, write_result
 from quant_overhead import layer_inputs, lowrank_overhead
 
 # target label -> (QuantizeConfig.target, QuantizeConfig.weighting)
@@ -240,6 +241,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared box)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument(
+        "--result", type=Path, help="write the shared result JSON (moelab.result/1) here"
+    )
+    ap.add_argument(
         "--merge",
         nargs="+",
         type=Path,
@@ -247,7 +251,10 @@ def main() -> None:
     )
     args = ap.parse_args()
     if args.merge:
-        print_table(aggregate([r for f in args.merge for r in json.loads(f.read_text())]))
+        merged = [r for f in args.merge for r in json.loads(f.read_text())]
+        print_table(aggregate(merged))
+        if args.result is not None:
+            write_result(shared_result(merged, args), args.result)
         return
     if args.quick:
         args.bits, args.methods, args.ranks = [2], ["rtn"], [2]
@@ -379,6 +386,37 @@ def main() -> None:
     )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
+    if args.result is not None:
+        write_result(shared_result(rows, args), args.result)
+
+
+def shared_result(rows: list[dict], args) -> BenchmarkResult:
+    """The rows as the shared result: one arm per (run, bits, method, low-rank, target, rank),
+    calibration seeds as seeds (the calibration-free fp row stands for every seed); pairs:
+    every low-rank row against plain quantization at its bits and method, and that against
+    fp."""
+    seeds = sorted({r["seed"] for r in rows if r["seed"] is not None})
+    metrics: dict[str, dict[int, dict[str, float]]] = {}
+    for r in rows:
+        arm = "/".join(str(r[k]) for k in ("run", "bits", "method", "lowrank", "target"))
+        arm += f"/r{r['rank']}" if r["rank"] else ""
+        m = {"bpb": r["overall"], **{f"bpb/{d}": v for d, v in r["per_domain"].items()},
+             "bits_per_param": r["bits_per_param"], "lowrank_bytes": r["lowrank_bytes"]}  # fmt: skip
+        if r["overhead"] is not None:
+            m |= {f"lowrank_overhead/{p}": r["overhead"][f"{p}_overhead"]
+                  for p in ("prefill", "decode")}  # fmt: skip
+        for seed in seeds if r["seed"] is None else [r["seed"]]:
+            metrics.setdefault(arm, {})[seed] = {k: float(v) for k, v in m.items()}
+    pairs = []
+    for arm in metrics:
+        run, bits, method, lowrank, *_ = arm.split("/")
+        if lowrank == "none":
+            pairs.append((arm, f"{run}/fp/-/-/-"))
+        elif bits != "fp":
+            pairs.append((arm, f"{run}/{bits}/{method}/none/-"))
+    config = {k: v for k, v in vars(args).items() if k not in ("merge", "json", "result")}
+    return make_result("quantize", "tileq", json.loads(json.dumps(config, default=str)),
+                       metrics, pairs=pairs)  # fmt: skip
 
 
 def aggregate(rows: list[dict]) -> list[dict]:
