@@ -53,7 +53,7 @@ from moelab.compress import (
     run_data,
     training_documents,
 )
-from moelab.compress.prune import build_criterion, calibrate, prune_experts
+from moelab.compress.prune import build_criterion, calibrate, layer_budgets, prune_experts
 from moelab.data import load_tokenizer
 from moelab.models import load_model
 from moelab.models.hooks import moe_layers
@@ -106,9 +106,21 @@ def bench_run(run: Path, args, seeds: list[int]) -> list[dict]:
         )
         stats = calibrate(model, calib)
         esn_done = set()
+        first_with: dict[tuple, str] = {}  # (keep, per-layer counts) -> first budget rule
         for keep in args.keeps:
             for budget in args.budgets:
+                counts = layer_budgets(
+                    model, stats, keep, budget, min_experts=args.min_experts, seed=seed
+                )[1]
+                same = first_with.setdefault((keep, tuple(counts)), budget)
                 for method, opts in variants(args):
+                    if same != budget:  # e.g. every layer at its floor: one selection, reused
+                        rows.append({**next(r for r in rows if (r["seed"], r.get("keep"),
+                                     r.get("budget"), r["method"]) == (seed, keep, same, method)),
+                                     "budget": budget})  # fmt: skip
+                        print(f"[{run.name}] seed {seed} keep {keep} {budget:13s} {method:16s} "
+                              f"as {same} (the same per-layer counts)", flush=True)  # fmt: skip
+                        continue
                     t = time.perf_counter()
                     res = prune_experts(
                         model, calib, build_criterion(method.split(" ")[0], **opts), keep,
