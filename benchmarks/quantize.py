@@ -393,8 +393,8 @@ def main() -> None:
 def shared_result(rows: list[dict], args) -> BenchmarkResult:
     """The rows as the shared result: one arm per (run, bits, method, low-rank, target, rank),
     calibration seeds as seeds (the calibration-free fp row stands for every seed); pairs:
-    every low-rank row against plain quantization at its bits and method, and that against
-    fp."""
+    every low-rank row against plain quantization at its bits and method, the shared-factor
+    rows also against per-expert at the same rank, and plain quantization against fp."""
     seeds = sorted({r["seed"] for r in rows if r["seed"] is not None})
     metrics: dict[str, dict[int, dict[str, float]]] = {}
     for r in rows:
@@ -409,11 +409,15 @@ def shared_result(rows: list[dict], args) -> BenchmarkResult:
             metrics.setdefault(arm, {})[seed] = {k: float(v) for k, v in m.items()}
     pairs = []
     for arm in metrics:
-        run, bits, method, lowrank, *_ = arm.split("/")
+        run, bits, method, lowrank, _, *rank = arm.split("/")
         if lowrank == "none":
             pairs.append((arm, f"{run}/fp/-/-/-"))
         elif bits != "fp":
             pairs.append((arm, f"{run}/{bits}/{method}/none/-"))
+            if lowrank != "per-expert":  # the shared factors against per-expert's memory
+                pairs += [(arm, other) for other in metrics
+                          if other.startswith(f"{run}/{bits}/{method}/per-expert/")
+                          and other.split("/")[5:] == rank]  # fmt: skip
     config = {k: v for k, v in vars(args).items() if k not in ("merge", "json", "result")}
     return make_result("quantize", "tileq", json.loads(json.dumps(config, default=str)),
                        metrics, pairs=pairs)  # fmt: skip
