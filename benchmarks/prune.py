@@ -68,8 +68,17 @@ def score(model, streams, items, seq_len, eval_tokens, prefix) -> dict[str, floa
     ev = evaluate(model, streams, seq_len=seq_len, batch_size=8, max_tokens=eval_tokens)
     out = {f"bpb/{k}": v.bits_per_byte for k, v in ev.per_domain.items()}
     out["bpb"] = ev.overall.bits_per_byte
-    out.update({f"mc/{k}": v for k, v in mc_accuracy(model, items, prefix).items()})
+    if items:  # --mc-items 0 leaves the multiple choice out
+        out.update({f"mc/{k}": v for k, v in mc_accuracy(model, items, prefix).items()})
     return out
+
+
+def _acc(rows: list[dict]) -> str:
+    """Mean ± sd of the rows' multiple-choice accuracy; "-" without multiple choice."""
+    if "mc/all" not in rows[0]:
+        return "-"
+    accs = [r["mc/all"] for r in rows]
+    return f"{statistics.fmean(accs):.3f}±{statistics.stdev(accs) if len(accs) > 1 else 0.0:.3f}"
 
 
 def _mean_sd(xs: list[float]) -> str:
@@ -95,7 +104,7 @@ def bench_run(run: Path, args, seeds: list[int]) -> list[dict]:
     t0 = time.perf_counter()
     prefix = tok.encode("\n")
     base = score(model, eval_streams, items, seq_len, args.eval_tokens, prefix)
-    print(f"[{run.name}] E={E} unpruned bpb {base['bpb']:.4f} mc {base['mc/all']:.3f} "
+    print(f"[{run.name}] E={E} unpruned bpb {base['bpb']:.4f} mc {_acc([base])} "
           f"({len(items)} items, {time.perf_counter() - t0:.0f}s)", flush=True)  # fmt: skip
     cache: dict[tuple, dict[str, float]] = {}
     rows = [{"run": run.name, "E": E, "keep": 1.0, "budget": "-", "method": "unpruned",
@@ -145,7 +154,7 @@ def bench_run(run: Path, args, seeds: list[int]) -> list[dict]:
                                  [x.kept for x in res.layers], **r})  # fmt: skip
                     print(f"[{run.name}] seed {seed} keep {keep} {budget:13s} {method:16s} "
                           f"counts {[x.kept for x in res.layers]} bpb {r['bpb']:.4f} "
-                          f"mc {r['mc/all']:.3f} {'(cached) ' if hit else ''}"
+                          f"mc {_acc([r])} {'(cached) ' if hit else ''}"
                           f"{time.perf_counter() - t:.0f}s", flush=True)  # fmt: skip
     return rows
 
@@ -226,7 +235,7 @@ def print_table(rows: list[dict], args) -> None:
         ref_bpb = statistics.fmean(r["bpb"] for r in ref)
         print(f"| {run} | 1.0 | - | unpruned | - | {ref_bpb:.4f} | 0 | "
               + " | ".join(f"{ref[0][f'bpb/{d}']:.4f}" for d in domains)
-              + f" | {ref[0]['mc/all']:.3f} |")  # fmt: skip
+              + f" | {_acc(ref[:1])} |")  # fmt: skip
         for keep in args.keeps:
             deltas = {}
             for budget in args.budgets:
@@ -242,10 +251,7 @@ def print_table(rows: list[dict], args) -> None:
                     cells = [run, str(keep), budget, method, shown,
                              _mean_sd([r["bpb"] for r in g]), _mean_sd(d)]  # fmt: skip
                     cells += [_mean_sd([r[f"bpb/{dm}"] for r in g]) for dm in domains]
-                    accs = [r["mc/all"] for r in g]
-                    cells.append(
-                        f"{statistics.fmean(accs):.3f}±{statistics.stdev(accs) if len(accs) > 1 else 0.0:.3f}"
-                    )
+                    cells.append(_acc(g))
                     print("| " + " | ".join(cells) + " |")
             for (budget, mine_m), mine in deltas.items():
                 if budget != "rank" or not mine_m.startswith("ragep"):
@@ -277,7 +283,7 @@ def main() -> None:
     p.add_argument("--calib-tokens", type=int, default=2048)
     p.add_argument("--eval-tokens", type=int, default=1536, help="per domain")
     p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--mc-items", type=int, default=8, help="per domain")
+    p.add_argument("--mc-items", type=int, default=8, help="per domain (0: no multiple choice)")
     p.add_argument("--mc-context", type=int, default=64, help="context characters")
     p.add_argument("--save", type=Path, help="also write the per-seed rows as JSON here")
     p.add_argument("--jobs", type=int, default=1, help="(run, seed) tasks in parallel processes")
