@@ -43,16 +43,10 @@ import statistics
 import time
 from pathlib import Path
 
+from _compress_text import add_text_options, text_documents
 from _mc import mc_accuracy, mc_items
 from _pool import run_jobs
-from moelab.compress import (
-    RunData,
-    calibration_set,
-    domain_streams,
-    held_out_documents,
-    run_data,
-    training_documents,
-)
+from moelab.compress import calibration_set, domain_streams
 from moelab.compress.prune import build_criterion, calibrate, layer_budgets, prune_experts
 from moelab.data import load_tokenizer
 from moelab.models import load_model
@@ -91,10 +85,7 @@ def bench_run(run: Path, args, seeds: list[int]) -> list[dict]:
     """Every setting of one run for the calibration ``seeds`` (rows of the table)."""
     model = load_model(run).eval()
     tok = load_tokenizer(run)
-    rd = run_data(run) or RunData(args.data)
-    calib_docs, eval_docs = held_out_documents(rd)
-    if args.calib_from == "train":
-        calib_docs = training_documents(rd)
+    calib_docs, eval_docs = text_documents(run, args)
     calib_streams = domain_streams(calib_docs, tok, prefix="calib/")
     eval_streams = domain_streams(eval_docs, tok, prefix="eval/")
     items = mc_items(eval_docs, tok, args.mc_items, args.mc_context)
@@ -291,20 +282,7 @@ def main() -> None:
     p.add_argument("--pca-ranks", nargs="+", type=int, default=[8], help="RaGEP's r (a sweep)")
     p.add_argument("--betas", nargs="+", type=float, default=[0.5], help="RaGEP's β (a sweep)")
     p.add_argument("--span", default="svd", choices=["svd", "qr"], help="RaGEP's Q_{-e} rule")
-    p.add_argument(
-        "--calib-from",
-        default="held-out",
-        choices=["held-out", "train"],
-        help="calibration text: the first half of the held-out documents, or the training split "
-        "(the papers' 32,768 tokens exceed a small domain's held-out half) [I]; evaluation is "
-        "the second held-out half either way",
-    )
-    p.add_argument(
-        "--data",
-        default="mix",
-        help="corpus of a model folder without run.json (e.g. an upcycled SmolLM2): its "
-        "validation split is held out as for a run",
-    )
+    add_text_options(p)
     p.add_argument("--min-experts", type=int, default=1)
     p.add_argument(
         "--threads", type=int, default=1, help="torch threads (1 is far faster on a busy box)"

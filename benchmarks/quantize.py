@@ -70,14 +70,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from moelab.compress.calibration import (
-    RunData,
-    calibration_set,
-    domain_streams,
-    held_out_documents,
-    run_data,
-    training_documents,
-)
+from _compress_text import add_text_options, text_documents
+from moelab.compress.calibration import calibration_set, domain_streams
 from moelab.compress.quant import QuantizeConfig, collect_hessians, quantize_layer
 from moelab.compress.quant.lowrank import tileq_code_lora_params, tileq_grid
 from moelab.core.experts.quantized import QuantSpec
@@ -219,20 +213,7 @@ def main() -> None:
         "W1) and/or diag (one layer-pooled sqrt(diag H) shared by the experts [I]; target W1d)",
     )
     ap.add_argument("--methods", nargs="+", default=["rtn", "gptq"], choices=["rtn", "gptq"])
-    ap.add_argument(
-        "--calib-from",
-        default="held-out",
-        choices=["held-out", "train"],
-        help="calibration text: the first half of the held-out documents, or the training split "
-        "(the papers' 32,768 tokens exceed a small domain's held-out half) [I]; evaluation is "
-        "the second held-out half either way",
-    )
-    ap.add_argument(
-        "--data",
-        default="mix",
-        help="corpus of a model folder without run.json (e.g. an upcycled SmolLM2): its "
-        "validation split is held out as for a run",
-    )
+    add_text_options(ap)
     ap.add_argument(
         "--quick",
         action="store_true",
@@ -281,10 +262,7 @@ def main() -> None:
             with torch.no_grad():
                 diff = (fp(probe).logits - fp32(probe).logits).abs().max().item()
             print(f"[{name}] split copy of {run}: max |logit diff| vs the original {diff:.2e}")
-        rd = run_data(run) or RunData(args.data)
-        calib_docs, eval_docs = held_out_documents(rd)
-        if args.calib_from == "train":
-            calib_docs = training_documents(rd)
+        calib_docs, eval_docs = text_documents(run, args)
         seq_len = min(256, fp.cfg.max_seq_len)
         streams = domain_streams(eval_docs, tok)
         E = fp.cfg.moe.router.num_experts
