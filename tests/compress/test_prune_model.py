@@ -237,6 +237,8 @@ def test_advance_equals_hidden_at_and_checks_its_blocks(make_model, make_batches
         model.advance(h1, start_block=2, stop_block=1)
     with pytest.raises(ValueError, match=r"stop_block: must be in \[0, 3\], got 4"):
         model.advance(h1, start_block=0, stop_block=4)
+    with pytest.raises(ValueError, match=r"hidden: expected a \[B, S, 16\] tensor, got \(8, 16\)"):
+        model.advance(h1[0], start_block=0, stop_block=1)
 
 
 def test_bad_inputs_are_refused_before_any_work(make_model, make_batches):

@@ -426,7 +426,8 @@ class MoETransformer(nn.Module):
 
         Raises:
             InvalidValueError: a block index outside ``[0, n_layers]``, ``stop_block`` below
-                ``start_block``, a mask of another shape, a non-causal model.
+                ``start_block``, ``hidden`` not ``[B, S, d_model]``, a mask of another shape,
+                a non-causal model.
         """
         self._check_start(start_block, "start_block")
         self._check_start(stop_block, "stop_block")
@@ -434,7 +435,19 @@ class MoETransformer(nn.Module):
             raise InvalidValueError(
                 f"stop_block: must be >= start_block={start_block}, got {stop_block}"
             )
+        self._check_hidden(hidden)
         return self._run_blocks(hidden, mask, start_block, stop_block)
+
+    def _check_hidden(self, hidden: Tensor) -> None:
+        if (
+            not isinstance(hidden, Tensor)
+            or hidden.dim() != 3
+            or hidden.shape[-1] != self.cfg.d_model
+        ):
+            raise InvalidValueError(
+                f"hidden: expected a [B, S, {self.cfg.d_model}] tensor, got "
+                f"{tuple(hidden.shape) if isinstance(hidden, Tensor) else type(hidden).__name__}"
+            )
 
     def forward_from(
         self,
@@ -457,15 +470,7 @@ class MoETransformer(nn.Module):
                 ``[B, S, d_model]``, a mask of another shape, a non-causal model.
         """
         self._check_start(start_block, "start_block")
-        if (
-            not isinstance(hidden, Tensor)
-            or hidden.dim() != 3
-            or hidden.shape[-1] != self.cfg.d_model
-        ):
-            raise InvalidValueError(
-                f"hidden: expected a [B, S, {self.cfg.d_model}] tensor, got "
-                f"{tuple(hidden.shape) if isinstance(hidden, Tensor) else type(hidden).__name__}"
-            )
+        self._check_hidden(hidden)
         x = self._run_blocks(hidden, mask, start_block, self.cfg.n_layers)
         return self._head(self.norm(x), logits_at)
 
