@@ -71,14 +71,13 @@ def _acc(rows: list[dict]) -> str:
     """Mean ± sd of the rows' multiple-choice accuracy; "-" without multiple choice."""
     if "mc/all" not in rows[0]:
         return "-"
-    accs = [r["mc/all"] for r in rows]
-    return f"{statistics.fmean(accs):.3f}±{statistics.stdev(accs) if len(accs) > 1 else 0.0:.3f}"
+    return _mean_sd([r["mc/all"] for r in rows], digits=3)
 
 
-def _mean_sd(xs: list[float]) -> str:
+def _mean_sd(xs: list[float], digits: int = 4) -> str:
     m = statistics.fmean(xs)
     sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
-    return f"{m:.4f}±{sd:.4f}"
+    return f"{m:.{digits}f}±{sd:.{digits}f}"
 
 
 def bench_run(run: Path, args, seeds: list[int]) -> list[dict]:
