@@ -29,7 +29,7 @@ from moelab.core.experts.lowrank import LowRankFactors, expert_of_rows
 from moelab.core.experts.qformat import pack_codes, packed_size, unpack_codes
 
 
-@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5, 6, 7, 8])
 @pytest.mark.parametrize("n", [1, 7, 8, 9, 1001])
 def test_packing_round_trips_exactly(bits, n):
     g = torch.Generator().manual_seed(bits * 1000 + n)
@@ -50,7 +50,7 @@ def test_packing_layout_is_little_endian_bits():
 
 def test_packing_rejects_bad_input():
     with pytest.raises(ValueError, match="bits"):
-        pack_codes(torch.zeros(8, dtype=torch.long), 5)
+        pack_codes(torch.zeros(8, dtype=torch.long), 9)
     with pytest.raises(ValueError, match="values must be in"):
         pack_codes(torch.tensor([4]), 2)
     with pytest.raises(ValueError, match="packed"):

@@ -1,4 +1,4 @@
-"""``moelab quantize``: post-training quantization of the routed experts (RTN or GPTQ, with
+"""``moelab quantize``: post-training quantization of the routed experts (RTN, GPTQ or GPTVQ, with
 optional low-rank compensation: per-expert, 1-D shared, TileQ's 2-D grid as the authors' code
 does it (``tileq``) or moelab's TileQ variant with r × r cores (``tileq-core``)).
 
@@ -62,9 +62,26 @@ def square_grid(num_experts: int) -> tuple[int, int]:
 def quantize(
     run: Annotated[Path, typer.Argument(help="Run folder or model folder to quantize.")],
     out: Annotated[Path, Opt(help="New folder for the quantized model (must not exist).")],
-    method: Annotated[str, Opt(help="rtn or gptq.")] = "gptq",
-    bits: Annotated[int, Opt(help="Bits per weight: 2, 3, 4 or 8."), Range(min=1)] = 4,
-    group_size: Annotated[int, Opt(help="Input columns per scale."), Range(min=1)] = 64,
+    method: Annotated[
+        str, Opt(help="rtn, gptq or gptvq (vector quantization with codebooks).")
+    ] = "gptq",
+    bits: Annotated[
+        int, Opt(help="Bits per weight: 2, 3, 4 or 8 (gptvq: per dimension, 2 to 4)."), Range(min=1)
+    ] = 4,
+    group_size: Annotated[
+        int, Opt(help="Input columns per scale (gptvq: per codebook)."), Range(min=1)
+    ] = 64,
+    vq_dim: Annotated[
+        int, Opt(help="gptvq: vector length d (1, 2 or 4; 2^(bits·d) centroids).")
+    ] = 2,
+    vq_rows: Annotated[
+        int,
+        Opt(
+            help="gptvq: output rows per codebook; 0: the common divisor of the widths nearest "
+            "the authors' codebook size (8-bit centroids costing 0.125 bits per weight)."
+        ),
+        Range(min=0),
+    ] = 0,
     symmetric: Annotated[bool, Opt(help="Symmetric grid (no zero points).")] = False,
     act_order: Annotated[
         bool, Opt(help="GPTQ: quantize columns by decreasing Hessian diagonal.")
@@ -158,10 +175,11 @@ def quantize(
       moelab quantize runs/e16 --bits 2 --lowrank tileq --rank 4 --rotate-block 64 --out runs/e16-tr2
       moelab quantize runs/e16 --bits 2 --lowrank tileq-core --rank 8 --out runs/e16-tc2
       moelab quantize runs/main --method rtn --bits 4 --lowrank per-expert --out runs/main-r4
+      moelab quantize runs/main --method gptvq --bits 2 --vq-dim 2 --out runs/main-vq2
       moelab quantize runs/main --method rtn --bits 8 --symmetric --dense-bits 8 --out runs/main-q8
     """
     report, table = guarded(
-        _quantize, run, out, method, bits, group_size, symmetric, act_order, damp, group_stats, rotate_block, lowrank,
+        _quantize, run, out, method, bits, group_size, vq_dim, vq_rows, symmetric, act_order, damp, group_stats, rotate_block, lowrank,
         rank, grid, sweeps, lowrank_target, weighting, min_tokens, sequential, dense_bits, calib_data,
         calib_tokens, seq_len, batch_size, seed,
     )  # fmt: skip
@@ -182,7 +200,8 @@ def quantize(
 
 
 def _quantize(
-    run: Path, out: Path, method: str, bits: int, group_size: int, symmetric: bool,
+    run: Path, out: Path, method: str, bits: int, group_size: int, vq_dim: int, vq_rows: int,
+    symmetric: bool,
     act_order: bool, damp: float, group_stats: str, rotate_block: int, lowrank: str, rank: int, grid_text: str | None, sweeps: int,
     lowrank_target: str, weighting: str, min_tokens: int, sequential: bool, dense_bits: int, calib_data: str | None,
     calib_tokens: int,
@@ -198,6 +217,7 @@ def _quantize(
     from moelab.compress.progress import TokenProgress
     from moelab.compress.quant import QuantizeConfig, quantize_model
     from moelab.compress.quant.dense import dense_targets, quantize_dense
+    from moelab.compress.quant.gptvq import codebook_rows
     from moelab.compress.quant.lowrank import tileq_grid
     from moelab.core.experts.quantized import QuantSpec
     from moelab.models.hooks import moe_layers
@@ -230,10 +250,16 @@ def _quantize(
                 f"{', '.join(map(str, counts))} experts; no single grid fits (use --lowrank tileq)"
             )
         grid = square_grid(counts[0])
+    vector = method == "gptvq"
+    if vector and not vq_rows:
+        widths = {w for lay in layers for w in (lay.config.experts.hidden_size,
+                                                lay.config.experts.ffn_hidden_size)}  # fmt: skip
+        vq_rows = codebook_rows(bits, vq_dim, group_size, sorted(widths))
     spec = QuantSpec(
         method=method, bits=bits, group_size=group_size, symmetric=symmetric,
         act_order=act_order and method == "gptq" and not rotate_block, lowrank=lowrank,
         rank=0 if lowrank == "none" else rank, grid=grid, rotate_block=rotate_block,
+        vq_dim=vq_dim if vector else 0, vq_rows=vq_rows if vector else 0,
     )  # fmt: skip
     cfg = QuantizeConfig(
         spec=spec, damp=damp, group_stats=group_stats, min_tokens=min_tokens, sweeps=sweeps, seed=seed,

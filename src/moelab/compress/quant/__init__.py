@@ -1,8 +1,9 @@
-"""Post-training quantization of MoE experts: RTN, GPTQ with per-expert Hessians, and
+"""Post-training quantization of MoE experts: RTN, GPTQ and GPTVQ with per-expert Hessians, and
 low-rank compensation (per expert, 1-D shared, TileQ 2-D grid as the authors' code does it, and
 moelab's TileQ variant with cores)."""
 
 from moelab.compress.quant.gptq import calibration_error, gptq_quantize
+from moelab.compress.quant.gptvq import VQTensor, codebook_rows, gptvq_quantize
 from moelab.compress.quant.hessian import HessianAccumulator
 from moelab.compress.quant.lowrank import (
     activation_scale,
@@ -37,10 +38,12 @@ __all__ = [
     "QuantizeConfig",
     "QuantizeReport",
     "QuantizedTensor",
+    "VQTensor",
     "activation_scale",
     "activation_whitening",
     "awq_scale",
     "calibration_error",
+    "codebook_rows",
     "collect_hessians",
     "fit_lowrank",
     "fit_per_expert",
@@ -49,6 +52,7 @@ __all__ = [
     "fit_tileq",
     "fit_tileq_core",
     "gptq_quantize",
+    "gptvq_quantize",
     "lowrank_extra_params",
     "output_error",
     "quantize_layer",

@@ -7,11 +7,12 @@ Per MoE layer (in depth order) and projection (gate, up, down — or up, down fo
    and stream each expert's Hessian from the rows it was routed (gate/up: the layer input
    rows; down: the expert's own intermediate activations ``silu(x W_g) ⊙ x W_u``), with exact
    per-expert counts (:class:`~moelab.compress.quant.hessian.HessianAccumulator`);
-2. quantize all experts of the projection at once (:func:`gptq_quantize` or
-   :func:`quantize_rtn`);
+2. quantize all experts of the projection at once (:func:`gptq_quantize`,
+   :func:`quantize_rtn` or :func:`~moelab.compress.quant.gptvq.gptvq_quantize`);
 3. experts that calibration routed fewer than ``min_tokens`` rows to are *under-calibrated*:
    they get the weight-derived RTN codes and scales instead of GPTQ's (a Hessian from a
-   handful of rows over-fits them) and are listed in the report;
+   handful of rows over-fits them) — with GPTVQ, codebooks fitted to the weights alone
+   (an identity Hessian) — and are listed in the report;
 4. fit the low-rank compensation (:mod:`moelab.compress.quant.lowrank`): by default of
    ``W − Q(W)`` weighted by the layer-pooled activation weighting; for ``lowrank="tileq"``
    as the authors' code does it — ``L = fit(W)`` with per-expert AWQ scales, fitted once
@@ -40,6 +41,7 @@ from torch import Tensor
 
 from moelab.compress.calibration import route, routed_pairs
 from moelab.compress.quant.gptq import GROUP_STATS, gptq_quantize
+from moelab.compress.quant.gptvq import VQTensor, gptvq_quantize
 from moelab.compress.quant.hessian import HessianAccumulator
 from moelab.compress.quant.lowrank import (
     activation_scale,
@@ -76,6 +78,7 @@ class QuantizeConfig:
         min_tokens: experts routed fewer calibration rows fall back to RTN (>= 0).
         sweeps: TileQ HOOI refinement sweeps (>= 0).
         seed: grid-assignment restarts' seed.
+        kmeans_iters: GPTVQ's k-means iterations per codebook (the authors run 100; >= 0).
         sequential: calibrate each layer on the quantized layers before it.
         target: what the low-rank factors are fitted to: ``"error"`` (quantize, then
             compensate ``W − Q(W)``; the research notes' option A), ``"weight"`` (option B:
@@ -103,6 +106,7 @@ class QuantizeConfig:
     min_tokens: int = 16
     sweeps: int = 2
     seed: int = 0
+    kmeans_iters: int = 100
     sequential: bool = True
     target: str | None = None
     weighting: str | None = None
@@ -135,6 +139,8 @@ class QuantizeConfig:
             raise InvalidValueError(f"min_tokens: must be >= 0, got {self.min_tokens}")
         if self.sweeps < 0:
             raise InvalidValueError(f"sweeps: must be >= 0, got {self.sweeps}")
+        if self.kmeans_iters < 0:
+            raise InvalidValueError(f"kmeans_iters: must be >= 0, got {self.kmeans_iters}")
         if self.spec.act_order and self.spec.method != "gptq":
             raise InvalidValueError("act_order: only GPTQ orders columns (method='gptq')")
 
@@ -272,7 +278,7 @@ def output_error(W: Tensor, W_hat: Tensor, sums: Tensor) -> float:
 
 def _quantize_projection(
     W: Tensor, acc: HessianAccumulator, cfg: QuantizeConfig, under: Tensor
-) -> tuple[QuantizedTensor, Tensor | None]:
+) -> tuple[QuantizedTensor | VQTensor, Tensor | None]:
     """Codes of ``W [E, O, I]`` and, with ``spec.rotate_block``, the rotation's column order
     ``perm [E, I]`` (then the codes quantize ``W R_e`` with the Hessians ``R_eᵀ H R_e``)."""
     spec = cfg.spec
@@ -282,6 +288,15 @@ def _quantize_projection(
         perm = rotation_permutation(W, H)
         W = rotate(W, perm, spec.rotate_block)
         H = rotate_hessian(H, perm, spec.rotate_block)
+    if spec.vector:
+        if under.any():  # weight-derived codebooks for experts calibration barely reached
+            H = H.clone()
+            H[under] = torch.eye(W.shape[2], dtype=H.dtype)
+        vq = gptvq_quantize(
+            W, H.float(), spec.bits, spec.vq_dim, spec.group_size, spec.vq_rows,
+            damp=cfg.damp, block_size=cfg.block_size, kmeans_iters=cfg.kmeans_iters,
+        )  # fmt: skip
+        return vq, perm
     rtn = quantize_rtn(W, spec.bits, spec.group_size, spec.symmetric)
     if spec.method == "rtn":
         return rtn, perm
@@ -349,9 +364,14 @@ def quantize_layer(
         q_err[name] = output_error(base, What, acc.sums)
         if spec.lowrank != "none" and factors is None:
             factors = fit(W - What)
-        proj = QuantizedProjection.from_codes(
-            spec, q.codes, q.scales, q.zeros, q.g_idx, factors, perm=perm
-        )
+        if isinstance(q, VQTensor):
+            proj = QuantizedProjection.from_codes(
+                spec, q.codes, q.scales, None, None, factors, perm=perm, codebook=q.codebook
+            )
+        else:
+            proj = QuantizedProjection.from_codes(
+                spec, q.codes, q.scales, q.zeros, q.g_idx, factors, perm=perm
+            )
         if factors is not None:
             lr_err[name] = output_error(W, What + proj.lowrank.dense(), acc.sums)
         projections[name] = proj

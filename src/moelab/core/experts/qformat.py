@@ -17,8 +17,10 @@ columns = input features, the GPTQ orientation) is held as
 
 Packing: every 8 consecutive codes of ``bits`` bits fill exactly ``bits`` bytes
 (little-endian: code ``i`` occupies bits ``bits·i .. bits·i + bits − 1`` of the 8·bits-bit word),
-so 2, 3, 4 and 8 bits all pack without padding except at the very end (the code count is
+so any width from 1 to 8 bits packs without padding except at the very end (the code count is
 padded to a multiple of 8 with zeros). ``bits = 8`` is the identity on bytes (no padding).
+Scalar weight codes use the :data:`SUPPORTED_BITS`; vector-quantization indices
+(:mod:`moelab.core.experts.vqformat`) use ``bits·d`` of them (e.g. 6 for 3 bits × 2 dimensions).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from torch import Tensor
 from moelab.errors import InvalidTypeError, InvalidValueError
 
 SUPPORTED_BITS = (2, 3, 4, 8)
+CODE_WIDTHS = tuple(range(1, 9))
+"""Bit widths :func:`pack_codes` packs (scalar codes and vector-quantization indices)."""
 
 
 def check_bits(bits: int) -> None:
@@ -37,9 +41,15 @@ def check_bits(bits: int) -> None:
         raise InvalidValueError(f"bits: must be one of {SUPPORTED_BITS}, got {bits!r}")
 
 
+def check_width(bits: int) -> None:
+    """Raise ``ValueError`` unless ``bits`` is a packable code width (:data:`CODE_WIDTHS`)."""
+    if not isinstance(bits, int) or isinstance(bits, bool) or bits not in CODE_WIDTHS:
+        raise InvalidValueError(f"bits: codes must be 1 to 8 bits wide, got {bits!r}")
+
+
 def packed_size(numel: int, bits: int) -> int:
     """Bytes that :func:`pack_codes` uses for ``numel`` codes of ``bits`` bits."""
-    check_bits(bits)
+    check_width(bits)
     return numel if bits == 8 else -(-numel // 8) * bits
 
 
@@ -48,12 +58,12 @@ def pack_codes(codes: Tensor, bits: int) -> Tensor:
 
     Args:
         codes: any shape, integer dtype, values in ``[0, 2^bits − 1]``.
-        bits: 2, 3, 4 or 8.
+        bits: 1 to 8.
     Raises:
         ValueError: unsupported ``bits`` or a code out of range.
         TypeError: ``codes`` is not an integer tensor.
     """
-    check_bits(bits)
+    check_width(bits)
     if codes.is_floating_point() or codes.dtype == torch.bool:
         raise InvalidTypeError(f"codes: expected an integer tensor, got {codes.dtype}")
     flat = codes.reshape(-1).to(torch.int64)
@@ -65,7 +75,7 @@ def pack_codes(codes: Tensor, bits: int) -> Tensor:
     if pad:
         flat = torch.cat([flat, flat.new_zeros(pad)])
     shifts = torch.arange(8, device=flat.device, dtype=torch.int64) * bits
-    words = (flat.view(-1, 8) << shifts).sum(1)  # < 2^(8·bits) <= 2^56: fits int64
+    words = (flat.view(-1, 8) << shifts).sum(1)  # < 2^(8·bits) <= 2^56 (bits <= 7): fits int64
     byte_shifts = torch.arange(bits, device=flat.device, dtype=torch.int64) * 8
     return ((words.unsqueeze(1) >> byte_shifts) & 0xFF).to(torch.uint8).reshape(-1)
 
@@ -82,7 +92,7 @@ def unpack_codes(
     Raises:
         ValueError: the byte count does not match ``shape`` and ``bits``.
     """
-    check_bits(bits)
+    check_width(bits)
     numel = 1
     for s in shape:
         numel *= int(s)
@@ -97,7 +107,7 @@ def unpack_codes(
         )
     if bits == 8:
         return packed.view(shape).to(dtype)
-    if bits in (2, 4):  # whole codes per byte, the lowest bits first: shifts within bytes
+    if bits in (1, 2, 4):  # whole codes per byte, the lowest bits first: shifts within bytes
         shifts = torch.arange(0, 8, bits, device=packed.device, dtype=torch.uint8)
         codes = (packed.unsqueeze(1) >> shifts) & ((1 << bits) - 1)
         return codes.reshape(-1)[:numel].view(shape).to(dtype)

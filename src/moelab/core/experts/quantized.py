@@ -2,7 +2,8 @@
 
 Each projection (gate, up, down for SwiGLU; up, down for GELU) of all E experts is one
 :class:`QuantizedProjection`: packed codes, group-wise float16 scales, optional zero points and
-act-order group indices (format in :mod:`moelab.core.experts.qformat`), plus an optional
+act-order group indices (format in :mod:`moelab.core.experts.qformat`) — or, for GPTVQ,
+packed centroid indices and int8 codebooks (:mod:`moelab.core.experts.vqformat`) — plus an optional
 :class:`~moelab.core.experts.lowrank.LowRankFactors` correction of the quantization error.
 The bank dequantizes on the fly (every forward; nothing dense is kept) and adds the
 low-rank corrections with TileQ's single pass (:mod:`moelab.core.experts.lowrank`): per row
@@ -14,7 +15,7 @@ shared-1d schemes) or, for the TileQ schemes, accumulated per token with the rou
 calls).
 
 The bank's tensors are buffers named ``{proj}.codes``, ``{proj}.scales``, ``{proj}.zeros``,
-``{proj}.g_idx`` and ``{proj}.lowrank.{U,V,S,in_scale,row_of,col_of}``, so a model holding it saves and
+``{proj}.g_idx``, ``{proj}.codebook`` and ``{proj}.lowrank.{U,V,S,in_scale,row_of,col_of}``, so a model holding it saves and
 loads with its ordinary state dict; :meth:`QuantizedExpertBank.empty` builds the buffers of
 the right shapes from a :class:`QuantSpec` for loading.
 """
@@ -41,9 +42,11 @@ from moelab.core.experts.qformat import (
     unpack_codes,
 )
 from moelab.core.experts.rotation import check_rotation, unrotate
+from moelab.core.experts.vqformat import check_vq_format, num_centroids, vq_dequantize
 from moelab.errors import InvalidValueError
 
 LOWRANK_CHOICES = ("none", *SCHEMES)
+QUANT_METHODS = ("rtn", "gptq", "gptvq")
 TILEQ_SCHEMES = ("tileq", "tileq-core")
 FLOAT_BYTES = 2  # scales and low-rank factors are stored as float16
 
@@ -72,10 +75,14 @@ class QuantSpec:
     """How the experts of a model were quantized (stored in the folder's config).
 
     Attributes:
-        method: ``"rtn"`` or ``"gptq"`` (informational; the format is the same).
-        bits: 2, 3, 4 or 8.
-        group_size: input columns per scale; must divide every projection's input width.
-        symmetric: implicit zero point ``2^(bits−1)`` (no zeros stored) when True.
+        method: ``"rtn"`` or ``"gptq"`` (scalar codes, the same format) or ``"gptvq"``
+            (vector quantization: centroid indices and codebooks,
+            :mod:`moelab.core.experts.vqformat`).
+        bits: 2, 3, 4 or 8 (gptvq: bits per dimension, 2 to 4, ``bits·vq_dim <= 8``).
+        group_size: input columns per scale (gptvq: per codebook; a multiple of ``vq_dim``);
+            must divide every projection's input width.
+        symmetric: implicit zero point ``2^(bits−1)`` (no zeros stored) when True; gptvq
+            stores no zero points and refuses it.
         act_order: GPTQ act-order groups (a ``g_idx`` per expert is stored).
         lowrank: ``"none"``, ``"per-expert"``, ``"shared-1d"``, ``"tileq"`` (TileQ as the
             authors' code does it) or ``"tileq-core"`` (moelab's variant with r × r cores).
@@ -88,6 +95,10 @@ class QuantSpec:
             sharing one *input-side* factor, N columns each sharing one output-side factor,
             ``M·N >= E`` (empty cells allowed); ``tileq-core``: M row (output-side) factors,
             N column (input-side) factors, ``M·N = E``.
+        vq_dim: gptvq's vector length ``d`` (1, 2 or 4); 0 for the scalar methods.
+        vq_rows: gptvq's output rows per codebook (must divide every projection's output
+            width, and a codebook must cover at least ``K = 2^(bits·d)`` vectors); 0 for the
+            scalar methods.
     Raises:
         ValueError: any field out of range, naming it.
     """
@@ -101,20 +112,23 @@ class QuantSpec:
     rank: int = 0
     grid: tuple[int, int] | None = None
     rotate_block: int = 0
+    vq_dim: int = 0
+    vq_rows: int = 0
 
     def __post_init__(self) -> None:
         check_bits(self.bits)
         if not isinstance(self.rotate_block, int) or self.rotate_block < 0:
             raise InvalidValueError(f"rotate_block: must be an int >= 0, got {self.rotate_block!r}")
-        if self.rotate_block and (self.method != "gptq" or self.act_order):
+        if self.rotate_block and (self.method == "rtn" or self.act_order):
             raise InvalidValueError(
-                "rotate_block: the rotation orders the columns itself; it needs GPTQ without "
-                "act-order"
+                "rotate_block: the rotation orders the columns itself; it needs GPTQ or GPTVQ "
+                "without act-order"
             )
-        if self.method not in ("rtn", "gptq"):
-            raise InvalidValueError(f"method: must be rtn or gptq, got {self.method!r}")
+        if self.method not in QUANT_METHODS:
+            raise InvalidValueError(f"method: must be one of {QUANT_METHODS}, got {self.method!r}")
         if not isinstance(self.group_size, int) or self.group_size < 1:
             raise InvalidValueError(f"group_size: must be an int >= 1, got {self.group_size!r}")
+        self._check_vq()
         if self.lowrank not in LOWRANK_CHOICES:
             raise InvalidValueError(
                 f"lowrank: must be one of {LOWRANK_CHOICES}, got {self.lowrank!r}"
@@ -133,6 +147,43 @@ class QuantSpec:
             if len(g) != 2 or any(not isinstance(v, int) or v < 1 for v in g):
                 raise InvalidValueError(f"grid: must be two ints >= 1 (M, N), got {self.grid!r}")
             object.__setattr__(self, "grid", g)
+
+    def _check_vq(self) -> None:
+        if self.method != "gptvq":
+            if self.vq_dim or self.vq_rows:
+                raise InvalidValueError("vq_dim/vq_rows: only gptvq uses them (leave them 0)")
+            return
+        check_vq_format(self.bits, self.vq_dim)
+        if self.group_size % self.vq_dim:
+            raise InvalidValueError(
+                f"group_size: {self.group_size} is not a multiple of vq_dim {self.vq_dim}"
+            )
+        if not isinstance(self.vq_rows, int) or self.vq_rows < 1:
+            raise InvalidValueError(f"vq_rows: must be an int >= 1, got {self.vq_rows!r}")
+        K = num_centroids(self.bits, self.vq_dim)
+        if self.vq_rows * self.group_size // self.vq_dim < K:
+            raise InvalidValueError(
+                f"vq_rows: a codebook of {self.vq_rows} rows × {self.group_size} columns holds "
+                f"{self.vq_rows * self.group_size // self.vq_dim} vectors, fewer than its {K} "
+                "centroids"
+            )
+        if self.symmetric or self.act_order:
+            raise InvalidValueError("symmetric/act_order: scalar-grid options; gptvq takes neither")
+
+    @property
+    def vector(self) -> bool:
+        """Whether the codes index codebooks (gptvq) rather than a scalar grid."""
+        return self.method == "gptvq"
+
+    @property
+    def index_bits(self) -> int:
+        """Bits of one stored code: ``bits`` (scalar) or ``bits·vq_dim`` (gptvq)."""
+        return self.bits * self.vq_dim if self.vector else self.bits
+
+    @property
+    def stores_zeros(self) -> bool:
+        """Whether zero points are stored (asymmetric scalar grids)."""
+        return not self.symmetric and not self.vector
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -160,6 +211,10 @@ class QuantSpec:
             if w % self.group_size:
                 raise InvalidValueError(
                     f"group_size: {self.group_size} does not divide the projection width {w}"
+                )
+            if self.vector and w % self.vq_rows:
+                raise InvalidValueError(
+                    f"vq_rows: {self.vq_rows} does not divide the projection width {w}"
                 )
             if self.rank > w:
                 raise InvalidValueError(f"rank: {self.rank} exceeds the matrix side {w}")
@@ -195,10 +250,11 @@ def kernel_tiles(counts: list[int], experts: list[int]) -> tuple[list[int], list
 
 def kernel_applies(spec: QuantSpec, x: Tensor) -> bool:
     """Whether the compiled decode kernel (``csrc/quant_cpu.cpp``) can multiply ``x`` by
-    weights quantized with ``spec``: 4 or 8 bits (4-bit groups whole bytes), no act-order or
-    rotation, ``x`` float32 on the CPU without gradients, and the kernel built."""
+    weights quantized with ``spec``: scalar codes of 4 or 8 bits (4-bit groups whole bytes),
+    no act-order or rotation, ``x`` float32 on the CPU without gradients, and the kernel built."""
     return (
-        spec.bits in (4, 8)
+        not spec.vector
+        and spec.bits in (4, 8)
         and (spec.bits == 8 or spec.group_size % 2 == 0)
         and not spec.act_order
         and not spec.rotate_block
@@ -253,26 +309,39 @@ class QuantizedProjection(nn.Module):
     float16 bit patterns held as int16 (so casting the model's dtype never rounds them; read
     them with :attr:`scale_values`);
     ``zeros`` uint8 packed ``[packed_size(E·O·G, bits)]`` (asymmetric only); ``g_idx``
-    int16 ``[E, I]`` (act-order only); submodule ``lowrank`` (optional).
+    int16 ``[E, I]`` (act-order only); submodule ``lowrank`` (optional). GPTVQ specs
+    (:mod:`~moelab.core.experts.vqformat`): ``codes`` packed ``[packed_size(E·O·I/d, bits·d)]``
+    centroid indices, ``scales`` ``[E, O/rows, G]`` per codebook, ``codebook`` int8
+    ``[E, O/rows, G, K, d]``, no zeros.
     """
 
     def __init__(self, num_experts: int, out_features: int, in_features: int, spec: QuantSpec):
         super().__init__()
         E, d_out, d_in = num_experts, out_features, in_features
-        spec.check_model(E, (d_in,))
+        spec.check_model(E, (d_in, d_out) if spec.vector else (d_in,))
         self.spec = spec
         self.shape = (E, d_out, d_in)
         G = d_in // spec.group_size
+        self.code_shape = (E, d_out, d_in // spec.vq_dim) if spec.vector else self.shape
         self.register_buffer(
-            "codes", torch.zeros(packed_size(E * d_out * d_in, spec.bits), dtype=torch.uint8)
+            "codes",
+            torch.zeros(
+                packed_size(math.prod(self.code_shape), spec.index_bits), dtype=torch.uint8
+            ),
         )
+        scale_rows = d_out // spec.vq_rows if spec.vector else d_out
         self.register_buffer(
-            "scales", torch.ones(E, d_out, G, dtype=torch.float16).view(torch.int16)
+            "scales", torch.ones(E, scale_rows, G, dtype=torch.float16).view(torch.int16)
         )
+        codebook = None
+        if spec.vector:
+            K = num_centroids(spec.bits, spec.vq_dim)
+            codebook = torch.zeros(E, scale_rows, G, K, spec.vq_dim, dtype=torch.int8)
+        self.register_buffer("codebook", codebook)
         zeros = (
-            None
-            if spec.symmetric
-            else torch.zeros(packed_size(E * d_out * G, spec.bits), dtype=torch.uint8)
+            torch.zeros(packed_size(E * d_out * G, spec.bits), dtype=torch.uint8)
+            if spec.stores_zeros
+            else None
         )
         self.register_buffer("zeros", zeros)
         g_idx = torch.zeros(E, d_in, dtype=torch.int16) if spec.act_order else None
@@ -291,25 +360,38 @@ class QuantizedProjection(nn.Module):
         g_idx: Tensor | None,
         lowrank: LowRankFactors | None,
         perm: Tensor | None = None,
+        codebook: Tensor | None = None,
     ) -> QuantizedProjection:
         """Pack ``codes [E, O, I]`` (int, in range), ``scales [E, O, G]``, ``zeros [E, O, G]``
         (asymmetric), ``g_idx [E, I]`` (act-order), the factors and the rotation's column
         order ``perm [E, I]`` (``rotate_block`` specs; codes in the rotated basis) into a
-        projection.
+        projection. GPTVQ specs: ``codes [E, O, I/d]`` centroid indices, ``scales
+        [E, O/rows, G]`` and ``codebook [E, O/rows, G, K, d]`` int8.
 
         Raises:
-            ValueError: shapes or presence of zeros/g_idx/factors disagree with ``spec``, or a
-                scale or factor does not fit float16 (:func:`as_stored`).
+            ValueError: shapes or presence of zeros/g_idx/codebook/factors disagree with
+                ``spec``, or a scale or factor does not fit float16 (:func:`as_stored`).
         """
-        proj = cls(*codes.shape, spec)
+        E, rows, n = codes.shape
+        proj = cls(E, rows, n * spec.vq_dim if spec.vector else n, spec)
         if scales.shape != proj.scales.shape:
             raise InvalidValueError(
                 f"scales: expected {tuple(proj.scales.shape)}, got {tuple(scales.shape)}"
             )
-        if (zeros is None) != spec.symmetric or (g_idx is None) == spec.act_order:
+        if (zeros is None) == spec.stores_zeros or (g_idx is None) == spec.act_order:
             raise InvalidValueError(
                 "zeros/g_idx: must be given exactly for asymmetric / act-order specs"
             )
+        if (codebook is None) == spec.vector or (
+            codebook is not None and codebook.shape != proj.codebook.shape
+        ):
+            raise InvalidValueError(
+                f"codebook: gptvq specs need int8 {tuple(proj.codebook.shape)}"
+                if spec.vector
+                else "codebook: only gptvq specs store one"
+            )
+        if codebook is not None:
+            proj.codebook = codebook.to(torch.int8)
         if (lowrank is None) != (spec.lowrank == "none"):
             raise InvalidValueError(
                 "lowrank: factors must be given exactly when spec.lowrank != 'none'"
@@ -322,7 +404,7 @@ class QuantizedProjection(nn.Module):
                     f"perm: expected {tuple(proj.perm.shape)}, got {tuple(perm.shape)}"
                 )
             proj.perm = perm.to(torch.int16)
-        proj.codes = pack_codes(codes, spec.bits)
+        proj.codes = pack_codes(codes, spec.index_bits)
         proj.scales = as_stored(scales, "scales").to(torch.float16).view(torch.int16)
         if zeros is not None:
             proj.zeros = pack_codes(zeros, spec.bits)
@@ -352,19 +434,22 @@ class QuantizedProjection(nn.Module):
         return self.scales.view(torch.float16)
 
     def unpacked_codes(self) -> Tensor:
-        """``[E, O, I]`` int64 codes."""
-        return unpack_codes(self.codes, self.spec.bits, self.shape)
+        """``[E, O, I]`` int64 codes (gptvq: ``[E, O, I/d]`` centroid indices)."""
+        return unpack_codes(self.codes, self.spec.index_bits, self.code_shape)
 
     def unpacked_zeros(self) -> Tensor | None:
         if self.zeros is None:
             return None
         return unpack_codes(self.zeros, self.spec.bits, self.scales.shape)
 
-    def _unpack_experts(self, packed: Tensor, shape: tuple[int, ...], experts: Tensor | None):
-        """uint8 codes ``[n, *shape[1:]]`` of ``experts`` (all when None). Each expert's
-        codes fill whole bytes when its code count is a multiple of 8 (or at 8 bits), so only
-        those experts' bytes are read; otherwise all are unpacked and the rows picked."""
-        bits, per = self.spec.bits, math.prod(shape[1:])
+    def _unpack_experts(
+        self, packed: Tensor, shape: tuple[int, ...], bits: int, experts: Tensor | None
+    ):
+        """uint8 codes ``[n, *shape[1:]]`` of ``bits`` bits of ``experts`` (all when None).
+        Each expert's codes fill whole bytes when its code count is a multiple of 8 (or at 8
+        bits), so only those experts' bytes are read; otherwise all are unpacked and the rows
+        picked."""
+        per = math.prod(shape[1:])
         if experts is None:
             return unpack_codes(packed, bits, shape, torch.uint8)
         if bits != 8 and per % 8:
@@ -381,15 +466,23 @@ class QuantizedProjection(nn.Module):
         the experts in the int64 index tensor ``experts [n]`` only (what a forward needs when
         some experts receive no rows: decode reads k of E experts' codes)."""
         pick = (lambda t: t) if experts is None else (lambda t: t.index_select(0, experts))
-        codes = self._unpack_experts(self.codes, self.shape, experts)
-        zeros = None
-        if self.zeros is not None:
-            zeros = self._unpack_experts(self.zeros, tuple(self.scales.shape), experts)
-        g_idx = None if self.g_idx is None else pick(self.g_idx)
-        w = dequantize(
-            codes, pick(self.scale_values), zeros, self.spec.bits, self.spec.group_size, g_idx,
-            dtype,
-        )  # fmt: skip
+        spec = self.spec
+        codes = self._unpack_experts(self.codes, self.code_shape, spec.index_bits, experts)
+        if spec.vector:
+            w = vq_dequantize(
+                codes, pick(self.codebook), pick(self.scale_values), spec.vq_rows,
+                spec.group_size, dtype,
+            )  # fmt: skip
+        else:
+            zeros = None
+            if self.zeros is not None:
+                zeros = self._unpack_experts(
+                    self.zeros, tuple(self.scales.shape), spec.bits, experts
+                )
+            g_idx = None if self.g_idx is None else pick(self.g_idx)
+            w = dequantize(
+                codes, pick(self.scale_values), zeros, spec.bits, spec.group_size, g_idx, dtype
+            )
         if self.perm is not None:
             w = unrotate(w, pick(self.perm), self.spec.rotate_block)
         return w
@@ -404,7 +497,7 @@ class QuantizedProjection(nn.Module):
         kernel applies: 4 or 8 bits, no act-order or rotation, no gradients."""
         zeros = None
         if self.zeros is not None:
-            zeros = self._unpack_experts(self.zeros, tuple(self.scales.shape), None)
+            zeros = self._unpack_experts(self.zeros, tuple(self.scales.shape), self.spec.bits, None)
         return cpu_kernel.kernel().quant_experts_mm(
             x.contiguous(), counts, experts, self.codes, self.scale_values, zeros,
             self.spec.bits, self.shape[1], int8,
@@ -418,10 +511,12 @@ class QuantizedProjection(nn.Module):
         return w
 
     def storage_bytes(self) -> dict[str, int]:
-        """Bytes as stored: ``codes``, ``scales`` (fp16), ``zeros``, ``g_idx``, ``perm`` (int16) and
-        ``lowrank`` (fp16 factors; the int64 grid map is metadata and not counted)."""
+        """Bytes as stored: ``codes``, ``scales`` (fp16), ``zeros``, ``g_idx``, ``perm`` (int16),
+        ``codebook`` (int8) and ``lowrank`` (fp16 factors; the int64 grid map is metadata and
+        not counted)."""
         return {
             "codes": self.codes.numel(),
+            "codebook": self.codebook.numel() if self.codebook is not None else 0,
             "scales": self.scales.numel() * FLOAT_BYTES,
             "zeros": self.zeros.numel() if self.zeros is not None else 0,
             "g_idx": self.g_idx.numel() * 2 if self.g_idx is not None else 0,
