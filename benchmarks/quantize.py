@@ -1,9 +1,11 @@
-"""Low-rank quantization of experts: RTN / GPTQ × {none, per-expert, TileQ} at 2/3/4 bits.
+"""Low-rank quantization of experts: RTN / GPTQ / GPTVQ × {none, per-expert, TileQ} at 2/3/4 bits.
 
 For each trained run (default ``/work/runs/main``, 8 experts, and ``/work/runs/e16``, 16
 experts) the expert banks are quantized with every combination of bits {2, 3, 4}, method
-{RTN, GPTQ} (group size 64, asymmetric, GPTQ with act-order), rank (``--ranks``, default 8)
-and low-rank compensation:
+{RTN, GPTQ} (group size 64, asymmetric, GPTQ with act-order) — and with ``--methods gptvq``
+GPTVQ (``--vq-dim`` dimensions, codebooks of 64 columns and the rows nearest the authors'
+0.125-bit codebook overhead, ``moelab.compress.quant.codebook_rows``) — rank (``--ranks``,
+default 8) and low-rank compensation:
 
 - ``none`` (plain quantization);
 - target ``W1`` — the authors' code pipeline (get_scale_quant.py in nicyyyy/GLoRCQ,
@@ -11,7 +13,7 @@ and low-rank compensation:
   fp weight once and kept, the residual quantized, ``Q(W − L) + L`` stored. Schemes:
   ``per-expert`` (LoPRo's per-matrix form) and ``tileq`` (one shared-Σ SVD of the block
   matrix on a k-means grid: 4×2 for 8 experts, 4×4 for 16); with ``--rotate-block B`` their
-  GPTQ rows quantize the permuted, partially block-Hadamard-rotated residual (the authors'
+  GPTQ and GPTVQ rows (TileQ_s and TileQ_v) quantize the permuted, partially block-Hadamard-rotated residual (the authors'
   rotated GPTQ, act-order off; plain ``none`` GPTQ keeps act-order); with ``--w1-weightings
   awq diag`` the same pipeline also runs with one layer-pooled ``sqrt(diag H)`` scale shared
   by all experts instead of the per-expert AWQ scales (target ``W1d``, our variant [I]: the
@@ -72,7 +74,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _compress_text import add_text_options, text_documents
 from moelab.compress.calibration import calibration_set, domain_streams
-from moelab.compress.quant import QuantizeConfig, collect_hessians, quantize_layer
+from moelab.compress.quant import QuantizeConfig, codebook_rows, collect_hessians, quantize_layer
 from moelab.compress.quant.lowrank import tileq_code_lora_params, tileq_grid
 from moelab.core.experts.quantized import QuantSpec
 from moelab.data import load_tokenizer
@@ -173,6 +175,7 @@ def main() -> None:
         "--ranks", nargs="+", type=int, default=[8], help="low-rank ranks (the paper: r/d ~1%%)"
     )
     ap.add_argument("--group-size", type=int, default=64)
+    ap.add_argument("--vq-dim", type=int, default=2, help="GPTVQ's vector length d")
     ap.add_argument("--calib-tokens", type=int, default=16384)
     ap.add_argument("--eval-tokens", type=int, default=4096, help="per domain")
     ap.add_argument(
@@ -212,7 +215,9 @@ def main() -> None:
         help="input scales of the code pipeline's rows: awq (the code's per-expert s_e; target "
         "W1) and/or diag (one layer-pooled sqrt(diag H) shared by the experts [I]; target W1d)",
     )
-    ap.add_argument("--methods", nargs="+", default=["rtn", "gptq"], choices=["rtn", "gptq"])
+    ap.add_argument(
+        "--methods", nargs="+", default=["rtn", "gptq"], choices=["rtn", "gptq", "gptvq"]
+    )
     add_text_options(ap)
     ap.add_argument(
         "--quick",
@@ -266,6 +271,7 @@ def main() -> None:
         seq_len = min(256, fp.cfg.max_seq_len)
         streams = domain_streams(eval_docs, tok)
         E = fp.cfg.moe.router.num_experts
+        widths = [fp.cfg.moe.experts.hidden_size, fp.cfg.moe.experts.ffn_hidden_size]
         grids = {"tileq": tileq_grid(E), "tileq-core": default_grid(E)}
 
         def score(model, streams=streams, seq_len=seq_len):
@@ -317,12 +323,16 @@ def main() -> None:
                             continue
                         t0 = time.time()
                         rot = (
-                            args.rotate_block if method == "gptq" and target.startswith("W1") else 0
+                            args.rotate_block if method != "rtn" and target.startswith("W1") else 0
                         )
+                        vq = method == "gptvq"
                         spec = QuantSpec(
                             method=method, bits=bits, group_size=args.group_size, symmetric=False,
                             act_order=method == "gptq" and not rot, lowrank=scheme, rank=rank,
                             grid=grids.get(scheme), rotate_block=rot,
+                            vq_dim=args.vq_dim if vq else 0,
+                            vq_rows=codebook_rows(bits, args.vq_dim, args.group_size, widths)
+                            if vq else 0,
                         )  # fmt: skip
                         tgt, wt = TARGETS.get(target, (None, None))
                         cfg = QuantizeConfig(
