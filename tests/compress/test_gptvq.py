@@ -18,9 +18,9 @@ from moelab.compress.quant import (
     gptvq_quantize,
     quantize_model,
 )
+from moelab.compress.quant.gptq import dampened, inverse_cholesky
 from moelab.compress.quant.gptvq import (
     _fit_codebooks,
-    _inverse_cholesky,
     _round_codebooks,
     _solve_codebooks,
 )
@@ -68,7 +68,7 @@ def _reference_loop(W, H, bits, d, gs, R, iters, blk):
     through U at once (the lazy batching only defers those updates)."""
     O, I = W.shape  # noqa: E741
     K = 1 << (bits * d)
-    U = _inverse_cholesky(H.unsqueeze(0), 0.01)[0]
+    U = inverse_cholesky(dampened(H.unsqueeze(0), 0.01))[0]
     imp = U.diagonal().pow(-2)
     W = W.clone()
     codes = torch.zeros(O, I // d, dtype=torch.long)

@@ -90,21 +90,15 @@ def gptq_quantize(
     g = group_size
     blk = max(g, (block_size // g) * g)
     W = W.detach().float().clone()
-    H = H.detach().double().clone()
-    diag = torch.diagonal(H, dim1=1, dim2=2)
-    dead = diag == 0
-    diag[dead] = 1.0
-    diag += damp * diag.mean(1, keepdim=True)
+    H = dampened(H, damp)
     perm = None
     if act_order:
-        perm = torch.argsort(diag, dim=1, descending=True)  # [E, I]
+        perm = torch.argsort(torch.diagonal(H, dim1=1, dim2=2), dim=1, descending=True)  # [E, I]
         W = W.gather(2, perm.unsqueeze(1).expand(E, O, I))
         H = H.gather(1, perm.unsqueeze(2).expand(E, I, I)).gather(
             2, perm.unsqueeze(1).expand(E, I, I)
         )
-    L = torch.linalg.cholesky(H)
-    Hinv = torch.cholesky_inverse(L)
-    U = torch.linalg.cholesky(Hinv, upper=True).float()  # [E, I, I]
+    U = inverse_cholesky(H)  # [E, I, I]
 
     Q = torch.zeros(E, O, I)
     G = I // g
@@ -145,6 +139,23 @@ def gptq_quantize(
         bits=bits,
         group_size=g,
     )
+
+
+def dampened(H: Tensor, damp: float) -> Tensor:
+    """``[E, I, I]`` float64 copy of ``H`` with unreached columns' ``H_jj = 0`` set to 1 and
+    ``damp · mean(diag H)`` added to the diagonal (GPTQ's ``percdamp``)."""
+    H = H.detach().double().clone()
+    diag = torch.diagonal(H, dim1=1, dim2=2)
+    diag[diag == 0] = 1.0
+    diag += damp * diag.mean(1, keepdim=True)
+    return H
+
+
+def inverse_cholesky(H: Tensor) -> Tensor:
+    """``[E, I, I]`` float32 upper Cholesky factor ``U`` of ``H⁻¹`` (``H`` positive definite,
+    float64): the GPTQ loop's error-propagation matrix."""
+    Hinv = torch.cholesky_inverse(torch.linalg.cholesky(H))
+    return torch.linalg.cholesky(Hinv, upper=True).float()
 
 
 def calibration_error(W: Tensor, W_hat: Tensor, H: Tensor) -> Tensor:

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from moelab.compress.quant.gptq import dampened, inverse_cholesky
 from moelab.compress.quant.rtn import round_scale_up
 from moelab.core.experts.vqformat import (
     CODEBOOK_BITS,
@@ -130,7 +131,7 @@ def gptvq_quantize(
     if not torch.isfinite(H).all():
         raise InvalidValueError("H: contains NaN or Inf")
     G_obj = H.detach().double()
-    U = _inverse_cholesky(H, damp)
+    U = inverse_cholesky(dampened(H, damp))
     u_diag = torch.diagonal(U, dim1=1, dim2=2)  # [E, I]
     importance = u_diag.pow(-2)
     blk = max(g, (block_size // g) * g)
@@ -196,17 +197,6 @@ def codebook_rows(bits: int, vq_dim: int, group_size: int, widths: list[int]) ->
             f"{group_size} columns the {K} vectors of {vq_dim} its {K} centroids need"
         )
     return min(fits, key=lambda r: abs(math.log(r / target)))
-
-
-def _inverse_cholesky(H: Tensor, damp: float) -> Tensor:
-    """``[E, I, I]`` float32 upper Cholesky factor of ``(H + λ·mean diag·I)⁻¹`` (unreached
-    columns get ``H_jj = 1`` first), as :func:`~moelab.compress.quant.gptq.gptq_quantize`."""
-    H = H.detach().double().clone()
-    diag = torch.diagonal(H, dim1=1, dim2=2)
-    diag[diag == 0] = 1.0
-    diag += damp * diag.mean(1, keepdim=True)
-    Hinv = torch.cholesky_inverse(torch.linalg.cholesky(H))
-    return torch.linalg.cholesky(Hinv, upper=True).float()
 
 
 def _codebook_points(X: Tensor, weight: Tensor, R: int, d: int) -> tuple[Tensor, Tensor]:
