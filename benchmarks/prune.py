@@ -113,10 +113,12 @@ def bench_run(run: Path, args, seeds: list[int]) -> list[dict]:
                 )[1]
                 same = first_with.setdefault((keep, tuple(counts)), budget)
                 for method, opts in variants(args):
-                    if same != budget:  # e.g. every layer at its floor: one selection, reused
-                        rows.append({**next(r for r in rows if (r["seed"], r.get("keep"),
-                                     r.get("budget"), r["method"]) == (seed, keep, same, method)),
-                                     "budget": budget})  # fmt: skip
+                    if args.only is not None and f"{budget}/{method}" not in args.only:
+                        continue
+                    prev = next((r for r in rows if (r["seed"], r.get("keep"), r.get("budget"),
+                                 r["method"]) == (seed, keep, same, method)), None)  # fmt: skip
+                    if same != budget and prev is not None:  # e.g. every layer at its floor:
+                        rows.append({**prev, "budget": budget})  # one selection, reused
                         print(f"[{run.name}] seed {seed} keep {keep} {budget:13s} {method:16s} "
                               f"as {same} (the same per-layer counts)", flush=True)  # fmt: skip
                         continue
@@ -267,6 +269,12 @@ def main() -> None:
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--budgets", nargs="+", default=list(BUDGETS), choices=BUDGETS)
+    p.add_argument(
+        "--only",
+        nargs="+",
+        help="run only these budget/criterion settings (e.g. rank/ragep uniform/reap) of the "
+        "--budgets × --methods grid",
+    )
     p.add_argument(
         "--result", type=Path, help="write the shared result JSON (moelab.result/1) here"
     )
