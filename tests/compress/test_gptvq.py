@@ -195,6 +195,8 @@ def test_vq_folder_loads_bit_for_bit(make_model, make_batches, tmp_path):
     with torch.no_grad():
         before = model(ids).logits
     save_model(model, tmp_path / "q")
+    quant = json.loads((tmp_path / "q" / "config.json").read_text())["quantization"]
+    assert quant["format_version"] == 4 and quant["spec"]["vq_rows"] == 4
     loaded = load_model(tmp_path / "q")
     proj = moe_layers(loaded)[0].experts.projections["down"]
     assert proj.codebook.dtype == torch.int8 and proj.zeros is None

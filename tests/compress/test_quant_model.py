@@ -359,8 +359,12 @@ def test_version_1_folders_read_their_tileq_as_tileq_core():
     assert read_quantization({"format_version": 1, "spec": spec}, "x").lowrank == "tileq-core"
     assert read_quantization({"format_version": 2, "spec": spec}, "x").lowrank == "tileq"
     assert read_quantization({"format_version": 3, "spec": spec}, "x").lowrank == "tileq"
-    with pytest.raises(ValueError, match="format_version 4"):
-        read_quantization({"format_version": 4, "spec": spec}, "x")
+    assert read_quantization({"format_version": 4, "spec": spec}, "x").lowrank == "tileq"
+    with pytest.raises(ValueError, match="format_version 5"):
+        read_quantization({"format_version": 5, "spec": spec}, "x")
+    vq = {"method": "gptvq", "bits": 2, "group_size": 4, "vq_dim": 1, "vq_rows": 1}
+    with pytest.raises(ValueError, match="GPTVQ codebooks need quantization format_version 4"):
+        read_quantization({"format_version": 3, "spec": vq}, "x")
 
 
 def _zero_input_channel(model, channel=3):

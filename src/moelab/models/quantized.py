@@ -7,12 +7,14 @@ Layout (same files and checksum manifest as :mod:`moelab.models.io`)::
     config.json        {"format_version": 1, "model": {...},
                         "quantization": {"format_version": 2, "spec": QuantSpec.to_dict()}}
                        with quantized dense projections: format_version 3 and
-                       "dense": {"bits": b, "group_size": g, "modules": [names]}
+                       "dense": {"bits": b, "group_size": g, "modules": [names]};
+                       GPTVQ experts (codebooks): format_version 4
     model.safetensors  non-expert weights as usual; per MoE layer and projection
                        ``blocks.{i}.ffn.experts.projections.{gate,up,down}.{codes,scales,
-                       zeros,g_idx,perm}`` and ``...lowrank.{U,V,S,in_scale,row_of,
+                       zeros,g_idx,perm,codebook}`` and ``...lowrank.{U,V,S,in_scale,row_of,
                        col_of}`` (factors float16, scales float16 bit patterns as int16,
-                       codes/zeros bit-packed uint8, perm int16 for rotated GPTQ);
+                       codes/zeros bit-packed uint8, perm int16 for rotated GPTQ, codebook
+                       int8 for GPTVQ);
                        metadata {"format_version": "1", "quantization_format_version": "2"};
                        a quantized dense projection ``name`` stores ``name.proj.codes``,
                        ``name.proj.scales`` (one expert) and ``name.bias`` if it has one
@@ -36,9 +38,11 @@ from moelab.models.quantized_linear import QuantizedLinear, dense_spec
 from moelab.models.transformer import MoETransformer
 
 # 2: ``tileq`` is the authors'-code form; version 1's is ``tileq-core``. 3: a "dense" entry
-# (quantized dense projections). Folders without one are still written as 2, so a moelab that
-# reads 2 keeps reading them.
-QUANT_FORMAT_VERSION = 3
+# (quantized dense projections). 4: GPTVQ experts (centroid indices and int8 codebooks). Each
+# folder is written with the lowest version that holds it, so a moelab that reads 2 keeps
+# reading the folders it could always read.
+QUANT_FORMAT_VERSION = 4
+VQ_FORMAT_VERSION = 4
 
 
 def is_quantized(model: MoETransformer) -> bool:
@@ -122,13 +126,13 @@ def quantization_section(model: MoETransformer) -> dict[str, Any] | None:
         return None
     dense = quantized_dense(model)
     if not dense:
-        return {"format_version": 2, "spec": spec.to_dict()}
+        return {"format_version": VQ_FORMAT_VERSION if spec.vector else 2, "spec": spec.to_dict()}
     specs = {m.spec for m in dense.values()}
     if len(specs) != 1:
         raise InvalidValueError("model: dense projections are quantized with different settings")
     d = next(iter(specs))
     return {
-        "format_version": QUANT_FORMAT_VERSION,
+        "format_version": VQ_FORMAT_VERSION if spec.vector else 3,
         "spec": spec.to_dict(),
         "dense": {"bits": d.bits, "group_size": d.group_size, "modules": list(dense)},
     }
@@ -179,6 +183,8 @@ def read_quantization(section: Any, where: str) -> QuantSpec:
     spec = dict(section["spec"])
     if v == 1 and spec.get("lowrank") == "tileq":  # version 1's tileq had r x r cores
         spec["lowrank"] = "tileq-core"
+    if v < VQ_FORMAT_VERSION and spec.get("method") == "gptvq":
+        raise InvalidValueError(f"{where}: GPTVQ codebooks need quantization format_version 4")
     try:
         return QuantSpec.from_dict(spec)
     except (TypeError, ValueError) as e:
