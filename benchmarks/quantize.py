@@ -382,7 +382,8 @@ def shared_result(rows: list[dict], args) -> BenchmarkResult:
     """The rows as the shared result: one arm per (run, bits, method, low-rank, target, rank),
     calibration seeds as seeds (the calibration-free fp row stands for every seed); pairs:
     every low-rank row against plain quantization at its bits and method, the shared-factor
-    rows also against per-expert at the same rank, and plain quantization against fp."""
+    rows also against per-expert at the same rank, plain quantization against fp, and every
+    GPTVQ row against the GPTQ row of the same scheme (TileQ's "− vector quantization")."""
     seeds = sorted({r["seed"] for r in rows if r["seed"] is not None})
     metrics: dict[str, dict[int, dict[str, float]]] = {}
     for r in rows:
@@ -398,6 +399,9 @@ def shared_result(rows: list[dict], args) -> BenchmarkResult:
     pairs = []
     for arm in metrics:
         run, bits, method, lowrank, _, *rank = arm.split("/")
+        scalar = arm.replace("/gptvq/", "/gptq/")
+        if method == "gptvq" and scalar in metrics:  # the vector backend against the scalar one
+            pairs.append((arm, scalar))
         if lowrank == "none":
             pairs.append((arm, f"{run}/fp/-/-/-"))
         elif bits != "fp":
