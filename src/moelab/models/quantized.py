@@ -41,8 +41,8 @@ from moelab.models.transformer import MoETransformer
 # (quantized dense projections). 4: GPTVQ experts (centroid indices and int8 codebooks). Each
 # folder is written with the lowest version that holds it, so a moelab that reads 2 keeps
 # reading the folders it could always read.
-QUANT_FORMAT_VERSION = 4
 VQ_FORMAT_VERSION = 4
+QUANT_FORMAT_VERSION = VQ_FORMAT_VERSION
 
 
 def is_quantized(model: MoETransformer) -> bool:

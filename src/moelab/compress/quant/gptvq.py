@@ -74,6 +74,9 @@ class VQTensor:
     rows: int
     group_size: int
 
+    zeros = None  # the format's facts, read like QuantizedTensor's: no zero points,
+    g_idx = None  # no act-order groups
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """``[E, O, I]`` float weights."""
         return vq_dequantize(

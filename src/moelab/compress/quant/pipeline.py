@@ -364,14 +364,9 @@ def quantize_layer(
         q_err[name] = output_error(base, What, acc.sums)
         if spec.lowrank != "none" and factors is None:
             factors = fit(W - What)
-        if isinstance(q, VQTensor):
-            proj = QuantizedProjection.from_codes(
-                spec, q.codes, q.scales, None, None, factors, perm=perm, codebook=q.codebook
-            )
-        else:
-            proj = QuantizedProjection.from_codes(
-                spec, q.codes, q.scales, q.zeros, q.g_idx, factors, perm=perm
-            )
+        proj = QuantizedProjection.from_codes(
+            spec, q.codes, q.scales, q.zeros, q.g_idx, factors, perm=perm, codebook=q.codebook
+        )
         if factors is not None:
             lr_err[name] = output_error(W, What + proj.lowrank.dense(), acc.sums)
         projections[name] = proj

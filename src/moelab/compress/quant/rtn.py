@@ -49,6 +49,8 @@ class QuantizedTensor:
     bits: int
     group_size: int
 
+    codebook = None  # scalar codes index no codebook (GPTVQ's VQTensor does)
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """``[.., O, I]`` float weights ``scale · (code − zero)``."""
         return dequantize(
