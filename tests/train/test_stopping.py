@@ -1,7 +1,8 @@
 """The stop watcher (:mod:`moelab.train.stopping`) on real processes: after SIGTERM, a main
 thread stuck in one call exits ``grace`` seconds later with 143 and one line; one that keeps
 running Python stops cleanly however long it takes; while polling for another rank only that
-rank's heartbeat counts."""
+rank's heartbeat counts; the stop flag agreed over the ranks keeps a signal that lands while
+the agreement is under way."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import moelab
 from moelab.errors import InvalidValueError
-from moelab.train.stopping import check_stop_grace
+from moelab.train.loop_session import TrainSession
+from moelab.train.stopping import StopFlag, check_stop_grace
 
 SRC = str(Path(moelab.__file__).resolve().parents[1])
 SCRIPT = """
@@ -115,3 +118,39 @@ def test_check_stop_grace_refuses_what_is_not_a_finite_positive_number(bad):
     with pytest.raises(InvalidValueError, match="stop_grace_s: must be a finite number"):
         check_stop_grace(bad)
     assert check_stop_grace(2) == 2.0
+
+
+def _session(peer_flags: list[bool], monkeypatch, signalled: bool) -> TrainSession:
+    """A two-rank session's stop check with a fake all-reduce: each call takes the peer's
+    flag from ``peer_flags``; with ``signalled`` the first call also delivers this rank's
+    signal while it is blocked (its handler runs after the flag was read, as CPython runs
+    handlers)."""
+    session = object.__new__(TrainSession)
+    session.dist_info = type("Dist", (), {"enabled": True})()
+    session.device, session.stop = torch.device("cpu"), StopFlag()
+    calls = []
+
+    def all_reduce(tensor, op):
+        if signalled and not calls:
+            session.stop.stop = True  # SIGTERM's handler, after the tensor was built
+        tensor.copy_(torch.maximum(tensor, torch.tensor([int(peer_flags[len(calls)])])))
+        calls.append(int(tensor.item()))
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+    return session
+
+
+def test_a_signal_during_the_agreement_stops_at_the_next_check(monkeypatch):
+    session = _session([False, False], monkeypatch, signalled=True)
+    assert session.stop_requested() is False  # both ranks offered 0 to this all-reduce
+    assert session.stop.stop is True  # ... but the signal is kept, not overwritten
+    assert session.stop_requested() is True
+
+
+def test_the_peers_signal_stops_this_rank_too(monkeypatch):
+    session = _session([False, True, False], monkeypatch, signalled=False)
+    assert session.stop_requested() is False
+    assert session.stop.stop is False
+    assert session.stop_requested() is True
+    assert session.stop.stop is True
+    assert session.any_rank(False) is False  # a flag no rank raised stays down

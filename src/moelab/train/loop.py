@@ -548,20 +548,19 @@ def _train(
                 run.metrics.write(rec)
             if on_step is not None:
                 run.probe(step)
-            over_budget = cfg.time_budget_s is not None and run.elapsed_s() >= cfg.time_budget_s
+            # each rank's clock is its own: every rank stops when the first is over budget
+            over_budget = cfg.time_budget_s is not None and run.any_rank(
+                run.elapsed_s() >= cfg.time_budget_s
+            )
             if step % cfg.eval_every == 0 or step == cfg.steps or over_budget:
                 final_eval = run.validate(step) or final_eval
-            stopping = (
-                run.stop_requested()
-                or (stop_after is not None and step >= stop_after)
-                or over_budget
-            )
+            halted = run.stop_requested() or (stop_after is not None and step >= stop_after)
             if step >= cfg.steps:
                 break  # the final checkpoint and model are written below
-            if stopping or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
+            if halted or over_budget or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
                 run.checkpoint(step)
-            if stopping:
-                interrupted = stop.stop or (stop_after is not None and step >= stop_after)
+            if halted or over_budget:
+                interrupted = halted  # a run over its budget finishes
                 break
         if not interrupted:
             run.finish(step)

@@ -127,14 +127,26 @@ class TrainSession:
         """Seconds trained in this run, earlier processes included."""
         return self.elapsed_before + time.perf_counter() - self.t0
 
-    def stop_requested(self) -> bool:
-        """The stop flag, agreed by all ranks (so that no rank leaves a collective alone)."""
+    def any_rank(self, flag: bool) -> bool:
+        """``flag`` OR-ed over the ranks (one all-reduce; the local value without a process
+        group): a decision that ends or changes the loop must be the same on every rank, or
+        one rank leaves a collective alone."""
         if not self.dist_info.enabled:
-            return self.stop.stop
-        flag = torch.tensor([int(self.stop.stop)], device=self.device)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        self.stop.stop = bool(flag.item())
-        return self.stop.stop
+            return flag
+        agreed = torch.tensor([int(flag)], device=self.device)
+        torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MAX)
+        return bool(agreed.item())
+
+    def stop_requested(self) -> bool:
+        """The stop flag, agreed by all ranks (so that no rank leaves a collective alone).
+
+        A signal whose handler runs after the flag was read for the all-reduce (the handler
+        runs when the blocking call returns) stays set for the next check: the agreed value
+        only ever sets the local flag, never clears it."""
+        agreed = self.any_rank(self.stop.stop)
+        if agreed:  # another rank's signal stops this one too
+            self.stop.stop = True
+        return agreed
 
     def checkpoint(self, step: int) -> None:
         """Write the checkpoint of optimizer step ``step`` (collective under a parallel plan:
