@@ -15,8 +15,8 @@ continuous batching over a slotted KV cache). Both get the same number of thread
   tokens/s ``B·(N−1) / (T(N) − T(1))`` (prefill and first token cancel out), B = 1, 4, 8.
 - **Compiled decode** (``--compile``): moelab's engine again with its decode steps through
   ``torch.compile`` (``Engine(compile=True)``, what ``moelab serve --compile`` runs), in the
-  same interleaved runs; compiled once per model before timing. F32 only: the engine refuses
-  to compile quantized weights (their packed-code kernel is not traceable).
+  same interleaved runs; compiled once per model and batch before timing, at F32 and at
+  8-bit (the packed-code kernel is one operator in the graph, ``moelab::quant_rows_mm``).
 - **8-bit**: llama.cpp runs the Q8_0 file (every matrix but the routers 8-bit); moelab runs its
   own 8-bit model: experts (``quantize_model``, RTN, 8 bits, symmetric, groups of 64 columns)
   and every dense projection, attention and LM head (``quantize_dense``, the same grid): what
@@ -228,15 +228,14 @@ def bench_type(label, model, cpp: LlamaCpp, prompts, long_prompt, args) -> dict:
             "cpp N": lambda ps=ps: cpp.generate(ps, N),
             "cpp 1": lambda ps=ps: cpp.generate(ps, 1),
         }
-        compile = args.compile and label == "f32"  # quantized weights decode eagerly
-        if compile:
+        if args.compile:
             moelab_generate(model, ps, 3, compile=True)  # compiles (once per model and shape)
             fns["compiled N"] = lambda ps=ps: moelab_generate(model, ps, N, compile=True)
             fns["compiled 1"] = lambda ps=ps: moelab_generate(model, ps, 1, compile=True)
         t = interleaved_medians(fns, repeats=args.repeats, budget_s=60, min_repeats=args.repeats)
         theirs = decode_rate(B, N, t["cpp N"], t["cpp 1"])
         row[f"decode B={B}"] = (decode_rate(B, N, t["ours N"], t["ours 1"]), theirs)
-        if compile:
+        if args.compile:
             compiled = decode_rate(B, N, t["compiled N"], t["compiled 1"])
             row[f"compiled decode B={B}"] = (compiled, theirs)
     for key, (a, b) in row.items():

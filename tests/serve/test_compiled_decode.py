@@ -1,6 +1,7 @@
 """Decoding through ``torch.compile`` (``Engine(compile=True)``, ``moelab generate --compile``):
 the same greedy tokens as eager decoding, one graph for every step (no graph break at the
-fused expert kernel, no recompile when the cache grows), and the flag's refusals."""
+fused expert kernel or the packed-code kernel of quantized weights, no recompile when the cache
+grows), and the flag's refusals."""
 
 import pytest
 import torch
@@ -96,17 +97,52 @@ def test_compile_refuses_offload_and_diffusion_decoders(tmp_path, extra, needle)
         assert text.startswith("error:") and needle in text and "\n" not in text, text
 
 
-def test_compile_refuses_quantized_weights(tmp_path):
+def quantized(model: MoETransformer, spec, dense_bits: int | None = None) -> MoETransformer:
     from moelab.compress.quant import QuantizeConfig, quantize_model
+    from moelab.compress.quant.dense import quantize_dense
+
+    calibration = [torch.randint(0, model.cfg.vocab_size, (2, 16))]
+    quantize_model(model, calibration, QuantizeConfig(spec=spec, sequential=False))
+    if dense_bits is not None:
+        quantize_dense(model, bits=dense_bits, group_size=16)
+    return model
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(cpu_kernel.kernel() is None, reason="no C++ toolchain")
+@pytest.mark.parametrize("bits, symmetric, dense_bits", [(8, True, 8), (4, False, None)])
+def test_compiled_quantized_decode_gives_eager_tokens_with_one_graph(bits, symmetric, dense_bits):
+    from moelab.core.experts.quantized import QuantSpec
+
+    spec = QuantSpec(method="rtn", bits=bits, group_size=16, symmetric=symmetric)
+    model = quantized(peaked_model(), spec, dense_bits)
+    prompt = [3, 7, 1, 4, 4, 9, 2, 8]
+    want = list(generate_ids(model, prompt, max_new_tokens=40, temperature=0))
+    torch._dynamo.reset()
+    counters.clear()
+    got = list(generate_ids(model, prompt, max_new_tokens=40, temperature=0, compile=True))
+    assert got == want and len(got) == 40
+    # the packed-code kernel is one operator in the graph (moelab::quant_rows_mm)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert not counters["graph_break"]
+
+
+@pytest.mark.parametrize(
+    "spec, why",
+    [
+        ({"bits": 2}, "2-bit codes"),
+        ({"bits": 4, "lowrank": "per-expert", "rank": 2}, "per-expert low-rank factors"),
+    ],
+)
+def test_compile_refuses_what_would_break_the_graph(tmp_path, spec, why):
     from moelab.core.experts.quantized import QuantSpec
 
     torch.manual_seed(0)
     model = MoETransformer(ModelConfig.tiny(vocab_size=256, max_seq_len=64)).eval()
-    spec = QuantSpec(method="rtn", bits=8, group_size=16, symmetric=True)
-    calibration = [torch.randint(0, 256, (2, 16))]
-    quantize_model(model, calibration, QuantizeConfig(spec=spec, sequential=False))
-    # the packed-code kernel would break the graph at every layer
-    with pytest.raises(ValueError, match="quantized weights decodes eagerly"):
+    quantized(model, QuantSpec(method="rtn", group_size=16, symmetric=True, **spec))
+    with pytest.raises(
+        ValueError, match=f"projection blocks.0.ffn.experts.projections.gate has {why}"
+    ):
         Engine(model, compile=True)
     Engine(model)  # eager decoding is fine
     save_model(model, tmp_path)
@@ -114,4 +150,4 @@ def test_compile_refuses_quantized_weights(tmp_path):
     result = CliRunner().invoke(app, ["generate", str(tmp_path), "--compile", "--prompt", "a"])
     assert result.exit_code == 2, result.output
     text = result.output.strip()
-    assert text.startswith("error:") and "quantized" in text and "\n" not in text, text
+    assert text.startswith("error:") and why in text and "\n" not in text, text

@@ -29,13 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from moelab.core.experts import cpu_kernel
 from moelab.core.experts.quantized import (
     KERNEL_MAX_ROWS,
     QuantizedProjection,
     QuantSpec,
     kernel_applies,
-    kernel_tiles,
 )
 
 
@@ -111,8 +109,7 @@ class QuantizedLinear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         n = rows.shape[0]
         if 0 < n <= KERNEL_MAX_ROWS and kernel_applies(self.proj.spec, rows):
-            counts, experts = kernel_tiles([n], [0])
-            y = self.proj.kernel_mm(rows, counts, experts, cpu_kernel.int8_activations())
+            y = self.proj.kernel_mm(rows, torch.tensor([n]))
         else:
             y = F.linear(rows, self.proj.dequantize(x.dtype)[0])
         if self.bias is not None:

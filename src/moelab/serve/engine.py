@@ -49,11 +49,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from moelab.core.experts.quantized import QuantizedExpertBank
+from moelab.core.experts.quantized import QuantizedProjection, kernel_format
 from moelab.data import Tokenizer
 from moelab.errors import InvalidTypeError, InvalidValueError
 from moelab.models import MoETransformer
-from moelab.models.quantized_linear import QuantizedLinear
 from moelab.serve.batching import check_batching, serving_routing
 from moelab.serve.detok import Detokenizer
 from moelab.serve.kv_slots import SlotKVCache
@@ -62,18 +61,34 @@ from moelab.serve.sampling import sample_next
 
 
 def check_compilable(model: MoETransformer) -> None:
-    """Refuse to compile the decode of a model with quantized weights (``moelab quantize``):
-    their packed-code kernel is no operator torch.compile can trace, so every layer would break
-    the graph (compiled decode measured 0.40-0.61x eager).
+    """Refuse to compile the decode of a model whose quantized weights (``moelab quantize``)
+    torch.compile cannot keep in one graph: codes the packed-code operator
+    (``moelab::quant_rows_mm``) does not read (:func:`kernel_format`: 2/3-bit, vector,
+    act-order or rotated codes) or low-rank corrections, whose data-dependent shapes would
+    break the graph at every layer (such compiled decodes measured 0.40-0.61x eager).
 
     Raises:
-        ValueError: the model holds quantized experts or dense projections.
+        InvalidValueError: naming the first such projection and why.
     """
-    if any(isinstance(m, (QuantizedExpertBank, QuantizedLinear)) for m in model.modules()):
-        raise InvalidValueError(
-            "compile: a model with quantized weights decodes eagerly (its packed-code kernel "
-            "cannot be compiled)"
-        )
+    for name, m in model.named_modules():
+        if not isinstance(m, QuantizedProjection):
+            continue
+        spec, why = m.spec, None
+        if not kernel_format(spec):
+            why = (
+                "vector (GPTVQ) codes" if spec.vector
+                else "act-order codes" if spec.act_order
+                else "rotated codes" if spec.rotate_block
+                else f"{spec.bits}-bit codes"
+            )  # fmt: skip
+        elif m.lowrank is not None:
+            why = f"{spec.lowrank} low-rank factors"
+        if why:
+            raise InvalidValueError(
+                f"compile: quantized projection {name} has {why} and decodes eagerly (compiled "
+                "decode takes 4- or 8-bit scalar codes without act-order, rotation or low-rank "
+                "factors)"
+            )
 
 
 logger = logging.getLogger(__name__)

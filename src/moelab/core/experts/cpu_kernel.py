@@ -132,13 +132,14 @@ def supports(x: Tensor, activation: str, *weights: Tensor) -> bool:
         and x.device.type == "cpu"
         and x.is_floating_point()
         and activation in ACTIVATIONS
-        and _available()
+        and available()
     )
 
 
 @torch.compiler.assume_constant_result
-def _available() -> bool:
-    # torch.compile takes the answer as a constant instead of tracing the build machinery
+def available() -> bool:
+    """Whether :func:`kernel` is built (torch.compile takes the answer as a constant instead
+    of tracing the build machinery)."""
     return kernel() is not None
 
 
@@ -159,7 +160,7 @@ def _needs_save(*tensors: Tensor) -> bool:
 
 
 def _check_available() -> None:
-    if not _available():
+    if not available():
         raise RuntimeError("the fused CPU expert kernel is not available")
 
 
@@ -340,7 +341,7 @@ def dense_rows_apply(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
         and weight.is_contiguous()
         and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
         and not torch.is_autocast_enabled("cpu")
-        and _available()
+        and available()
     )
 
 

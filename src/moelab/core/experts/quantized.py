@@ -248,21 +248,49 @@ def kernel_tiles(counts: list[int], experts: list[int]) -> tuple[list[int], list
     return out_counts, out_experts
 
 
-def kernel_applies(spec: QuantSpec, x: Tensor) -> bool:
-    """Whether the compiled decode kernel (``csrc/quant_cpu.cpp``) can multiply ``x`` by
-    weights quantized with ``spec``: scalar codes of 4 or 8 bits (4-bit groups whole bytes),
-    no act-order or rotation, ``x`` float32 on the CPU without gradients, and the kernel built."""
+def kernel_format(spec: QuantSpec) -> bool:
+    """Whether the compiled decode kernel (``csrc/quant_cpu.cpp``) reads codes stored with
+    ``spec``: scalar codes of 4 or 8 bits (4-bit groups whole bytes), no act-order or
+    rotation."""
     return (
         not spec.vector
         and spec.bits in (4, 8)
         and (spec.bits == 8 or spec.group_size % 2 == 0)
         and not spec.act_order
         and not spec.rotate_block
+    )
+
+
+def kernel_applies(spec: QuantSpec, x: Tensor) -> bool:
+    """Whether the compiled decode kernel (``csrc/quant_cpu.cpp``) can multiply ``x`` by
+    weights quantized with ``spec``: :func:`kernel_format`, ``x`` float32 on the CPU without
+    gradients, and the kernel built."""
+    return (
+        kernel_format(spec)
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and not (torch.is_grad_enabled() and x.requires_grad)
-        and cpu_kernel.kernel() is not None
+        and cpu_kernel.available()
     )
+
+
+@torch.library.custom_op("moelab::quant_rows_mm", mutates_args=())
+def _quant_rows_op(
+    x: Tensor, counts: Tensor, codes: Tensor, scales: Tensor, zeros: Tensor | None,
+    bits: int, out_features: int,
+) -> Tensor:  # fmt: skip
+    # an operator of its own, so that torch.compile keeps the call (and the host read of
+    # ``counts`` it needs for the tiles) out of the traced graph instead of breaking it
+    tiles = kernel_tiles(counts.tolist(), list(range(counts.shape[0])))
+    return cpu_kernel.kernel().quant_experts_mm(
+        x.contiguous(), *tiles, codes, scales, zeros, bits, out_features,
+        cpu_kernel.int8_activations(),
+    )  # fmt: skip
+
+
+@_quant_rows_op.register_fake
+def _(x, counts, codes, scales, zeros, bits, out_features):
+    return x.new_empty(x.shape[0], out_features)
 
 
 def _empty_factors(spec: QuantSpec, K: int, d_out: int, d_in: int) -> LowRankFactors | None:
@@ -487,21 +515,21 @@ class QuantizedProjection(nn.Module):
             w = unrotate(w, pick(self.perm), self.spec.rotate_block)
         return w
 
-    def kernel_mm(self, x: Tensor, counts: list[int], experts: list[int], int8: bool) -> Tensor:
-        """``[N, O]`` rows of ``x [N, I]`` (float32, sorted by expert: ``counts[i]`` rows, 1 to
-        :data:`KERNEL_TILE_ROWS`, for expert ``experts[i]``; an expert may repeat:
-        :func:`kernel_tiles`) through the dequantized weights,
-        without the low-rank correction, by the compiled decode kernel
-        (``csrc/quant_cpu.cpp``: the packed codes read once per run; ``int8``: the rows quantized to
-        int8 per group first, :func:`cpu_kernel.int8_activations`). The caller checks that the
-        kernel applies: 4 or 8 bits, no act-order or rotation, no gradients."""
+    def kernel_mm(self, x: Tensor, counts: Tensor) -> Tensor:
+        """``[N, O]`` rows of ``x [N, I]`` (float32, sorted by expert: ``counts [E]`` int64
+        rows for each expert in order, zeros allowed) through the dequantized weights, without
+        the low-rank correction, by the compiled decode kernel (``csrc/quant_cpu.cpp``: the
+        packed codes read once per :data:`KERNEL_TILE_ROWS` rows, :func:`kernel_tiles`; the
+        rows quantized to int8 per group first where :func:`cpu_kernel.int8_activations`).
+        One operator (``moelab::quant_rows_mm``), which torch.compile keeps whole. The caller
+        checks that the kernel applies (:func:`kernel_applies`) and that no expert has more
+        than :data:`KERNEL_MAX_ROWS` rows."""
         zeros = None
         if self.zeros is not None:
             zeros = self._unpack_experts(self.zeros, tuple(self.scales.shape), self.spec.bits, None)
-        return cpu_kernel.kernel().quant_experts_mm(
-            x.contiguous(), counts, experts, self.codes, self.scale_values, zeros,
-            self.spec.bits, self.shape[1], int8,
-        )  # fmt: skip
+        return _quant_rows_op(
+            x, counts, self.codes, self.scale_values, zeros, self.spec.bits, self.shape[1]
+        )
 
     def weight(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """``[E, O, I]`` effective weights: dequantized plus the low-rank correction."""
@@ -636,16 +664,18 @@ class QuantizedExpertBank(nn.Module):
         (``x_ND == x_TD[token_idx]``) let the gate/up corrections project each token once."""
         dt = x_ND.dtype
         all_counts = counts
-        # Only the experts that receive rows are dequantized (rows stay sorted by expert, so
-        # dropping the empty groups keeps the grouped matmul's layout).
-        active = counts.nonzero().squeeze(1)
-        if len(active) == len(counts):
-            active = None
-        else:
-            counts = counts[active]
-        rows = self._kernel_rows(x_ND, counts, active)
+        active = None
+        kernel = self._use_kernel(x_ND, counts)
+        if not kernel:
+            # Only the experts that receive rows are dequantized (rows stay sorted by expert,
+            # so dropping the empty groups keeps the grouped matmul's layout).
+            active = counts.nonzero().squeeze(1)
+            if len(active) == len(counts):
+                active = None
+            else:
+                counts = counts[active]
         h = torch.cat(
-            [self._project(n, x_ND, counts, active, rows) for n in self.proj_names[:-1]], dim=1
+            [self._project(n, x_ND, counts, active, kernel) for n in self.proj_names[:-1]], dim=1
         )
         corr = [
             self.projections[n].lowrank.apply_rows(x_ND, all_counts, x_TD, token_idx)
@@ -658,50 +688,41 @@ class QuantizedExpertBank(nn.Module):
             h = h + self.b_in.to(dt)[expert_of_rows(all_counts)]
         a = self.activation(h)
         down = self.projections["down"]
-        y = self._project("down", a, counts, active, rows)
+        y = self._project("down", a, counts, active, kernel)
         if self.b_down is not None:
             y = y + self.b_down.to(dt)[expert_of_rows(all_counts)]
         if down_lowrank and down.lowrank is not None:
             y = y + down.lowrank.apply_rows(a, all_counts)
         return y, a, all_counts
 
-    def _kernel_rows(
-        self, x: Tensor, counts: Tensor, active: Tensor | None
-    ) -> tuple[list[int], list[int], bool] | None:
-        """``(rows per expert, expert ids, int8 activations)`` (host lists and
-        :func:`cpu_kernel.int8_activations`) when this forward's projections run the compiled
-        decode kernel (``csrc/quant_cpu.cpp``), else None. The kernel reads the
-        packed codes instead of writing and re-reading a float32 copy (once per
-        :data:`KERNEL_TILE_ROWS` rows: :func:`kernel_tiles`); it takes experts of at most
-        :data:`KERNEL_MAX_ROWS` rows at 4 or 8 bits in float32 without gradients. Act-order,
+    def _use_kernel(self, x: Tensor, counts: Tensor) -> bool:
+        """Whether this forward's projections run the compiled decode kernel
+        (``csrc/quant_cpu.cpp``), which reads the packed codes instead of writing and
+        re-reading a float32 copy: 4 or 8 bits in float32 without gradients
+        (:func:`kernel_applies`), at most :data:`KERNEL_MAX_ROWS` rows per expert. Act-order,
         rotated or 2/3-bit codes, other dtypes, larger batches and gradients take
         dequantization plus the grouped matmul (the same values up to float rounding; with
         :func:`cpu_kernel.int8_activations` the kernel's rows are quantized to int8 per group
-        first). Decided once per forward: every projection shares the spec and the rows."""
-        if not (
+        first). Decided once per forward: every projection shares the spec and the rows. A
+        call of at most :data:`KERNEL_MAX_ROWS` rows (every decode step) is decided without
+        reading ``counts``, so torch.compile traces it without a break."""
+        n = x.shape[0]
+        return (
             kernel_applies(self.spec, x)
-            and len(counts) > 0
-            and int(counts.max()) <= KERNEL_MAX_ROWS
-        ):
-            return None
-        experts = active if active is not None else torch.arange(len(counts))
-        return (*kernel_tiles(counts.tolist(), experts.tolist()), cpu_kernel.int8_activations())
+            and n > 0
+            and (n <= KERNEL_MAX_ROWS or int(counts.max()) <= KERNEL_MAX_ROWS)
+        )
 
     def _project(
-        self,
-        name: str,
-        x: Tensor,
-        counts: Tensor,
-        active: Tensor | None,
-        kernel_rows: tuple[list[int], list[int], bool] | None,
+        self, name: str, x: Tensor, counts: Tensor, active: Tensor | None, kernel: bool
     ) -> Tensor:
         """Rows ``x [N, I]`` (sorted by expert: ``counts`` rows for each of the ``active``
         experts, or of every expert when None) through projection ``name``'s dequantized
-        weights, without its low-rank correction: ``[N, O]`` (``kernel_rows``: see
-        :meth:`_kernel_rows`)."""
+        weights, without its low-rank correction: ``[N, O]`` (``kernel``: see
+        :meth:`_use_kernel`; ``counts`` is then every expert's)."""
         proj = self.projections[name]
-        if kernel_rows is not None:
-            return proj.kernel_mm(x, *kernel_rows)
+        if kernel:
+            return proj.kernel_mm(x, counts)
         w = proj.dequantize(x.dtype, active).transpose(1, 2).contiguous()
         return grouped_mm(x, w, counts, self.backend)
 
