@@ -30,27 +30,58 @@ __attribute__((always_inline)) inline Lanes load_lanes(const float* p) {
   return v;
 }
 
-// a[0] + ... + a[15] by pairwise halving, in a fixed order.
-__attribute__((always_inline)) inline float sum_lanes(Lanes a) {
-  float t[kLanes];
-  std::memcpy(t, &a, sizeof(t));
-  for (int64_t width = kLanes / 2; width >= 1; width /= 2)
-    for (int64_t l = 0; l < width; ++l) t[l] += t[l + width];
-  return t[0];
+// An output's 16 partial sums t[0..15] are added by pairwise halving, t[l] += t[l + w] for
+// w = 8, 4, 2, 1, in vector registers for a whole tile at once: a scalar reduction per
+// output took about as long as the multiply-adds of a 576-wide row. fold<w>(a, b) is one
+// halving step for the accumulators packed in a and b (each vector holds 2w lanes of each
+// of its 8 / w accumulators): the w sums left of each of a's accumulators, then of b's.
+__attribute__((always_inline)) inline Lanes fold8(Lanes a, Lanes b) {
+  return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+         __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30,
+                                 31);
+}
+__attribute__((always_inline)) inline Lanes fold4(Lanes a, Lanes b) {
+  return __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+         __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+}
+__attribute__((always_inline)) inline Lanes fold2(Lanes a, Lanes b) {
+  return __builtin_shufflevector(a, b, 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+         __builtin_shufflevector(a, b, 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+}
+__attribute__((always_inline)) inline Lanes fold1(Lanes a, Lanes b) {
+  return __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28,
+                                 30) +
+         __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29,
+                                 31);
+}
+
+// The sums of acc[0 .. n-1] (n <= 16) in the halving order, acc[i]'s as lane i of the
+// result (the missing accumulators are zeros).
+template <int64_t n>
+__attribute__((always_inline)) inline Lanes reduce_tile(const Lanes* acc) {
+  Lanes v[kLanes];
+#pragma GCC unroll 16
+  for (int64_t i = 0; i < kLanes; ++i) v[i] = i < n ? acc[i] : Lanes{};
+#pragma GCC unroll 8
+  for (int64_t i = 0; i < 8; ++i) v[i] = fold8(v[2 * i], v[2 * i + 1]);
+#pragma GCC unroll 4
+  for (int64_t i = 0; i < 4; ++i) v[i] = fold4(v[2 * i], v[2 * i + 1]);
+  v[0] = fold2(v[0], v[1]);
+  v[1] = fold2(v[2], v[3]);
+  return fold1(v[0], v[1]);
 }
 
 // out[m, o] for the weight rows o0 .. o0 + R - 1 and M <= 4 input rows: a register tile of
-// R x M accumulators, so each loaded weight vector serves M rows and each loaded input vector
-// R weight rows (loads, not multiply-adds, would bound a row-at-a-time loop).
+// R x M <= 16 accumulators, so each loaded weight vector serves M rows and each loaded input
+// vector R weight rows (loads, not multiply-adds, would bound a row-at-a-time loop).
 template <int64_t R, int64_t M>
 __attribute__((always_inline)) inline void dot_tile(const float* x, int64_t K, const float* w,
                                                     int64_t o0, const float* bias, float* out,
                                                     int64_t N) {
-  Lanes acc[R][M];
+  static_assert(R * M <= kLanes, "a tile's sums fill one vector");
+  Lanes acc[R * M];
 #pragma GCC unroll 16
-  for (int64_t r = 0; r < R; ++r)
-#pragma GCC unroll 16
-    for (int64_t m = 0; m < M; ++m) acc[r][m] = Lanes{};
+  for (int64_t i = 0; i < R * M; ++i) acc[i] = Lanes{};
   int64_t k = 0;
   for (; k + kLanes <= K; k += kLanes) {
     Lanes xv[M], wv[R];
@@ -61,39 +92,43 @@ __attribute__((always_inline)) inline void dot_tile(const float* x, int64_t K, c
 #pragma GCC unroll 16
     for (int64_t r = 0; r < R; ++r)
 #pragma GCC unroll 16
-      for (int64_t m = 0; m < M; ++m) acc[r][m] += xv[m] * wv[r];
+      for (int64_t m = 0; m < M; ++m) acc[r * M + m] += xv[m] * wv[r];
   }
+  float sums[kLanes];
+  const Lanes reduced = reduce_tile<R * M>(acc);
+  std::memcpy(sums, &reduced, sizeof(sums));
   for (int64_t r = 0; r < R; ++r) {
     for (int64_t m = 0; m < M; ++m) {
-      float s = sum_lanes(acc[r][m]);
+      float s = sums[r * M + m];
       for (int64_t j = k; j < K; ++j) s += x[m * K + j] * w[(o0 + r) * K + j];
       out[m * N + o0 + r] = bias != nullptr ? s + bias[o0 + r] : s;
     }
   }
 }
 
-constexpr int64_t kTileRows = 4;  // weight rows per register tile
-
-// Output features [o0, o1) for M <= 4 input rows.
-template <int64_t M>
-__attribute__((always_inline)) inline void dot_block(const float* x, int64_t K, const float* w,
-                                                     int64_t o0, int64_t o1, const float* bias,
-                                                     float* out, int64_t N) {
-  int64_t o = o0;
-  for (; o + kTileRows <= o1; o += kTileRows) dot_tile<kTileRows, M>(x, K, w, o, bias, out, N);
-  for (; o < o1; ++o) dot_tile<1, M>(x, K, w, o, bias, out, N);
-}
-
-// Output features [o0, o1) for M <= 8 rows: groups of at most 4 input rows (the second group
-// reads the block's weights again, from cache).
+// Output features [o0, o1) for M <= 8 input rows: tiles of R weight rows (8 for one or two
+// input rows, 4 for more: at most 16 accumulators), each tile's weights serving the rows in
+// groups of at most 4 while they are in L1.
 template <int64_t M>
 MOELAB_CLONES void dot_rows_m(const float* x, int64_t K, const float* w, int64_t o0, int64_t o1,
                               const float* bias, float* out, int64_t N) {
-  if constexpr (M <= 4) {
-    dot_block<M>(x, K, w, o0, o1, bias, out, N);
-  } else {
-    dot_block<4>(x, K, w, o0, o1, bias, out, N);
-    dot_block<M - 4>(x + 4 * K, K, w, o0, o1, bias, out + 4 * N, N);
+  constexpr int64_t R = M <= 2 ? 8 : 4;
+  int64_t o = o0;
+  for (; o + R <= o1; o += R) {
+    if constexpr (M <= 4) {
+      dot_tile<R, M>(x, K, w, o, bias, out, N);
+    } else {
+      dot_tile<R, 4>(x, K, w, o, bias, out, N);
+      dot_tile<R, M - 4>(x + 4 * K, K, w, o, bias, out + 4 * N, N);
+    }
+  }
+  for (; o < o1; ++o) {
+    if constexpr (M <= 4) {
+      dot_tile<1, M>(x, K, w, o, bias, out, N);
+    } else {
+      dot_tile<1, 4>(x, K, w, o, bias, out, N);
+      dot_tile<1, M - 4>(x + 4 * K, K, w, o, bias, out + 4 * N, N);
+    }
   }
 }
 
