@@ -15,8 +15,10 @@ continuous batching over a slotted KV cache). Both get the same number of thread
   tokens/s ``B·(N−1) / (T(N) − T(1))`` (prefill and first token cancel out), B = 1, 4, 8.
 - **Compiled decode** (``--compile``): moelab's engine again with its decode steps through
   ``torch.compile`` (``Engine(compile=True)``, what ``moelab serve --compile`` runs), in the
-  same interleaved runs; compiled once per model and batch before timing, at F32 and at
-  8-bit (the packed-code kernel is one operator in the graph, ``moelab::quant_rows_mm``).
+  same interleaved runs; compiled once per model and batch before timing (after
+  ``torch._dynamo.reset()``: past the recompile limit a forward silently runs eager), at F32
+  and at 8-bit (the packed-code kernel is one operator in the graph,
+  ``moelab::quant_rows_mm``).
 - **8-bit**: llama.cpp runs the Q8_0 file (every matrix but the routers 8-bit); moelab runs its
   own 8-bit model: experts (``quantize_model``, RTN, 8 bits, symmetric, groups of 64 columns)
   and every dense projection, attention and LM head (``quantize_dense``, the same grid): what
@@ -229,6 +231,10 @@ def bench_type(label, model, cpp: LlamaCpp, prompts, long_prompt, args) -> dict:
             "cpp 1": lambda ps=ps: cpp.generate(ps, 1),
         }
         if args.compile:
+            # each engine's batch size is a guard of the model's compiled forward, and past
+            # torch.compile's recompile limit (8 graphs per function, all models together)
+            # the forward falls back to eager: only this measure's graphs are kept
+            torch._dynamo.reset()
             moelab_generate(model, ps, 3, compile=True)  # compiles (once per model and shape)
             fns["compiled N"] = lambda ps=ps: moelab_generate(model, ps, N, compile=True)
             fns["compiled 1"] = lambda ps=ps: moelab_generate(model, ps, 1, compile=True)

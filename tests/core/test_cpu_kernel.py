@@ -437,10 +437,8 @@ def test_quantized_decode_kernel_equals_dequantized_float64(
         return torch.cat(out)
 
     calls = []
-    kernel_mm = cpu_kernel.kernel().quant_experts_mm
-    monkeypatch.setattr(
-        cpu_kernel.kernel(), "quant_experts_mm", lambda *a: calls.append(1) or kernel_mm(*a)
-    )
+    quant_rows = cpu_kernel.quant_rows
+    monkeypatch.setattr(cpu_kernel, "quant_rows", lambda *a: calls.append(1) or quant_rows(*a))
     # 12 rows of one expert: tiles of 8 + 4; above KERNEL_MAX_ROWS rows: the batch path
     big = KERNEL_MAX_ROWS + 1
     cases = (

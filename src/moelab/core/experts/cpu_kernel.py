@@ -101,7 +101,7 @@ def kernel() -> ModuleType | None:
                     tmp = copy.with_suffix(".tmp")
                     shutil.copyfile(src, tmp)
                     os.replace(tmp, copy)
-            return load(
+            module = load(
                 name="moelab_experts_cpu",
                 sources=[str(build / name) for name in _SOURCES],
                 extra_cflags=["-O3", "-fopenmp"],
@@ -109,6 +109,8 @@ def kernel() -> ModuleType | None:
                 build_directory=str(build),
                 verbose=False,
             )
+        _register_fakes()
+        return module
     except Exception as exc:  # no compiler, no ninja, no Python headers: fall back
         lines = str(exc).strip().splitlines() or [""]
         why = next((line for line in lines if "error" in line.lower()), lines[-1])
@@ -324,7 +326,6 @@ def fused_moe(
 
 DENSE_MAX_ROWS = 8
 """Most rows a :func:`dense_rows` call takes (a decode step's batch); more go to MKL's GEMM."""
-_DENSE_ITEMS_PER_THREAD = 8  # blocks of output features per thread (dynamic balance)
 
 
 def dense_rows_apply(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
@@ -345,26 +346,15 @@ def dense_rows_apply(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     )
 
 
-@torch.library.custom_op("moelab::dense_rows", mutates_args=())
-def _dense_rows_op(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    N = weight.shape[0]
-    block = max(4, math.ceil(N / (_DENSE_ITEMS_PER_THREAD * torch.get_num_threads())))
-    y = kernel().dense_rows_mm(x.reshape(-1, x.shape[-1]).contiguous(), weight, bias, block)
-    return y.view(*x.shape[:-1], N)
-
-
-@_dense_rows_op.register_fake
-def _(x, weight, bias):
-    return x.new_empty(*x.shape[:-1], weight.shape[0])
-
-
 def dense_rows(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)`` for a decode step's few rows (``csrc/dense_rows.cpp``).
 
     MKL reads an ``[N, K]`` weight at a fraction of the memory bandwidth when it multiplies
-    1-8 rows by it; the kernel streams each weight row once, with register tiles of 4 weight
-    rows × 4 input rows, over blocks of output features shared by the intra-op threads (the
-    adaptive scheduler: a busy core is not waited for). Each output is summed in a fixed order
+    1-8 rows by it; the kernel streams each weight row once, in register tiles of 8 weight
+    rows × 1-2 input rows or 4 × 3-4 (a tile's weights serve rows 5-8 from L1), over blocks
+    of output features shared by the intra-op threads (the adaptive scheduler: a busy core is
+    not waited for). The operator ``moelab::dense_rows`` is registered in C++, so neither an
+    eager call nor a compiled graph goes through Python to reach it. Each output is summed in a fixed order
     that does not depend on the call's other rows, so a batched decode gives each row the
     values it gets alone; they differ from MKL's by float32 rounding.
 
@@ -379,9 +369,47 @@ def dense_rows(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
             those above.
     """
     _check_available()
-    return _dense_rows_op(x, weight, bias)
+    return torch.ops.moelab.dense_rows(x, weight, bias)
 
 
+def quant_rows(
+    x: Tensor, counts: Tensor, codes: Tensor, scales: Tensor, zeros: Tensor | None,
+    bits: int, out_features: int,
+) -> Tensor:  # fmt: skip
+    """Rows ``x [N, K]`` (float32, sorted by expert: ``counts [E]`` int64 rows of each expert
+    in order, zeros allowed, at most 8 per call of the kernel: more run as several tiles,
+    each reading the expert's codes again) times one quantized projection's weights
+    ``[E, O, K]`` (``csrc/quant_cpu.cpp``): ``codes`` the packed uint8 codes of 4 or 8 bits,
+    ``scales`` float16 ``[E, O, G]``, ``zeros`` unpacked uint8 ``[E, O, G]`` or None
+    (symmetric). The rows are quantized to int8 per group first where
+    :func:`int8_activations`. The operator ``moelab::quant_rows_mm``, registered in C++.
+
+    Returns:
+        ``[N, out_features]`` float32, not differentiable.
+    Raises:
+        RuntimeError: the kernel is unavailable, or a shape, dtype or count is not the above.
+    """
+    _check_available()
+    return torch.ops.moelab.quant_rows_mm(
+        x, counts, codes, scales, zeros, bits, out_features, int8_activations()
+    )
+
+
+def _register_fakes() -> None:
+    """Output shapes of the C++ operators, for torch.compile's tracing."""
+    torch.library.register_fake(
+        "moelab::dense_rows",
+        lambda x, weight, bias: x.new_empty(*x.shape[:-1], weight.shape[0]),
+    )
+    torch.library.register_fake(
+        "moelab::quant_rows_mm",
+        lambda x, counts, codes, scales, zeros, bits, out_features, int8: x.new_empty(
+            x.shape[0], out_features
+        ),
+    )
+
+
+@torch.compiler.assume_constant_result
 def int8_activations() -> bool:
     """Whether quantized experts' decode-sized calls (``csrc/quant_cpu.cpp``) quantize their
     input rows to int8 and multiply with integer dot products (``csrc/quant_int8.cpp``): the
@@ -392,7 +420,8 @@ def int8_activations() -> bool:
     for its quantized matmuls), so a row's outputs differ from the float32 path by that
     rounding (0.5-0.8 % of the largest output on random codes and inputs; no fixed bound).
     ``MOELAB_INT8_ACTIVATIONS=0`` keeps float32 activations (slower at decode, the values of
-    the dequantized weights).
+    the dequantized weights). A graph compiled by torch.compile keeps the answer it had when
+    it was traced.
     """
     k = kernel()
     return (

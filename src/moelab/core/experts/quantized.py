@@ -227,25 +227,12 @@ class QuantSpec:
             raise InvalidValueError(f"grid: {M}x{N} has fewer cells than the {num_experts} experts")
 
 
-# [I] Rows per expert up to which the kernel runs (in tiles of KERNEL_TILE_ROWS, re-reading
-# the codes for each tile); above it dequantization and the GEMM, whose cost per row is lower
+# [I] Rows per expert up to which the kernel runs (in tiles of 8 rows, re-reading the codes
+# for each tile: csrc/quant_cpu.cpp); above it dequantization and the GEMM, whose cost per row is lower
 # once the rows are many. On a SmolLM2-sized 8-bit bank (8 experts of 576 x 1536, 2 threads,
 # AVX-512 VNNI) the tiled kernel was 4.5x faster than dequantization + GEMM at 32 rows per
 # expert, 2x at 256, 1.5x at 512 and even at 1024.
 KERNEL_MAX_ROWS = 256
-KERNEL_TILE_ROWS = 8  # the kernel's rows per expert and call (csrc/quant_cpu.cpp kMaxRows)
-
-
-def kernel_tiles(counts: list[int], experts: list[int]) -> tuple[list[int], list[int]]:
-    """``counts[i]`` rows of expert ``experts[i]`` as runs of at most
-    :data:`KERNEL_TILE_ROWS` rows of the same expert, in the same row order: the ``counts``
-    and ``experts`` lists :meth:`QuantizedProjection.kernel_mm` takes."""
-    out_counts, out_experts = [], []
-    for n, e in zip(counts, experts, strict=True):
-        for start in range(0, n, KERNEL_TILE_ROWS):
-            out_counts.append(min(KERNEL_TILE_ROWS, n - start))
-            out_experts.append(e)
-    return out_counts, out_experts
 
 
 def kernel_format(spec: QuantSpec) -> bool:
@@ -272,25 +259,6 @@ def kernel_applies(spec: QuantSpec, x: Tensor) -> bool:
         and not (torch.is_grad_enabled() and x.requires_grad)
         and cpu_kernel.available()
     )
-
-
-@torch.library.custom_op("moelab::quant_rows_mm", mutates_args=())
-def _quant_rows_op(
-    x: Tensor, counts: Tensor, codes: Tensor, scales: Tensor, zeros: Tensor | None,
-    bits: int, out_features: int,
-) -> Tensor:  # fmt: skip
-    # an operator of its own, so that torch.compile keeps the call (and the host read of
-    # ``counts`` it needs for the tiles) out of the traced graph instead of breaking it
-    tiles = kernel_tiles(counts.tolist(), list(range(counts.shape[0])))
-    return cpu_kernel.kernel().quant_experts_mm(
-        x.contiguous(), *tiles, codes, scales, zeros, bits, out_features,
-        cpu_kernel.int8_activations(),
-    )  # fmt: skip
-
-
-@_quant_rows_op.register_fake
-def _(x, counts, codes, scales, zeros, bits, out_features):
-    return x.new_empty(x.shape[0], out_features)
 
 
 def _empty_factors(spec: QuantSpec, K: int, d_out: int, d_in: int) -> LowRankFactors | None:
@@ -518,16 +486,14 @@ class QuantizedProjection(nn.Module):
     def kernel_mm(self, x: Tensor, counts: Tensor) -> Tensor:
         """``[N, O]`` rows of ``x [N, I]`` (float32, sorted by expert: ``counts [E]`` int64
         rows for each expert in order, zeros allowed) through the dequantized weights, without
-        the low-rank correction, by the compiled decode kernel (``csrc/quant_cpu.cpp``: the
-        packed codes read once per :data:`KERNEL_TILE_ROWS` rows, :func:`kernel_tiles`; the
-        rows quantized to int8 per group first where :func:`cpu_kernel.int8_activations`).
-        One operator (``moelab::quant_rows_mm``), which torch.compile keeps whole. The caller
-        checks that the kernel applies (:func:`kernel_applies`) and that no expert has more
-        than :data:`KERNEL_MAX_ROWS` rows."""
+        the low-rank correction, by the compiled decode kernel
+        (:func:`cpu_kernel.quant_rows`: the packed codes read once per 8 rows of an expert).
+        The caller checks that the kernel applies (:func:`kernel_applies`) and that no expert
+        has more than :data:`KERNEL_MAX_ROWS` rows."""
         zeros = None
         if self.zeros is not None:
             zeros = self._unpack_experts(self.zeros, tuple(self.scales.shape), self.spec.bits, None)
-        return _quant_rows_op(
+        return cpu_kernel.quant_rows(
             x, counts, self.codes, self.scale_values, zeros, self.spec.bits, self.shape[1]
         )
 

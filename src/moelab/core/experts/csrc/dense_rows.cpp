@@ -181,3 +181,17 @@ at::Tensor dense_rows_mm(const at::Tensor& x, const at::Tensor& w,
       /*adaptive=*/true, dense_scheduler());
   return y;
 }
+
+at::Tensor dense_rows(const at::Tensor& x, const at::Tensor& w,
+                      const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() >= 1 && w.dim() == 2, "dense_rows: x [..., K] and w [N, K] expected");
+  const int64_t N = w.size(0);
+  // kItemsPerThread blocks of output features per thread (dynamic balance), of >= 4 rows
+  constexpr int64_t kItemsPerThread = 8;
+  const int64_t per = kItemsPerThread * at::get_num_threads();
+  const int64_t block = std::max<int64_t>(4, (N + per - 1) / per);
+  auto y = dense_rows_mm(x.reshape({-1, x.size(-1)}).contiguous(), w, bias, block);
+  auto sizes = x.sizes().vec();
+  sizes.back() = N;
+  return y.view(sizes);
+}

@@ -167,3 +167,24 @@ at::Tensor quant_experts_mm(const at::Tensor& x, const std::vector<int64_t>& cou
   }, /*adaptive=*/true);  // decode-sized experts at inference only
   return y;
 }
+
+// The operator moelab::quant_rows_mm: counts int64 [E] rows per expert, in order (zeros
+// allowed), run as tiles of at most kMaxRows rows of one expert.
+at::Tensor quant_rows_mm(const at::Tensor& x, const at::Tensor& counts, const at::Tensor& codes,
+                         const at::Tensor& scales, const c10::optional<at::Tensor>& zeros,
+                         int64_t bits, int64_t out_features, bool int8_activations) {
+  TORCH_CHECK(counts.dim() == 1 && counts.scalar_type() == at::kLong && counts.is_cpu(),
+              "counts: expected an int64 [E] CPU tensor");
+  const auto c = counts.contiguous();
+  const int64_t* cp = c.data_ptr<int64_t>();
+  std::vector<int64_t> tiles, experts;
+  for (int64_t e = 0; e < c.numel(); ++e) {
+    TORCH_CHECK(cp[e] >= 0, "counts[", e, "] = ", cp[e], " < 0");
+    for (int64_t start = 0; start < cp[e]; start += kMaxRows) {
+      tiles.push_back(std::min(kMaxRows, cp[e] - start));
+      experts.push_back(e);
+    }
+  }
+  return quant_experts_mm(x.contiguous(), tiles, experts, codes, scales, zeros, bits,
+                          out_features, int8_activations);
+}
