@@ -97,19 +97,26 @@ def test_token_path_equals_gather_experts_scatter_and_combine(activation):
 
 
 @needs_kernel
-def test_tiled_experts_and_thread_counts_give_the_same_values(monkeypatch):
+def test_tiled_experts_and_thread_counts_give_the_same_values():
     x, w_in, w_down, pw, counts, order, k = problem("swiglu", T=64, k=2, E=3, dtype=torch.float32)
     args = (x, w_in, w_down, "swiglu", counts, order // k, order, pw, k)
     base = cpu_kernel.fused_moe(*args)
-    monkeypatch.setattr(cpu_kernel, "_MIN_TILE_ROWS", 5)  # every expert split into tiles
-    tiled = cpu_kernel.fused_moe(*args)
+    act, n = cpu_kernel.ACTIVATIONS["swiglu"], int(counts.sum())
+    pairs = [
+        cpu_kernel.kernel().experts_forward(
+            x, w_in, w_down, counts.tolist(), act, order // k, order, n, False, max_rows
+        )[0]
+        for max_rows in (0, 5)  # the kernel's own tiles; every expert split into tiles of 5
+    ]
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         single = cpu_kernel.fused_moe(*args)
     finally:
         torch.set_num_threads(threads)
-    torch.testing.assert_close(tiled, base, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(pairs[1], pairs[0], rtol=1e-6, atol=1e-6)
+    combined = (pw.view(-1, 1, k) @ pairs[1].view(-1, k, x.shape[1])).squeeze(1)
+    torch.testing.assert_close(combined, base, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(single, base, rtol=1e-6, atol=1e-6)
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import math
 import os
 import shutil
 import sys
@@ -49,8 +48,6 @@ ACTIVATIONS = {"swiglu": 0, "geglu": 1, "gelu": 2, "gelu_tanh": 3}
 _CSRC = Path(__file__).with_name("csrc")
 # compiled (the headers beside them are included)
 _SOURCES = ("experts_cpu.cpp", "quant_cpu.cpp", "quant_int8.cpp", "dense_rows.cpp")
-_ITEMS_PER_THREAD = 4  # tile very large experts so every thread gets work in a skewed plan
-_MIN_TILE_ROWS = 256
 
 
 def build_directory() -> Path:
@@ -145,16 +142,9 @@ def available() -> bool:
     return kernel() is not None
 
 
-def _max_tile_rows(num_rows: int) -> int:
-    per_item = math.ceil(num_rows / (_ITEMS_PER_THREAD * torch.get_num_threads()))
-    return max(_MIN_TILE_ROWS, per_item)
-
-
 def _forward(x, w_in, w_down, counts, act, src, dst, save):
-    n = sum(counts)
-    return kernel().experts_forward(
-        x, w_in, w_down, counts, act, src, dst, n, save, _max_tile_rows(n)
-    )
+    # max_rows 0: the kernel's own tiling of large experts
+    return kernel().experts_forward(x, w_in, w_down, counts, act, src, dst, sum(counts), save, 0)
 
 
 def _needs_save(*tensors: Tensor) -> bool:
@@ -192,21 +182,6 @@ def _combine(y_pairs: Tensor, pair_weight: Tensor, T: int, k: int) -> Tensor:
     w = pair_weight.view(T, 1, k)
     with autocast_off(y_pairs.device):
         return torch.bmm(w, y_pairs.to(w.dtype).view(T, k, y_pairs.shape[-1])).squeeze(1)
-
-
-@torch.library.custom_op("moelab::fused_moe_pairs", mutates_args=())
-def _pairs_op(
-    x: Tensor, w_in: Tensor, w_down: Tensor, counts: Tensor, act: int, token_idx: Tensor,
-    order: Tensor,
-) -> Tensor:  # fmt: skip
-    """The kernel's inference forward as an operator torch.compile can put in its graph: the
-    expert outputs ``[T·k, D]`` in pair order (the host read of ``counts`` stays inside)."""
-    return _forward(x, w_in, w_down, counts.tolist(), act, token_idx, order, False)[0]
-
-
-@_pairs_op.register_fake
-def _(x, w_in, w_down, counts, act, token_idx, order):
-    return x.new_empty(order.shape[0], x.shape[1])
 
 
 class _TokenMoE(torch.autograd.Function):
@@ -304,11 +279,10 @@ def fused_moe(
     """
     _check_available()
     save = _needs_save(x, w_in, w_down, pair_weight)
-    if not save and torch.compiler.is_compiling():  # inference under torch.compile
-        y_pairs = _pairs_op(
-            x.contiguous(), w_in, w_down, counts, ACTIVATIONS[activation],
-            token_idx.contiguous(), order.contiguous(),
-        )  # fmt: skip
+    if not save:  # inference: one C++ operator, which torch.compile keeps in its graph
+        y_pairs = torch.ops.moelab.fused_moe_pairs(
+            x, w_in, w_down, counts, ACTIVATIONS[activation], token_idx, order
+        )
         return _combine(y_pairs, pair_weight, x.shape[0], top_k)
     return _TokenMoE.apply(
         x.contiguous(),
@@ -400,6 +374,12 @@ def _register_fakes() -> None:
     torch.library.register_fake(
         "moelab::dense_rows",
         lambda x, weight, bias: x.new_empty(*x.shape[:-1], weight.shape[0]),
+    )
+    torch.library.register_fake(
+        "moelab::fused_moe_pairs",
+        lambda x, w_in, w_down, counts, act, token_idx, order: x.new_empty(
+            order.shape[0], x.shape[1]
+        ),
     )
     torch.library.register_fake(
         "moelab::quant_rows_mm",

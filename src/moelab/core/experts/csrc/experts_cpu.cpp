@@ -200,6 +200,15 @@ void check_weights(const at::Tensor& w_in, const at::Tensor& w_down,
 
 }  // namespace
 
+// Rows per work item: very large experts are tiled so that every thread gets work in a
+// skewed plan (kItemsPerThread items per thread), in tiles of at least kMinTileRows rows.
+// experts_forward takes it when given max_rows <= 0.
+int64_t max_tile_rows(int64_t rows) {
+  constexpr int64_t kItemsPerThread = 4, kMinTileRows = 256;
+  const int64_t per = kItemsPerThread * at::get_num_threads();
+  return std::max(kMinTileRows, (rows + per - 1) / per);
+}
+
 // y[dst[r]] = expert_e(x[src[r]]) for the sorted rows r of expert e (src, dst default to r).
 // Returns (y [n_out, D], h [N, W] input projections when save_h, else an empty tensor).
 std::vector<at::Tensor> experts_forward(const at::Tensor& x, const at::Tensor& w_in,
@@ -211,6 +220,7 @@ std::vector<at::Tensor> experts_forward(const at::Tensor& x, const at::Tensor& w
   const int64_t F = w_down.size(1);
   int64_t N = 0;
   for (auto c : counts) N += c;
+  if (max_rows <= 0) max_rows = max_tile_rows(N);
   TORCH_CHECK(x.is_contiguous() && x.dim() == 2 && x.size(1) == w_in.size(1),
               "x: expected contiguous [rows, D]");
   check_index(src, N, x.size(0), "src");
@@ -369,6 +379,21 @@ std::vector<at::Tensor> experts_backward(const at::Tensor& grad, const at::Tenso
   return {gx, gw_in, gw_down};
 }
 
+// The operator moelab::fused_moe_pairs: the expert outputs [T·k, D] of an inference forward
+// in pair order (y[order[r]] = expert_e(x[token_idx[r]]) for the sorted pairs r), counts the
+// int64 [E] pairs per expert.
+at::Tensor fused_moe_pairs(const at::Tensor& x, const at::Tensor& w_in, const at::Tensor& w_down,
+                           const at::Tensor& counts, int64_t act, const at::Tensor& token_idx,
+                           const at::Tensor& order) {
+  TORCH_CHECK(counts.dim() == 1 && counts.scalar_type() == at::kLong && counts.is_cpu(),
+              "counts: expected an int64 [E] CPU tensor");
+  const auto c = counts.contiguous();
+  std::vector<int64_t> per(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+  return experts_forward(x.contiguous(), w_in, w_down, std::move(per), act,
+                         token_idx.contiguous(), order.contiguous(), order.size(0),
+                         /*save_h=*/false, /*max_rows=*/0)[0];
+}
+
 // The adaptive scheduler's state (kernel_common.h), and a reset that can force solo calls.
 std::vector<int64_t> scheduler_stats() {
   const auto& st = moelab::scheduler();
@@ -395,12 +420,16 @@ void scheduler_reset(int64_t solo_calls) {
 TORCH_LIBRARY_FRAGMENT(moelab, m) {
   m.def("dense_rows(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def(
+      "fused_moe_pairs(Tensor x, Tensor w_in, Tensor w_down, Tensor counts, int act, "
+      "Tensor token_idx, Tensor order) -> Tensor");
+  m.def(
       "quant_rows_mm(Tensor x, Tensor counts, Tensor codes, Tensor scales, Tensor? zeros, "
       "int bits, int out_features, bool int8_activations) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(moelab, CPU, m) {
   m.impl("dense_rows", &dense_rows);
+  m.impl("fused_moe_pairs", &fused_moe_pairs);
   m.impl("quant_rows_mm", &quant_rows_mm);
 }
 
