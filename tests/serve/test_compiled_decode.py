@@ -28,20 +28,26 @@ def peaked_model() -> MoETransformer:
     return model
 
 
+def assert_one_graph_with_eager_tokens(model: MoETransformer, prompt: list[int], n: int) -> None:
+    """Compiled greedy decoding of ``n`` tokens equals eager decoding, in one graph without a
+    break (the decode kernels run as operators in the graph)."""
+    want = list(generate_ids(model, prompt, max_new_tokens=n, temperature=0))
+    torch._dynamo.reset()
+    counters.clear()
+    got = list(generate_ids(model, prompt, max_new_tokens=n, temperature=0, compile=True))
+    assert got == want and len(got) == n
+    assert counters["stats"]["unique_graphs"] == 1
+    assert not counters["graph_break"]
+
+
 # inductor needs the same C++ toolchain as the kernel
 @pytest.mark.slow
 @pytest.mark.skipif(cpu_kernel.kernel() is None, reason="no C++ toolchain")
 def test_compiled_decode_gives_eager_tokens_with_one_graph_across_cache_growth():
     model = peaked_model()
     prompt = [3, 7, 1, 4, 4, 9, 2, 8]
-    want = list(generate_ids(model, prompt, max_new_tokens=140, temperature=0))
-    torch._dynamo.reset()
-    counters.clear()
     # 148 positions: the cache grows from 64 to 128 to 160 on the way
-    got = list(generate_ids(model, prompt, max_new_tokens=140, temperature=0, compile=True))
-    assert got == want and len(got) == 140
-    assert counters["stats"]["unique_graphs"] == 1
-    assert not counters["graph_break"]  # the fused kernel runs as an operator in the graph
+    assert_one_graph_with_eager_tokens(model, prompt, 140)
     again = list(generate_ids(model, prompt[:3], max_new_tokens=20, temperature=0, compile=True))
     assert again == list(generate_ids(model, prompt[:3], max_new_tokens=20, temperature=0))
     assert counters["stats"]["unique_graphs"] == 1  # a new engine reuses the graph
@@ -115,16 +121,10 @@ def test_compiled_quantized_decode_gives_eager_tokens_with_one_graph(bits, symme
     from moelab.core.experts.quantized import QuantSpec
 
     spec = QuantSpec(method="rtn", bits=bits, group_size=16, symmetric=symmetric)
-    model = quantized(peaked_model(), spec, dense_bits)
-    prompt = [3, 7, 1, 4, 4, 9, 2, 8]
-    want = list(generate_ids(model, prompt, max_new_tokens=40, temperature=0))
-    torch._dynamo.reset()
-    counters.clear()
-    got = list(generate_ids(model, prompt, max_new_tokens=40, temperature=0, compile=True))
-    assert got == want and len(got) == 40
     # the packed-code kernel is one operator in the graph (moelab::quant_rows_mm)
-    assert counters["stats"]["unique_graphs"] == 1
-    assert not counters["graph_break"]
+    assert_one_graph_with_eager_tokens(
+        quantized(peaked_model(), spec, dense_bits), [3, 7, 1, 4, 4, 9, 2, 8], 40
+    )
 
 
 @pytest.mark.parametrize(
