@@ -328,9 +328,9 @@ def dense_rows(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     rows × 1-2 input rows or 4 × 3-4 (a tile's weights serve rows 5-8 from L1), over blocks
     of output features shared by the intra-op threads (the adaptive scheduler: a busy core is
     not waited for). The operator ``moelab::dense_rows`` is registered in C++, so neither an
-    eager call nor a compiled graph goes through Python to reach it. Each output is summed in a fixed order
-    that does not depend on the call's other rows, so a batched decode gives each row the
-    values it gets alone; they differ from MKL's by float32 rounding.
+    eager call nor a compiled graph goes through Python to reach it. Each output is summed in
+    a fixed order that does not depend on the call's other rows, so a batched decode gives
+    each row the values it gets alone; they differ from MKL's by float32 rounding.
 
     Args:
         x: ``[..., K]`` float32 CPU, at most :data:`DENSE_MAX_ROWS` rows.

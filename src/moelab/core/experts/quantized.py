@@ -228,8 +228,8 @@ class QuantSpec:
 
 
 # [I] Rows per expert up to which the kernel runs (in tiles of 8 rows, re-reading the codes
-# for each tile: csrc/quant_cpu.cpp); above it dequantization and the GEMM, whose cost per row is lower
-# once the rows are many. On a SmolLM2-sized 8-bit bank (8 experts of 576 x 1536, 2 threads,
+# for each tile: csrc/quant_cpu.cpp); above it dequantization and the GEMM, whose cost per row
+# is lower once the rows are many. On a SmolLM2-sized 8-bit bank (8 experts of 576 x 1536, 2 threads,
 # AVX-512 VNNI) the tiled kernel was 4.5x faster than dequantization + GEMM at 32 rows per
 # expert, 2x at 256, 1.5x at 512 and even at 1024.
 KERNEL_MAX_ROWS = 256
