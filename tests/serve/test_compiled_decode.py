@@ -151,3 +151,54 @@ def test_compile_refuses_what_would_break_the_graph(tmp_path, spec, why):
     assert result.exit_code == 2, result.output
     text = result.output.strip()
     assert text.startswith("error:") and why in text and "\n" not in text, text
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(cpu_kernel.kernel() is None, reason="no C++ toolchain")
+def test_each_model_and_structure_decodes_through_its_own_compile():
+    # compiled decodes skip the guards on modules where torch allows it: another model, or
+    # the same model quantized in place, must still get graphs of its own
+    from moelab.core.experts.quantized import QuantSpec
+    from moelab.serve.compiled import compiled_decode
+
+    torch._dynamo.reset()
+    prompt = [3, 7, 1, 4, 4, 9, 2, 8]
+    a = peaked_model()
+    torch.manual_seed(1)
+    b = MoETransformer(ModelConfig.tiny(vocab_size=50, max_seq_len=160, n_layers=3)).eval()
+    with torch.no_grad():
+        b.lm_head.weight.mul_(30)
+    for model in (a, b, a):
+        want = list(generate_ids(model, prompt, max_new_tokens=12, temperature=0))
+        assert (
+            list(generate_ids(model, prompt, max_new_tokens=12, temperature=0, compile=True))
+            == want
+        )
+    assert compiled_decode(a).func is compiled_decode(a).func  # one compile per model
+    before = compiled_decode(a).func
+    quantized(a, QuantSpec(method="rtn", bits=8, group_size=16, symmetric=True))
+    assert compiled_decode(a).func is not before  # the structure changed: a new compile
+    want = list(generate_ids(a, prompt, max_new_tokens=12, temperature=0))
+    assert list(generate_ids(a, prompt, max_new_tokens=12, temperature=0, compile=True)) == want
+
+
+def test_structure_sees_what_skipped_module_guards_would_miss():
+    import dataclasses
+
+    from moelab.serve.compiled import structure
+
+    model = MoETransformer(ModelConfig.tiny(vocab_size=50, max_seq_len=32)).eval()
+    key = structure(model)
+    model.load_state_dict(model.state_dict())  # new values in the same tensors: read per call
+    assert structure(model) == key
+    router = next(b.ffn.router for b in model.blocks if b.is_moe)
+    changes = [
+        lambda: model.train(),
+        lambda: setattr(router, "config", dataclasses.replace(router.config)),
+        lambda: setattr(model.lm_head, "weight", torch.nn.Parameter(model.lm_head.weight + 0)),
+        lambda: model.blocks[0].attn.o_proj.register_buffer("extra", torch.zeros(1)),
+    ]
+    for change in changes:
+        change()
+        assert structure(model) != key
+        key = structure(model)

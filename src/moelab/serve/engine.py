@@ -54,6 +54,7 @@ from moelab.data import Tokenizer
 from moelab.errors import InvalidTypeError, InvalidValueError
 from moelab.models import MoETransformer
 from moelab.serve.batching import check_batching, serving_routing
+from moelab.serve.compiled import compiled_decode
 from moelab.serve.detok import Detokenizer
 from moelab.serve.kv_slots import SlotKVCache
 from moelab.serve.params import SamplingParams
@@ -210,19 +211,21 @@ class Engine:
             :class:`QueueFullError` beyond it.
         prefill_tokens: prompt tokens admitted per iteration (at least one request always is).
         track_experts: accumulate per-layer expert counts into :attr:`stats`.
-        compile: run the decode steps through ``torch.compile(model, dynamic=True)``
-            (prefills stay eager). At batch 1 one graph serves every position and cache
-            size; other batch sizes and rows at different positions add graphs. The first
-            decode step compiles (tens of seconds on CPU, once per process); inductor's
-            fused float32 arithmetic differs from eager in the last bits, so a greedy
-            near-tie may resolve differently.
+        compile: run the decode steps through ``torch.compile(..., dynamic=True)``
+            (:func:`moelab.serve.compiled.compiled_decode`: one compile per model, shared by
+            its engines; prefills stay eager). At batch 1 one graph serves every position
+            and cache size; other batch sizes and rows at different positions add graphs.
+            The first decode step compiles (tens of seconds on CPU); inductor's fused
+            float32 arithmetic differs from eager in the last bits, so a greedy near-tie may
+            resolve differently. The model's modules must not change while it is served
+            (a changed module structure gets a new compile with the next engine).
 
     Raises:
         ValueError: ``max_batch`` or ``max_queue`` < 1, a USMoE router that looks at
             future tokens (it cannot generate), USMoE ``position`` scope with
             ``max_batch > 1`` (:func:`moelab.serve.batching.check_batching`), or a
-            block-diffusion model, or ``compile`` with quantized weights
-            (``moelab quantize``: their packed-code kernel is not traceable).
+            block-diffusion model, or ``compile`` with quantized weights compiled decoding
+            cannot keep in one graph (:func:`check_compilable`).
     """
 
     def __init__(
@@ -245,7 +248,7 @@ class Engine:
         self._batching = check_batching(model, max_batch)  # see moelab.serve.batching
         if compile:
             check_compilable(model)
-        self._decode_model = torch.compile(model, dynamic=True) if compile else model
+        self._decode_model = compiled_decode(model) if compile else model
         self.tokenizer = tokenizer
         self.max_batch, self.max_queue = max_batch, max_queue
         self.prefill_tokens = prefill_tokens
