@@ -1,7 +1,10 @@
 """Decoding through ``torch.compile`` (``Engine(compile=True)``, ``moelab generate --compile``):
 the same greedy tokens as eager decoding, one graph for every step (no graph break at the
 fused expert kernel or the packed-code kernel of quantized weights, no recompile when the cache
-grows), and the flag's refusals."""
+grows), one compile per model and module structure, and the flag's refusals."""
+
+import gc
+import weakref
 
 import pytest
 import torch
@@ -180,6 +183,10 @@ def test_each_model_and_structure_decodes_through_its_own_compile():
     assert compiled_decode(a).func is not before  # the structure changed: a new compile
     want = list(generate_ids(a, prompt, max_new_tokens=12, temperature=0))
     assert list(generate_ids(a, prompt, max_new_tokens=12, temperature=0, compile=True)) == want
+    gone = weakref.ref(b)  # the per-model cache holds no reference to its model
+    del b
+    gc.collect()
+    assert gone() is None
 
 
 def test_structure_sees_what_skipped_module_guards_would_miss():
