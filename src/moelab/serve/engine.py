@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from moelab.core.experts.quantized import QuantizedProjection, kernel_format
+from moelab.core.experts.quantized import QuantizedProjection, kernel_unreadable
 from moelab.data import Tokenizer
 from moelab.errors import InvalidTypeError, InvalidValueError
 from moelab.models import MoETransformer
@@ -64,7 +64,7 @@ from moelab.serve.sampling import sample_next
 def check_compilable(model: MoETransformer) -> None:
     """Refuse to compile the decode of a model whose quantized weights (``moelab quantize``)
     torch.compile cannot keep in one graph: codes the packed-code operator
-    (``moelab::quant_rows_mm``) does not read (:func:`kernel_format`: 2/3-bit, vector,
+    (``moelab::quant_rows_mm``) does not read (:func:`kernel_unreadable`: 2/3-bit, vector,
     act-order or rotated codes) or low-rank corrections, whose data-dependent shapes would
     break the graph at every layer (such compiled decodes measured 0.40-0.61x eager).
 
@@ -74,16 +74,9 @@ def check_compilable(model: MoETransformer) -> None:
     for name, m in model.named_modules():
         if not isinstance(m, QuantizedProjection):
             continue
-        spec, why = m.spec, None
-        if not kernel_format(spec):
-            why = (
-                "vector (GPTVQ) codes" if spec.vector
-                else "act-order codes" if spec.act_order
-                else "rotated codes" if spec.rotate_block
-                else f"{spec.bits}-bit codes"
-            )  # fmt: skip
-        elif m.lowrank is not None:
-            why = f"{spec.lowrank} low-rank factors"
+        why = kernel_unreadable(m.spec)
+        if why is None and m.lowrank is not None:
+            why = f"{m.spec.lowrank} low-rank factors"
         if why:
             raise InvalidValueError(
                 f"compile: quantized projection {name} has {why} and decodes eagerly (compiled "

@@ -235,25 +235,29 @@ class QuantSpec:
 KERNEL_MAX_ROWS = 256
 
 
-def kernel_format(spec: QuantSpec) -> bool:
-    """Whether the compiled decode kernel (``csrc/quant_cpu.cpp``) reads codes stored with
-    ``spec``: scalar codes of 4 or 8 bits (4-bit groups whole bytes), no act-order or
-    rotation."""
-    return (
-        not spec.vector
-        and spec.bits in (4, 8)
-        and (spec.bits == 8 or spec.group_size % 2 == 0)
-        and not spec.act_order
-        and not spec.rotate_block
-    )
+def kernel_unreadable(spec: QuantSpec) -> str | None:
+    """Why the compiled decode kernel (``csrc/quant_cpu.cpp``) cannot read codes stored with
+    ``spec`` (e.g. ``"act-order codes"``), or None when it can: scalar codes of 4 or 8 bits
+    (4-bit groups whole bytes), no act-order or rotation."""
+    if spec.vector:
+        return "vector (GPTVQ) codes"
+    if spec.act_order:
+        return "act-order codes"
+    if spec.rotate_block:
+        return "rotated codes"
+    if spec.bits not in (4, 8):
+        return f"{spec.bits}-bit codes"
+    if spec.bits == 4 and spec.group_size % 2:
+        return "4-bit codes in groups of an odd size"
+    return None
 
 
 def kernel_applies(spec: QuantSpec, x: Tensor) -> bool:
     """Whether the compiled decode kernel (``csrc/quant_cpu.cpp``) can multiply ``x`` by
-    weights quantized with ``spec``: :func:`kernel_format`, ``x`` float32 on the CPU without
-    gradients, and the kernel built."""
+    weights quantized with ``spec``: codes it reads (:func:`kernel_unreadable`), ``x``
+    float32 on the CPU without gradients, and the kernel built."""
     return (
-        kernel_format(spec)
+        kernel_unreadable(spec) is None
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and not (torch.is_grad_enabled() and x.requires_grad)

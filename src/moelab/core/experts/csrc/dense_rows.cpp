@@ -106,30 +106,30 @@ __attribute__((always_inline)) inline void dot_tile(const float* x, int64_t K, c
   }
 }
 
+// Weight rows o .. o + R - 1 for M <= 8 input rows, in groups of at most 4 input rows: the
+// second group reads the tile's weights while they are in L1.
+template <int64_t R, int64_t M>
+__attribute__((always_inline)) inline void dot_rows_tile(const float* x, int64_t K,
+                                                         const float* w, int64_t o,
+                                                         const float* bias, float* out,
+                                                         int64_t N) {
+  if constexpr (M <= 4) {
+    dot_tile<R, M>(x, K, w, o, bias, out, N);
+  } else {
+    dot_tile<R, 4>(x, K, w, o, bias, out, N);
+    dot_tile<R, M - 4>(x + 4 * K, K, w, o, bias, out + 4 * N, N);
+  }
+}
+
 // Output features [o0, o1) for M <= 8 input rows: tiles of R weight rows (8 for one or two
-// input rows, 4 for more: at most 16 accumulators), each tile's weights serving the rows in
-// groups of at most 4 while they are in L1.
+// input rows, 4 for more: at most 16 accumulators), then the rows left one at a time.
 template <int64_t M>
 MOELAB_CLONES void dot_rows_m(const float* x, int64_t K, const float* w, int64_t o0, int64_t o1,
                               const float* bias, float* out, int64_t N) {
   constexpr int64_t R = M <= 2 ? 8 : 4;
   int64_t o = o0;
-  for (; o + R <= o1; o += R) {
-    if constexpr (M <= 4) {
-      dot_tile<R, M>(x, K, w, o, bias, out, N);
-    } else {
-      dot_tile<R, 4>(x, K, w, o, bias, out, N);
-      dot_tile<R, M - 4>(x + 4 * K, K, w, o, bias, out + 4 * N, N);
-    }
-  }
-  for (; o < o1; ++o) {
-    if constexpr (M <= 4) {
-      dot_tile<1, M>(x, K, w, o, bias, out, N);
-    } else {
-      dot_tile<1, 4>(x, K, w, o, bias, out, N);
-      dot_tile<1, M - 4>(x + 4 * K, K, w, o, bias, out + 4 * N, N);
-    }
-  }
+  for (; o + R <= o1; o += R) dot_rows_tile<R, M>(x, K, w, o, bias, out, N);
+  for (; o < o1; ++o) dot_rows_tile<1, M>(x, K, w, o, bias, out, N);
 }
 
 template <int64_t... Ms>
@@ -147,23 +147,22 @@ moelab::SchedulerState& dense_scheduler() {
   return state;
 }
 
-}  // namespace
-
+// y [M, N] for x [M <= 8, K] contiguous, in blocks of `block` output features.
 at::Tensor dense_rows_mm(const at::Tensor& x, const at::Tensor& w,
                          const c10::optional<at::Tensor>& bias, int64_t block) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat,
-              "dense_rows_mm: float32 only, got ", x.scalar_type(), " and ", w.scalar_type());
+              "dense_rows: float32 only, got ", x.scalar_type(), " and ", w.scalar_type());
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(0) >= 1 && x.size(0) <= kMaxRows,
-              "dense_rows_mm: x must be contiguous [1..", kMaxRows, ", K]");
+              "dense_rows: x must be contiguous [1..", kMaxRows, ", K]");
   TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.size(1) == x.size(1),
-              "dense_rows_mm: w must be contiguous [N, ", x.size(1), "]");
-  TORCH_CHECK(block >= 1, "dense_rows_mm: block ", block, " < 1");
+              "dense_rows: w must be contiguous [N, ", x.size(1), "]");
+  TORCH_CHECK(block >= 1, "dense_rows: block ", block, " < 1");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   const float* b = nullptr;
   if (bias.has_value()) {
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->dim() == 1 &&
                     bias->size(0) == N,
-                "dense_rows_mm: bias must be contiguous float32 [", N, "]");
+                "dense_rows: bias must be contiguous float32 [", N, "]");
     b = bias->data_ptr<float>();
   }
   auto y = at::empty({M, N}, x.options());
@@ -181,6 +180,8 @@ at::Tensor dense_rows_mm(const at::Tensor& x, const at::Tensor& w,
       /*adaptive=*/true, dense_scheduler());
   return y;
 }
+
+}  // namespace
 
 at::Tensor dense_rows(const at::Tensor& x, const at::Tensor& w,
                       const c10::optional<at::Tensor>& bias) {

@@ -3,9 +3,6 @@
 
 #include <ATen/ATen.h>
 
-at::Tensor dense_rows_mm(const at::Tensor& x, const at::Tensor& w,
-                         const c10::optional<at::Tensor>& bias, int64_t block);
-
 // The operator moelab::dense_rows: x [..., K] (at most 8 rows) -> [..., N], blocks of output
 // features sized for the intra-op threads.
 at::Tensor dense_rows(const at::Tensor& x, const at::Tensor& w,

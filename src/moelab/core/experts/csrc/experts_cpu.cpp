@@ -439,6 +439,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("experts_forward", &experts_forward);
   m.def("experts_backward", &experts_backward);
   m.def("quant_experts_mm", &quant_experts_mm);
-  m.def("dense_rows_mm", &dense_rows_mm);
   m.def("int8_dot_supported", &moelab::int8_dot_supported);
 }
