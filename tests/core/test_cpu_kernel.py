@@ -1,5 +1,6 @@
 """The fused CPU expert kernel against a per-expert float64 reference, and its fallback."""
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -120,21 +121,35 @@ def test_tiled_experts_and_thread_counts_give_the_same_values():
     torch.testing.assert_close(single, base, rtol=1e-6, atol=1e-6)
 
 
+@contextlib.contextmanager
+def intra_op_threads(n):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @needs_kernel
 @pytest.mark.parametrize("activation", sorted(cpu_kernel.ACTIVATIONS))
-def test_decode_sized_float32_rows_equal_the_float64_reference(activation):
-    """Experts with 1-8 rows take the kernel's own streaming projections, split over F, more
-    rows MKL's GEMM: counts 0..12 cross that line; D = 37 leaves a tail of the 4-row unrolling,
-    W = 1060 a tail of the 1024-column accumulator block and F = 531 an uneven split. The
-    gradients run through the projections the split items saved."""
+@pytest.mark.parametrize("E", [13, 12])
+def test_decode_sized_float32_rows_equal_the_float64_reference(activation, E):
+    """Experts with 1-8 rows take the kernel's own streaming projections, in parts over F,
+    more rows MKL's GEMM: counts 0..E-1 cross that line. On 2 threads the 8 decode-sized
+    experts of E = 13 are whole work items, the 7 of E = 12 one item per part. D = 37 leaves
+    a tail of the 4-row unrolling, F = 531 (W = 1062 gated) tails of the 1024- and 4096-column
+    accumulator blocks and an uneven split, and 9 and 10 rows (GEMM) a tail of the GEMM tiles.
+    The gradients run through the projections the items saved."""
     g = torch.Generator().manual_seed(3)
-    E, D, Fh = 13, 37, 531
+    D, Fh = 37, 531
     W = 2 * Fh if activation in ("swiglu", "geglu") else Fh
     counts = torch.arange(E)
     x = torch.randn(int(counts.sum()), D, generator=g, requires_grad=True)
     w_in = (torch.randn(E, D, W, generator=g) / D**0.5).requires_grad_()
     w_down = (torch.randn(E, Fh, D, generator=g) / Fh**0.5).requires_grad_()
-    got = cpu_kernel.fused_experts(x, w_in, w_down, counts, activation)
+    with intra_op_threads(2):
+        got = cpu_kernel.fused_experts(x, w_in, w_down, counts, activation)
     ref_in = [t.detach().double().requires_grad_() for t in (x, w_in, w_down)]
     want = expert_rows(*ref_in, counts, activation)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
@@ -161,6 +176,23 @@ def test_a_decode_rows_value_does_not_depend_on_the_rows_beside_it():
                 x[r : r + 1], w_in, w_down, torch.tensor([1]), "swiglu"
             )
             assert torch.equal(alone[0], together[r])
+
+
+@needs_kernel
+@pytest.mark.parametrize("Fh", [40, 531])
+def test_whole_expert_and_per_part_items_give_the_same_bits(Fh):
+    """Decode-sized experts are whole work items when they divide evenly among the threads
+    and one item per part of F otherwise; either way every row gets the same sums in the
+    same order. Two experts on 2 threads are whole items, a third expert splits all three."""
+    g = torch.Generator().manual_seed(5)
+    D = 24
+    w_in = torch.randn(3, D, 2 * Fh, generator=g)
+    w_down = torch.randn(3, Fh, D, generator=g)
+    x = torch.randn(6, D, generator=g)
+    with torch.inference_mode(), intra_op_threads(2):
+        whole = cpu_kernel.fused_experts(x[:4], w_in, w_down, torch.tensor([2, 2, 0]), "swiglu")
+        parts = cpu_kernel.fused_experts(x, w_in, w_down, torch.tensor([2, 2, 2]), "swiglu")
+    assert torch.equal(whole, parts[:4])
 
 
 @needs_kernel

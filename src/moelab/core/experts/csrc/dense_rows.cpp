@@ -74,7 +74,13 @@ __attribute__((always_inline)) inline Lanes reduce_tile(const Lanes* acc) {
 // out[m, o] for the weight rows o0 .. o0 + R - 1 and M <= 4 input rows: a register tile of
 // R x M <= 16 accumulators, so each loaded weight vector serves M rows and each loaded input
 // vector R weight rows (loads, not multiply-adds, would bound a row-at-a-time loop).
-template <int64_t R, int64_t M>
+// `Prefetch`: also ask for the next tile's weights, the same columns R rows on. With 3 or more
+// input rows a tile's multiply-adds take long enough that the hardware prefetchers fall
+// behind its R short row streams: prefetching one tile ahead read an LM head-sized weight
+// 8 % faster at 4 rows and 20 % at 8 (scratch measurement interleaved with the read floor),
+// and made no difference or slowed 1-2 rows, which read at the floor without it. Prefetches
+// past the weight's end are harmless: they never fault.
+template <int64_t R, int64_t M, bool Prefetch>
 __attribute__((always_inline)) inline void dot_tile(const float* x, int64_t K, const float* w,
                                                     int64_t o0, const float* bias, float* out,
                                                     int64_t N) {
@@ -89,6 +95,10 @@ __attribute__((always_inline)) inline void dot_tile(const float* x, int64_t K, c
     for (int64_t m = 0; m < M; ++m) xv[m] = load_lanes(x + m * K + k);
 #pragma GCC unroll 16
     for (int64_t r = 0; r < R; ++r) wv[r] = load_lanes(w + (o0 + r) * K + k);
+    if constexpr (Prefetch) {
+#pragma GCC unroll 16
+      for (int64_t r = 0; r < R; ++r) __builtin_prefetch(w + (o0 + R + r) * K + k);
+    }
 #pragma GCC unroll 16
     for (int64_t r = 0; r < R; ++r)
 #pragma GCC unroll 16
@@ -107,17 +117,18 @@ __attribute__((always_inline)) inline void dot_tile(const float* x, int64_t K, c
 }
 
 // Weight rows o .. o + R - 1 for M <= 8 input rows, in groups of at most 4 input rows: the
-// second group reads the tile's weights while they are in L1.
+// second group reads the tile's weights while they are in L1 (only the first prefetches).
 template <int64_t R, int64_t M>
 __attribute__((always_inline)) inline void dot_rows_tile(const float* x, int64_t K,
                                                          const float* w, int64_t o,
                                                          const float* bias, float* out,
                                                          int64_t N) {
+  constexpr bool kPrefetch = M >= 3;
   if constexpr (M <= 4) {
-    dot_tile<R, M>(x, K, w, o, bias, out, N);
+    dot_tile<R, M, kPrefetch>(x, K, w, o, bias, out, N);
   } else {
-    dot_tile<R, 4>(x, K, w, o, bias, out, N);
-    dot_tile<R, M - 4>(x + 4 * K, K, w, o, bias, out + 4 * N, N);
+    dot_tile<R, 4, kPrefetch>(x, K, w, o, bias, out, N);
+    dot_tile<R, M - 4, false>(x + 4 * K, K, w, o, bias, out + 4 * N, N);
   }
 }
 
