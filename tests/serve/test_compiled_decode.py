@@ -21,11 +21,11 @@ from moelab.serve.generate import generate_ids
 from moelab.serve.params import SamplingParams
 
 
-def peaked_model() -> MoETransformer:
+def peaked_model(**overrides) -> MoETransformer:
     """A tiny model whose greedy choices have wide margins (a scaled LM head), so inductor's
     last-bit differences cannot flip a near-tie."""
     torch.manual_seed(0)
-    model = MoETransformer(ModelConfig.tiny(vocab_size=50, max_seq_len=160)).eval()
+    model = MoETransformer(ModelConfig.tiny(vocab_size=50, max_seq_len=160, **overrides)).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(30)
     return model
@@ -46,8 +46,11 @@ def assert_one_graph_with_eager_tokens(model: MoETransformer, prompt: list[int],
 # inductor needs the same C++ toolchain as the kernel
 @pytest.mark.slow
 @pytest.mark.skipif(cpu_kernel.kernel() is None, reason="no C++ toolchain")
-def test_compiled_decode_gives_eager_tokens_with_one_graph_across_cache_growth():
-    model = peaked_model()
+# heads of 64: the serving cache's first capacity (64) equals the head size, which duck
+# sizing would fuse into one symbol and specialise, recompiling at the first growth
+@pytest.mark.parametrize("shape", [{}, {"d_model": 128, "n_heads": 2}], ids=["tiny", "head64"])
+def test_compiled_decode_gives_eager_tokens_with_one_graph_across_cache_growth(shape):
+    model = peaked_model(**shape)
     prompt = [3, 7, 1, 4, 4, 9, 2, 8]
     # 148 positions: the cache grows from 64 to 128 to 160 on the way
     assert_one_graph_with_eager_tokens(model, prompt, 140)
