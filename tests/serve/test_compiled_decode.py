@@ -180,10 +180,10 @@ def test_each_model_and_structure_decodes_through_its_own_compile():
             list(generate_ids(model, prompt, max_new_tokens=12, temperature=0, compile=True))
             == want
         )
-    assert compiled_decode(a).func is compiled_decode(a).func  # one compile per model
-    before = compiled_decode(a).func
+    assert compiled_decode(a).compiled is compiled_decode(a).compiled  # one compile per model
+    before = compiled_decode(a).compiled
     quantized(a, QuantSpec(method="rtn", bits=8, group_size=16, symmetric=True))
-    assert compiled_decode(a).func is not before  # the structure changed: a new compile
+    assert compiled_decode(a).compiled is not before  # the structure changed: a new compile
     want = list(generate_ids(a, prompt, max_new_tokens=12, temperature=0))
     assert list(generate_ids(a, prompt, max_new_tokens=12, temperature=0, compile=True)) == want
     gone = weakref.ref(b)  # the per-model cache holds no reference to its model

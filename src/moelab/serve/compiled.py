@@ -76,8 +76,8 @@ def compiled_decode(model: MoETransformer) -> Callable:
     modules where torch supports it (module docstring), shared by every engine of ``model``
     while :func:`structure` of ``model`` stays the same; a fresh compile otherwise. The
     compiled function is the class's forward, which holds no reference to ``model``, so
-    the cache entry goes with the model. The returned step traces without duck sizing
-    (module docstring)."""
+    the cache entry goes with the model. The returned step calls it without duck sizing
+    (module docstring); its ``compiled`` attribute is the shared compiled function."""
     key = structure(model)
     cached = _compiled.get(model)
     if cached is None or cached[0] != key:
@@ -105,4 +105,5 @@ def compiled_decode(model: MoETransformer) -> Callable:
         finally:
             _shape_config.use_duck_shape = before
 
+    step.compiled = fn
     return step
