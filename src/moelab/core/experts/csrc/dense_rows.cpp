@@ -75,7 +75,7 @@ __attribute__((always_inline)) inline Lanes reduce_tile(const Lanes* acc) {
 // R x M <= 16 accumulators, so each loaded weight vector serves M rows and each loaded input
 // vector R weight rows (loads, not multiply-adds, would bound a row-at-a-time loop).
 // `Prefetch`: also ask for the next tile's weights, the same columns R rows on. With 3 or more
-// input rows a tile's multiply-adds take long enough that the hardware prefetchers fall
+// input rows a tile's multiply-adds take longer, and the hardware prefetchers apparently fall
 // behind its R short row streams: prefetching one tile ahead read an LM head-sized weight
 // 8 % faster at 4 rows and 20 % at 8 (scratch measurement interleaved with the read floor),
 // and made no difference or slowed 1-2 rows, which read at the floor without it. Prefetches

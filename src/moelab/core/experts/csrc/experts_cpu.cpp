@@ -45,18 +45,19 @@ at::Tensor activate(const at::Tensor& h, int64_t act, int64_t F) {
 // bandwidth (benchmarks/decode_experts.py), though these rows need each weight read only once:
 // small_rows_mm streams the weight row by row, each row updating every output row's block of
 // accumulators while it is in L1 (a block of kColBlock columns keeps 8 rows' accumulators at
-// 32 KB; one or two rows take kWideColBlock columns, so that an expert's whole input
-// projection row, gate and up, is one contiguous read: 9 % less time than 1024-column
-// pieces on SmolLM2-MoE's experts at batch 1, scratch measurement interleaved with the read
-// floor). An expert's output projection is computed as kParts partial outputs over slices
-// of its hidden width F, summed afterwards in a fixed order. When the decode-sized experts
-// do not divide evenly among the threads, each part is its own work item (with its share of
-// the input projection and the activation): at a decode step a few experts take all the
-// time, and whole experts would leave a thread idle. Otherwise an item takes a whole expert,
-// all its parts. Both compute every column and every part with the same sums in the same
-// order, so a row's result does not depend on which rows share its expert or on the plan,
-// and a batched decode gives the same rows as decoding each sequence alone (bit for bit on
-// one build: the compiler may fuse a multiply-add differently in another).
+// 32 KB; one or two rows take kWideColBlock columns, so that a whole expert's input
+// projection row, gate and up, is one contiguous read). An expert's output projection is
+// computed as kParts partial outputs over slices of its hidden width F, summed afterwards in
+// a fixed order. When the decode-sized experts do not divide evenly among the threads, each
+// part is its own work item (with its share of the input projection and the activation): at
+// a decode step a few experts take all the time, and whole experts would leave a thread
+// idle. Otherwise an item takes a whole expert, all its parts: at batch 1 on SmolLM2-MoE's
+// experts (2 per layer, 2 threads) this took 9 % less time than one item per part (scratch
+// measurement, interleaved, 9 repeats). Both plans compute every column and every part with
+// the same sums in the same order, so a row's result does not depend on which rows share its
+// expert or on the plan, and a batched decode gives the same rows as decoding each sequence
+// alone (bit for bit on one build: the compiler may fuse a multiply-add differently in
+// another).
 constexpr int64_t kSmallRows = 8;
 constexpr int64_t kColBlock = 1024;
 constexpr int64_t kWideColBlock = 4096;
