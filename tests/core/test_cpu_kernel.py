@@ -161,38 +161,49 @@ def test_decode_sized_float32_rows_equal_the_float64_reference(activation, E):
 
 
 @needs_kernel
-def test_a_decode_rows_value_does_not_depend_on_the_rows_beside_it():
-    """Up to 8 rows each row's sums run in one fixed order, so a batched greedy decode gives
-    bit-identical rows to decoding each sequence alone."""
+@pytest.mark.parametrize("activation", sorted(cpu_kernel.ACTIVATIONS))
+def test_a_decode_rows_value_does_not_depend_on_the_rows_beside_it(activation):
+    """Up to 8 rows each row's sums and activation run in one fixed order, so a batched greedy
+    decode gives bit-identical rows to decoding each sequence alone."""
     g = torch.Generator().manual_seed(4)
     D, Fh = 24, 40
-    w_in = torch.randn(1, D, 2 * Fh, generator=g)
+    W = 2 * Fh if activation in ("swiglu", "geglu") else Fh
+    w_in = torch.randn(1, D, W, generator=g)
     w_down = torch.randn(1, Fh, D, generator=g)
     x = torch.randn(8, D, generator=g)
     with torch.inference_mode():
-        together = cpu_kernel.fused_experts(x, w_in, w_down, torch.tensor([8]), "swiglu")
+        together = cpu_kernel.fused_experts(x, w_in, w_down, torch.tensor([8]), activation)
         for r in range(8):
             alone = cpu_kernel.fused_experts(
-                x[r : r + 1], w_in, w_down, torch.tensor([1]), "swiglu"
+                x[r : r + 1], w_in, w_down, torch.tensor([1]), activation
             )
             assert torch.equal(alone[0], together[r])
 
 
 @needs_kernel
+@pytest.mark.parametrize("activation", sorted(cpu_kernel.ACTIVATIONS))
 @pytest.mark.parametrize("Fh", [40, 531])
-def test_whole_expert_and_per_part_items_give_the_same_bits(Fh):
+def test_whole_expert_and_per_part_items_give_the_same_bits(activation, Fh):
     """Decode-sized experts are whole work items when they divide evenly among the threads
     and one item per part of F otherwise; either way every row gets the same sums in the
-    same order. Two experts on 2 threads are whole items, a third expert splits all three."""
+    same order. Two experts on 2 threads are whole items, a third expert splits all three;
+    one thread runs every expert whole."""
     g = torch.Generator().manual_seed(5)
     D = 24
-    w_in = torch.randn(3, D, 2 * Fh, generator=g)
+    W = 2 * Fh if activation in ("swiglu", "geglu") else Fh
+    w_in = torch.randn(3, D, W, generator=g)
     w_down = torch.randn(3, Fh, D, generator=g)
-    x = torch.randn(6, D, generator=g)
-    with torch.inference_mode(), intra_op_threads(2):
-        whole = cpu_kernel.fused_experts(x[:4], w_in, w_down, torch.tensor([2, 2, 0]), "swiglu")
-        parts = cpu_kernel.fused_experts(x, w_in, w_down, torch.tensor([2, 2, 2]), "swiglu")
-    assert torch.equal(whole, parts[:4])
+    x = torch.randn(9, D, generator=g)
+    with torch.inference_mode():
+        with intra_op_threads(2):
+            whole = cpu_kernel.fused_experts(
+                x[:6], w_in, w_down, torch.tensor([3, 3, 0]), activation
+            )
+            parts = cpu_kernel.fused_experts(x, w_in, w_down, torch.tensor([3, 3, 3]), activation)
+        with intra_op_threads(1):
+            single = cpu_kernel.fused_experts(x, w_in, w_down, torch.tensor([3, 3, 3]), activation)
+    assert torch.equal(whole, parts[:6])
+    assert torch.equal(single, parts)
 
 
 @needs_kernel

@@ -35,6 +35,36 @@ at::Tensor act_grad(const at::Tensor& grad, const at::Tensor& z, int64_t act) {
   return at::gelu_backward(grad, z);
 }
 
+// act(z) into `out` (same shape).
+void act_fn_out(at::Tensor& out, const at::Tensor& z, int64_t act) {
+  if (act == 0) {
+    at::silu_out(out, z);
+  } else if (act == 1 || act == 3) {
+    at::gelu_out(out, z, "tanh");
+  } else {
+    at::gelu_out(out, z);
+  }
+}
+
+// A decode-sized part's activation, contiguous [rows, cols]: act(g) * up (gated, `up`
+// defined) or act(g). ATen computes the last values of each inner loop in scalar code, whose
+// bits differ from the vectorised ones, and how it loops depends on the layout: a gated
+// part's gate and up are column slices of a wider buffer in both plans, so ATen loops over
+// them alike, but a non-gated part is a contiguous buffer of its own as a part's item (one
+// flat loop over all its rows) and a column slice of the whole expert's otherwise. So a
+// non-gated part of several rows runs row by row, which gives each row the same loop in both
+// plans and whatever the number of rows beside it.
+at::Tensor activate_part(const at::Tensor& g, const at::Tensor& up, int64_t act) {
+  if (g.size(0) == 1 || up.defined())
+    return (up.defined() ? act_fn(g, act).mul_(up) : act_fn(g, act)).contiguous();
+  auto a = at::empty(g.sizes(), g.options());
+  for (int64_t r = 0; r < g.size(0); ++r) {
+    auto row = a.select(0, r);
+    act_fn_out(row, g.select(0, r), act);
+  }
+  return a;
+}
+
 // a = act(gate) * up for gated activations, act(h) otherwise.
 at::Tensor activate(const at::Tensor& h, int64_t act, int64_t F) {
   if (!gated(act)) return act_fn(h, act);
@@ -291,12 +321,10 @@ std::vector<at::Tensor> experts_forward(const at::Tensor& x, const at::Tensor& w
         if (gated(act)) small_project(up, xc, wi + F + f0, W);
       }
       for (int64_t p = it.part; p < it.part + it.span; ++p) {
-        // per part, as a part's own item computes it: ATen's vectorised activation takes
-        // the last few columns of a row in scalar code, whose bits differ
+        // per part, as a part's own item computes it (activate_part)
         const int64_t c0 = bound(p) - f0, cw = bound(p + 1) - bound(p);
-        const auto g = gate.narrow(1, c0, cw);
-        const auto a = (gated(act) ? act_fn(g, act).mul_(up.narrow(1, c0, cw)) : act_fn(g, act))
-                           .contiguous();
+        const auto a = activate_part(gate.narrow(1, c0, cw),
+                                     gated(act) ? up.narrow(1, c0, cw) : at::Tensor(), act);
         auto part = parts[p].narrow(0, it.begin, it.rows);
         small_project(part, a, wd + bound(p) * Dout, Dout);
       }
