@@ -57,6 +57,16 @@ def problem(activation, T=13, k=3, E=5, D=6, Fh=4, dtype=torch.float64, seed=0):
     return x, w_in, w_down, pair_weight, counts, order, k
 
 
+@contextlib.contextmanager
+def intra_op_threads(n):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def check_against(fn, ref, inputs):
     y, want = fn(*inputs), ref(*inputs)
     torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
@@ -109,26 +119,12 @@ def test_tiled_experts_and_thread_counts_give_the_same_values():
         )[0]
         for max_rows in (0, 5)  # the kernel's own tiles; every expert split into tiles of 5
     ]
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with intra_op_threads(1):
         single = cpu_kernel.fused_moe(*args)
-    finally:
-        torch.set_num_threads(threads)
     torch.testing.assert_close(pairs[1], pairs[0], rtol=1e-6, atol=1e-6)
     combined = (pw.view(-1, 1, k) @ pairs[1].view(-1, k, x.shape[1])).squeeze(1)
     torch.testing.assert_close(combined, base, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(single, base, rtol=1e-6, atol=1e-6)
-
-
-@contextlib.contextmanager
-def intra_op_threads(n):
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @needs_kernel
@@ -212,31 +208,33 @@ def test_solo_calls_give_the_parallel_calls_values_bit_for_bit():
     calling thread: decode-sized experts (the kernel's own projections) give the same bits as
     the parallel run, forward and backward; larger ones (MKL, which may thread a GEMM called
     outside a parallel region) the same values to rounding. The counters say which ran how."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        for T in (1, 3, 64):
-            x, w_in, w_down, pw, counts, order, k = problem(
-                "swiglu", T=T, k=2, E=4, dtype=torch.float32
-            )
-            args = (x, w_in, w_down, "swiglu", counts, order // k, order, pw, k)
+    with intra_op_threads(2):
+        try:
+            for T in (1, 3, 64):
+                x, w_in, w_down, pw, counts, order, k = problem(
+                    "swiglu", T=T, k=2, E=4, dtype=torch.float32
+                )
+                args = (x, w_in, w_down, "swiglu", counts, order // k, order, pw, k)
+                cpu_kernel.reset_scheduler(0)
+                parallel = cpu_kernel.fused_moe(*args)
+                grads = torch.autograd.grad(parallel.sum(), (x, w_in, w_down))
+                stats = cpu_kernel.scheduler_stats()
+                assert stats["parallel_calls"] + stats["solo_calls"] == 2  # forward, backward
+                cpu_kernel.reset_scheduler(2)
+                solo = cpu_kernel.fused_moe(*args)
+                solo_grads = torch.autograd.grad(solo.sum(), (x, w_in, w_down))
+                stats = cpu_kernel.scheduler_stats()
+                assert (stats["parallel_calls"], stats["solo_calls"], stats["forced_solo"]) == (
+                    0,
+                    2,
+                    0,
+                )
+                same = torch.equal if T <= 3 else torch.allclose  # T <= 3: <= 6 rows per expert
+                assert same(solo, parallel)
+                for a, b in zip(solo_grads, grads, strict=True):
+                    assert same(a, b)
+        finally:
             cpu_kernel.reset_scheduler(0)
-            parallel = cpu_kernel.fused_moe(*args)
-            grads = torch.autograd.grad(parallel.sum(), (x, w_in, w_down))
-            stats = cpu_kernel.scheduler_stats()
-            assert stats["parallel_calls"] + stats["solo_calls"] == 2  # forward, backward
-            cpu_kernel.reset_scheduler(2)
-            solo = cpu_kernel.fused_moe(*args)
-            solo_grads = torch.autograd.grad(solo.sum(), (x, w_in, w_down))
-            stats = cpu_kernel.scheduler_stats()
-            assert (stats["parallel_calls"], stats["solo_calls"], stats["forced_solo"]) == (0, 2, 0)
-            same = torch.equal if T <= 3 else torch.allclose  # T <= 3: <= 6 rows per expert
-            assert same(solo, parallel)
-            for a, b in zip(solo_grads, grads, strict=True):
-                assert same(a, b)
-    finally:
-        torch.set_num_threads(threads)
-        cpu_kernel.reset_scheduler(0)
     with pytest.raises(RuntimeError, match="solo_calls"):
         cpu_kernel.reset_scheduler(-1)
 
@@ -246,37 +244,35 @@ def test_the_scheduler_measures_both_modes_on_decode_calls_only():
     """Decode-sized inference calls are timed in both modes (a run of parallel calls, then a
     run of solo ones) before the cheaper one is chosen; a training call (saved projections)
     or a prefill-sized expert leaves the measurements alone."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        x, w_in, w_down, pw, counts, order, k = problem(
-            "swiglu", T=3, k=2, E=4, dtype=torch.float32
-        )
-        args = (x, w_in, w_down, "swiglu", counts, order // k, order, pw, k)
-        plain = [a.detach() if torch.is_tensor(a) else a for a in args]
-        cpu_kernel.reset_scheduler(0)
-        cpu_kernel.fused_moe(*args)  # x requires grad: a training call
-        assert cpu_kernel.scheduler_stats()["parallel_ns_per_item"] == 0
-        seen = []
-        with torch.no_grad():
-            for _ in range(4):
-                cpu_kernel.fused_moe(*plain)
-                seen.append(cpu_kernel.scheduler_stats())
-            big = problem("swiglu", T=64, k=1, E=2, dtype=torch.float32)
-            cpu_kernel.fused_moe(
-                *(a.detach() for a in big[:3]), "swiglu", big[4], big[5], big[5],
-                big[3].detach(), 1,
+    with intra_op_threads(2):
+        try:
+            x, w_in, w_down, pw, counts, order, k = problem(
+                "swiglu", T=3, k=2, E=4, dtype=torch.float32
+            )
+            args = (x, w_in, w_down, "swiglu", counts, order // k, order, pw, k)
+            plain = [a.detach() if torch.is_tensor(a) else a for a in args]
+            cpu_kernel.reset_scheduler(0)
+            cpu_kernel.fused_moe(*args)  # x requires grad: a training call
+            assert cpu_kernel.scheduler_stats()["parallel_ns_per_item"] == 0
+            seen = []
+            with torch.no_grad():
+                for _ in range(4):
+                    cpu_kernel.fused_moe(*plain)
+                    seen.append(cpu_kernel.scheduler_stats())
+                big = problem("swiglu", T=64, k=1, E=2, dtype=torch.float32)
+                cpu_kernel.fused_moe(
+                    *(a.detach() for a in big[:3]), "swiglu", big[4], big[5], big[5],
+                    big[3].detach(), 1,
+                )  # fmt: skip
+                after = cpu_kernel.scheduler_stats()
+            assert [s["solo_calls"] for s in seen] == [0, 0, 1, 2]  # 2 parallel, then 2 solo
+            assert seen[1]["parallel_ns_per_item"] > 0 and seen[1]["solo_ns_per_item"] == 0
+            assert seen[3]["solo_ns_per_item"] > 0
+            assert (after["parallel_ns_per_item"], after["solo_ns_per_item"]) == (
+                seen[3]["parallel_ns_per_item"], seen[3]["solo_ns_per_item"],
             )  # fmt: skip
-            after = cpu_kernel.scheduler_stats()
-        assert [s["solo_calls"] for s in seen] == [0, 0, 1, 2]  # 2 parallel, then 2 solo
-        assert seen[1]["parallel_ns_per_item"] > 0 and seen[1]["solo_ns_per_item"] == 0
-        assert seen[3]["solo_ns_per_item"] > 0
-        assert (after["parallel_ns_per_item"], after["solo_ns_per_item"]) == (
-            seen[3]["parallel_ns_per_item"], seen[3]["solo_ns_per_item"],
-        )  # fmt: skip
-    finally:
-        torch.set_num_threads(threads)
-        cpu_kernel.reset_scheduler(0)
+        finally:
+            cpu_kernel.reset_scheduler(0)
 
 
 @needs_kernel
