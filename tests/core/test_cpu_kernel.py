@@ -276,6 +276,34 @@ def test_the_scheduler_measures_both_modes_on_decode_calls_only():
 
 
 @needs_kernel
+def test_each_call_shape_keeps_its_own_scheduler_measurements():
+    """A decode step mixes calls whose items cost very differently, so the scheduler compares
+    the modes per shape of call: after a shape's warm-up (2 parallel, 2 solo calls) the first
+    call of another shape starts that shape's own warm-up (parallel; its solo average
+    unmeasured) instead of reading the first shape's averages."""
+    with intra_op_threads(2), torch.no_grad():
+        try:
+            shapes = [problem("swiglu", T=3, k=2, E=4, D=D, dtype=torch.float32) for D in (6, 10)]
+            calls = [
+                (x.detach(), w_in.detach(), w_down.detach(), "swiglu", counts, order // k,
+                 order, pw.detach(), k)
+                for x, w_in, w_down, pw, counts, order, k in shapes
+            ]  # fmt: skip
+            cpu_kernel.reset_scheduler(0)
+            for _ in range(4):
+                cpu_kernel.fused_moe(*calls[0])
+            first = cpu_kernel.scheduler_stats()
+            assert (first["solo_calls"], first["parallel_calls"]) == (2, 2)
+            assert first["solo_ns_per_item"] > 0
+            cpu_kernel.fused_moe(*calls[1])
+            other = cpu_kernel.scheduler_stats()
+            assert (other["solo_calls"], other["parallel_calls"]) == (2, 3)
+            assert other["parallel_ns_per_item"] > 0 and other["solo_ns_per_item"] == 0
+        finally:
+            cpu_kernel.reset_scheduler(0)
+
+
+@needs_kernel
 def test_bad_indices_and_shapes_are_refused_before_any_copy():
     x, w_in, w_down, pw, counts, order, k = problem("gelu")
     x, w_in, w_down, pw = (t.detach() for t in (x, w_in, w_down, pw))

@@ -413,10 +413,11 @@ def int8_activations() -> bool:
 
 def scheduler_stats() -> dict[str, int]:
     """The adaptive scheduler's state since the last :func:`reset_scheduler` (process-wide):
-    ``parallel_calls`` and ``solo_calls`` (run on the calling thread alone), the moving
-    averages of wall time per item it compares for decode-sized calls
-    (``parallel_ns_per_item``, ``solo_ns_per_item``; 0 until measured) and ``forced_solo``
-    (forced solo calls still to come). See ``csrc/kernel_common.h``.
+    ``parallel_calls`` and ``solo_calls`` (run on the calling thread alone) over all kernel
+    calls, the moving averages of wall time per item it compares for the latest decode-sized
+    call's shape (``parallel_ns_per_item``, ``solo_ns_per_item``; 0 until measured: each
+    shape of call, by kernel and sizes, keeps its own) and ``forced_solo`` (forced solo calls
+    still to come). See ``csrc/kernel_common.h``.
 
     Raises:
         RuntimeError: the kernel is unavailable.
@@ -433,8 +434,8 @@ def scheduler_stats() -> dict[str, int]:
 
 
 def reset_scheduler(solo_calls: int = 0) -> None:
-    """Forget the scheduler's measurements and counters, and make the next ``solo_calls``
-    kernel calls run on the calling thread alone (tests and benchmarks; the scheduler chooses
+    """Forget the scheduler's measurements and counters (every call shape's), and make the
+    next ``solo_calls`` kernel calls run on the calling thread alone (tests and benchmarks; the scheduler chooses
     by itself otherwise).
 
     Raises:

@@ -153,11 +153,6 @@ struct Block {
   int64_t begin, end;
 };
 
-moelab::SchedulerState& dense_scheduler() {
-  static moelab::SchedulerState state;
-  return state;
-}
-
 // y [M, N] for x [M <= 8, K] contiguous, in blocks of `block` output features.
 at::Tensor dense_rows_mm(const at::Tensor& x, const at::Tensor& w,
                          const c10::optional<at::Tensor>& bias, int64_t block) {
@@ -188,7 +183,7 @@ at::Tensor dense_rows_mm(const at::Tensor& x, const at::Tensor& w,
         dot_rows(std::make_integer_sequence<int64_t, kMaxRows>(), M, xp, K, wp, it.begin, it.end,
                  b, yp, N);
       },
-      /*adaptive=*/true, dense_scheduler());
+      /*adaptive=*/true, moelab::scheduler_slot({4, K, N, M}));
   return y;
 }
 

@@ -344,7 +344,7 @@ std::vector<at::Tensor> experts_forward(const at::Tensor& x, const at::Tensor& w
       auto ye = y.narrow(0, it.begin, it.rows);
       at::mm_out(ye, a, w_down[it.expert]);
     }
-  }, decode);
+  }, decode, moelab::scheduler_slot({1, D, W, Dout, N}));
   for (const auto& it : items) {  // sum the split experts' parts, once per expert
     if (it.part != 0) continue;
     auto sum = parts[0].narrow(0, it.begin, it.rows).clone();
@@ -442,7 +442,7 @@ std::vector<at::Tensor> experts_backward(const at::Tensor& grad, const at::Tenso
       auto gxe = gx.narrow(0, it.begin, it.rows);
       at::mm_out(gxe, gh, w_in[e].t());
     }
-  }, /*adaptive=*/false);
+  }, /*adaptive=*/false, moelab::scheduler_slot({2, x.size(1), N}));
   return {gx, gw_in, gw_down};
 }
 
@@ -461,24 +461,35 @@ at::Tensor fused_moe_pairs(const at::Tensor& x, const at::Tensor& w_in, const at
                          /*save_h=*/false, /*max_rows=*/0)[0];
 }
 
-// The adaptive scheduler's state (kernel_common.h), and a reset that can force solo calls.
+// The adaptive scheduler's state (kernel_common.h): calls in each mode over every call shape,
+// the cost averages of the latest decode-sized call's shape, the forced solo calls left. And
+// a reset of every shape's state that can force solo calls.
 std::vector<int64_t> scheduler_stats() {
-  const auto& st = moelab::scheduler();
-  return {st.parallel_calls.load(), st.solo_calls.load(), st.parallel_cost.load(),
-          st.solo_cost.load(), st.forced_solo.load()};
+  const auto& all = moelab::schedulers();
+  int64_t parallel = 0, solo = 0;
+  for (const auto& st : all.slots) {
+    parallel += st.parallel_calls.load();
+    solo += st.solo_calls.load();
+  }
+  const auto& last = all.slots[all.last.load()];
+  return {parallel, solo, last.parallel_cost.load(), last.solo_cost.load(),
+          all.forced_solo.load()};
 }
 
 void scheduler_reset(int64_t solo_calls) {
   TORCH_CHECK(solo_calls >= 0, "solo_calls: ", solo_calls, " < 0");
-  auto& st = moelab::scheduler();
-  st.calls = 0;
-  st.parallel_cost = 0;
-  st.solo_cost = 0;
-  st.parallel_calls = 0;
-  st.solo_calls = 0;
-  st.forced_solo = solo_calls;
-  st.probe_every = moelab::kProbeEvery;
-  st.next_probe = 2 * moelab::kRunLength + moelab::kProbeEvery;
+  auto& all = moelab::schedulers();
+  for (auto& st : all.slots) {
+    st.calls = 0;
+    st.parallel_cost = 0;
+    st.solo_cost = 0;
+    st.parallel_calls = 0;
+    st.solo_calls = 0;
+    st.probe_every = moelab::kProbeEvery;
+    st.next_probe = 2 * moelab::kRunLength + moelab::kProbeEvery;
+  }
+  all.forced_solo = solo_calls;
+  all.last = 0;
 }
 
 // The decode-step kernels as operators of their own: the dispatcher calls them without going

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <initializer_list>
 #include <vector>
 
 // One code path per vector width, picked at load time by the CPU's features.
@@ -37,26 +38,47 @@ namespace moelab {
 // Modes are measured in runs of kRunLength calls, only the run's last call counting: the
 // first parallel call after solo ones wakes the worker threads from their sleep (a cost solo
 // mode caused), and the very first starts the thread pool.
+// Each shape of call keeps its own averages and probe clock (a slot of kSchedulerSlots, by a
+// hash of the shape the caller gives): a decode step mixes calls whose items cost 10x
+// apart (an 8-bit model's key projection and its LM head, 1 or 8 input rows), so one shared
+// average per item compared a probe of the cheap calls with the routine cost of the dear
+// ones, and flipped to solo for hundreds of calls on an idle machine. Per shape, a small
+// call whose region costs more than it splits runs solo and a large one in parallel. Shapes
+// that hash to one slot share it (the heuristic blurs, the values do not change).
 constexpr int64_t kRunLength = 2;
 constexpr int64_t kProbeEvery = 64;        // calls between probes, doubling while the probed
 constexpr int64_t kMaxProbeEvery = 4096;   // mode keeps losing, back to 64 when it wins
 constexpr int64_t kRoutineWeight = 16;  // EMA step 1/16 for the running mode, 1/2 for probes
 constexpr int64_t kProbeWeight = 2;
 
+constexpr int64_t kSchedulerSlots = 64;
+
 struct SchedulerState {
   std::atomic<int64_t> calls{0};           // adaptive calls so far (the probe clock)
   std::atomic<int64_t> parallel_cost{0};   // EMA, ns per item; 0 = not measured yet
   std::atomic<int64_t> solo_cost{0};
-  std::atomic<int64_t> forced_solo{0};     // calls still to run solo (tests, benchmarks)
   std::atomic<int64_t> probe_every{kProbeEvery};  // calls between probes (backs off)
   std::atomic<int64_t> next_probe{2 * kRunLength + kProbeEvery};
   std::atomic<int64_t> parallel_calls{0};  // statistics (scheduler_stats)
   std::atomic<int64_t> solo_calls{0};
 };
 
-inline SchedulerState& scheduler() {
-  static SchedulerState state;
-  return state;
+struct Schedulers {
+  SchedulerState slots[kSchedulerSlots];
+  std::atomic<int64_t> forced_solo{0};  // calls still to run solo, any shape (tests, benchmarks)
+  std::atomic<int64_t> last{0};         // the slot of the latest adaptive call (statistics)
+};
+
+inline Schedulers& schedulers() {
+  static Schedulers all;
+  return all;
+}
+
+// The slot of a call shape (FNV-1a over the caller's numbers: which kernel, its sizes).
+inline int64_t scheduler_slot(std::initializer_list<int64_t> shape) {
+  uint64_t h = 1469598103934665603ull;
+  for (const int64_t v : shape) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+  return static_cast<int64_t>(h % kSchedulerSlots);
 }
 
 inline int64_t now_ns() {
@@ -77,11 +99,12 @@ inline void update_cost(std::atomic<int64_t>& ema, int64_t sample, int64_t weigh
 // Autograd and autocast state is thread-local, so every worker enters inference mode and
 // leaves autocast itself: the kernels' temporaries never record a graph (the Python
 // autograd.Function owns the backward) and their GEMMs keep the inputs' dtype. `adaptive`:
-// a decode-sized call, which may run solo (see above). `st`: whose cost averages it reads and
-// feeds (callers whose items differ much in size keep their own).
+// a decode-sized call, which may run solo (see above). `slot`: the call shape's
+// scheduler_slot, whose cost averages it reads and feeds.
 template <typename ItemT, typename Fn>
-void run_items(const std::vector<ItemT>& items, const Fn& fn, bool adaptive,
-               SchedulerState& st = scheduler()) {
+void run_items(const std::vector<ItemT>& items, const Fn& fn, bool adaptive, int64_t slot) {
+  Schedulers& all = schedulers();
+  SchedulerState& st = all.slots[slot];
   std::atomic<int64_t> next{0};
   const int64_t n = static_cast<int64_t>(items.size());
   const int64_t workers = std::min<int64_t>(at::get_num_threads(), std::max<int64_t>(n, 1));
@@ -91,11 +114,12 @@ void run_items(const std::vector<ItemT>& items, const Fn& fn, bool adaptive,
   };
   bool solo = workers == 1, last_probe = false;
   int64_t weight = kRoutineWeight;
-  if (!solo && st.forced_solo.load(std::memory_order_relaxed) > 0) {
-    st.forced_solo.fetch_sub(1, std::memory_order_relaxed);
+  if (!solo && all.forced_solo.load(std::memory_order_relaxed) > 0) {
+    all.forced_solo.fetch_sub(1, std::memory_order_relaxed);
     solo = true;
     adaptive = false;  // a forced call says nothing about the machine
   } else if (!solo && adaptive) {
+    all.last.store(slot, std::memory_order_relaxed);
     const int64_t c = st.calls.fetch_add(1, std::memory_order_relaxed);
     if (c < 2 * kRunLength) {  // warm-up: a run of parallel calls, then a run of solo ones
       solo = c >= kRunLength;

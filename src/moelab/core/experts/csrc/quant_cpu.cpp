@@ -164,7 +164,7 @@ at::Tensor quant_experts_mm(const at::Tensor& x, const std::vector<int64_t>& cou
     else
       quant_rows_any<4>(rows, it.rows, xp + it.begin * K, K, ce, sp + e * O * G, ze, G, it.o0,
                         it.o1, yp + it.begin * O, O);
-  }, /*adaptive=*/true);  // decode-sized experts at inference only
+  }, /*adaptive=*/true, moelab::scheduler_slot({3, K, O, N, bits}));  // decode-sized rows only
   return y;
 }
 

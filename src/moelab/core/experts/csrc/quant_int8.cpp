@@ -58,6 +58,14 @@ void quantize_rows_int8(const float* x, int64_t N, int64_t K, int64_t group, int
 #ifdef MOELAB_INT8_X86
 namespace {
 
+// Each weight row asks for the row 16 KB further on. Without this the hardware prefetchers
+// keep too few lines in flight for a thread that spends several cycles on each 64 bytes:
+// at 1-2 input rows the kernel read an LM head-sized or expert-sized weight (8 bits) at
+// about 60 % of `torch.sum`'s rate from memory, and 16 KB ahead read it 18-32 % faster
+// (interleaved A/B; 4-8 KB gained less, 24-64 KB no more). At 8 rows the dot products
+// bound it and the prefetch changes nothing. A prefetch past the codes' end does not fault.
+constexpr int64_t kPrefetchBytes = 16384;
+
 // One expert's output rows [o0, o1) for its M rows. Per group: M int32 accumulators start at
 // −z·Σq (lane 0) and take one vpdpbusd per 64 codes; converted once, scaled by s·d into M
 // float accumulators, reduced once per output. A group's lane sums stay below 2^24 up to
@@ -72,6 +80,7 @@ MOELAB_VNNI void rows_vnni(const int8_t* q, const float* d, const int32_t* qsum,
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   for (int64_t o = o0; o < o1; ++o) {
     const uint8_t* row = codes + o * row_bytes;
+    for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(row + kPrefetchBytes + b, _MM_HINT_T0);
     __m512 acc[M];
     for (int64_t m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; ++g) {
