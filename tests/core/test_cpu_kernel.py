@@ -280,10 +280,11 @@ def test_each_call_shape_keeps_its_own_scheduler_measurements():
     """A decode step mixes calls whose items cost very differently, so the scheduler compares
     the modes per shape of call: after a shape's warm-up (2 parallel, 2 solo calls) the first
     call of another shape starts that shape's own warm-up (parallel; its solo average
-    unmeasured) instead of reading the first shape's averages."""
+    unmeasured) instead of reading the first shape's averages. The widths differ by 64, which
+    a slot hash keeping only the low bits of its product would not tell apart."""
     with intra_op_threads(2), torch.no_grad():
         try:
-            shapes = [problem("swiglu", T=3, k=2, E=4, D=D, dtype=torch.float32) for D in (6, 10)]
+            shapes = [problem("swiglu", T=3, k=2, E=4, D=D, dtype=torch.float32) for D in (6, 70)]
             calls = [
                 (x.detach(), w_in.detach(), w_down.detach(), "swiglu", counts, order // k,
                  order, pw.detach(), k)

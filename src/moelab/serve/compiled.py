@@ -27,9 +27,10 @@ the compiled graphs: build a new model instead. Older torch versions compile wit
 
 Inductor's run-time checks of each external operator's output size, stride and alignment
 (``size_asserts``, ``alignment_asserts``; 698 calls a step on SmolLM2-MoE) are switched off:
-the operators' shapes are those of their registered fakes, which the tests compare with the
-eager results. That made the 8-bit batch-1 step 3 % faster (1.031 [0.987, 1.053], 9
-interleaved repeats of two engines in one process, 2 threads).
+the operators return the shapes of their registered fakes, and the compiled decoding tests
+compare the compiled tokens with eager ones. On the 8-bit batch-1 step that was about 3 %
+(1.031 [0.987, 1.053], 9 interleaved repeats of two engines in one process, 2 threads: within
+this host's noise).
 
 The step is traced without duck sizing (``use_duck_shape``, torch's private shape config):
 with it, every dynamic size equal to another at the first trace shares one symbol, so a

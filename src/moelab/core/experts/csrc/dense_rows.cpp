@@ -5,7 +5,7 @@
 // output accumulated in 16-lane partial sums that are reduced in a fixed order. An output's
 // value therefore does not depend on the other rows of the call, nor on the thread that
 // computes it. Blocks of output features are work items for the adaptive scheduler of
-// kernel_common.h (its own state: a projection's items are far smaller than an expert's).
+// kernel_common.h (its averages kept per projection shape and row count).
 #include "dense_rows.h"
 
 #include <cstring>

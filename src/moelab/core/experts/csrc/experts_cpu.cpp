@@ -442,7 +442,7 @@ std::vector<at::Tensor> experts_backward(const at::Tensor& grad, const at::Tenso
       auto gxe = gx.narrow(0, it.begin, it.rows);
       at::mm_out(gxe, gh, w_in[e].t());
     }
-  }, /*adaptive=*/false, moelab::scheduler_slot({2, x.size(1), N}));
+  }, /*adaptive=*/false, moelab::scheduler_slot({2}));  // never adaptive: only its counters
   return {gx, gw_in, gw_down};
 }
 

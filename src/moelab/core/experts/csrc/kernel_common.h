@@ -1,5 +1,5 @@
-// What the fused expert kernel (experts_cpu.cpp) and the quantized decode kernel
-// (quant_cpu.cpp) share: per-CPU code paths and the adaptive, dynamic work-item scheduler.
+// What the fused expert kernel (experts_cpu.cpp), the quantized decode kernel (quant_cpu.cpp)
+// and the dense decode kernel (dense_rows.cpp) share: per-CPU code paths and the adaptive, dynamic work-item scheduler.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -38,8 +38,8 @@ namespace moelab {
 // Modes are measured in runs of kRunLength calls, only the run's last call counting: the
 // first parallel call after solo ones wakes the worker threads from their sleep (a cost solo
 // mode caused), and the very first starts the thread pool.
-// Each shape of call keeps its own averages and probe clock (a slot of kSchedulerSlots, by a
-// hash of the shape the caller gives): a decode step mixes calls whose items cost 10x
+// Each shape of call keeps its own averages and probe clock (one of kSchedulerSlots slots, by
+// a hash of the shape the caller gives): a decode step mixes calls whose items cost 10x
 // apart (an 8-bit model's key projection and its LM head, 1 or 8 input rows), so one shared
 // average per item compared a probe of the cheap calls with the routine cost of the dear
 // ones, and flipped to solo for hundreds of calls on an idle machine. Per shape, a small
@@ -51,7 +51,8 @@ constexpr int64_t kMaxProbeEvery = 4096;   // mode keeps losing, back to 64 when
 constexpr int64_t kRoutineWeight = 16;  // EMA step 1/16 for the running mode, 1/2 for probes
 constexpr int64_t kProbeWeight = 2;
 
-constexpr int64_t kSchedulerSlots = 64;
+constexpr int64_t kSlotBits = 8;
+constexpr int64_t kSchedulerSlots = int64_t{1} << kSlotBits;
 
 struct SchedulerState {
   std::atomic<int64_t> calls{0};           // adaptive calls so far (the probe clock)
@@ -74,11 +75,13 @@ inline Schedulers& schedulers() {
   return all;
 }
 
-// The slot of a call shape (FNV-1a over the caller's numbers: which kernel, its sizes).
+// The slot of a call shape (FNV-1a over the caller's numbers: which kernel, its sizes). The
+// top bits: a product's low bits depend only on its factors' low bits, so the low bits of the
+// hash would give sizes that differ by a multiple of 2^kSlotBits (most model widths) one slot.
 inline int64_t scheduler_slot(std::initializer_list<int64_t> shape) {
   uint64_t h = 1469598103934665603ull;
   for (const int64_t v : shape) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
-  return static_cast<int64_t>(h % kSchedulerSlots);
+  return static_cast<int64_t>(h >> (64 - kSlotBits));
 }
 
 inline int64_t now_ns() {
