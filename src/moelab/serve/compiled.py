@@ -59,8 +59,7 @@ if not hasattr(_shape_config, "use_duck_shape"):  # pragma: no cover
 
 _SKIP_MODULE_GUARDS = getattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe", None)
 _ISOLATES = "isolate_recompiles" in inspect.signature(torch.compile).parameters
-# Inductor's checks of every external operator's output size, stride and alignment against
-# what was traced (698 calls in a SmolLM2-MoE step), off where this torch has the switches.
+# inductor's per-operator output checks, off where this torch has them (module docstring)
 _NO_ASSERTS = {
     k: False for k in ("size_asserts", "alignment_asserts") if hasattr(inductor_config, k)
 }

@@ -478,18 +478,7 @@ std::vector<int64_t> scheduler_stats() {
 
 void scheduler_reset(int64_t solo_calls) {
   TORCH_CHECK(solo_calls >= 0, "solo_calls: ", solo_calls, " < 0");
-  auto& all = moelab::schedulers();
-  for (auto& st : all.slots) {
-    st.calls = 0;
-    st.parallel_cost = 0;
-    st.solo_cost = 0;
-    st.parallel_calls = 0;
-    st.solo_calls = 0;
-    st.probe_every = moelab::kProbeEvery;
-    st.next_probe = 2 * moelab::kRunLength + moelab::kProbeEvery;
-  }
-  all.forced_solo = solo_calls;
-  all.last = 0;
+  moelab::schedulers().reset(solo_calls);
 }
 
 // The decode-step kernels as operators of their own: the dispatcher calls them without going

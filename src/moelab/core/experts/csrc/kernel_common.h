@@ -1,5 +1,6 @@
 // What the fused expert kernel (experts_cpu.cpp), the quantized decode kernel (quant_cpu.cpp)
-// and the dense decode kernel (dense_rows.cpp) share: per-CPU code paths and the adaptive, dynamic work-item scheduler.
+// and the dense decode kernel (dense_rows.cpp) share: per-CPU code paths and the adaptive,
+// dynamic work-item scheduler.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -50,6 +51,7 @@ constexpr int64_t kProbeEvery = 64;        // calls between probes, doubling whi
 constexpr int64_t kMaxProbeEvery = 4096;   // mode keeps losing, back to 64 when it wins
 constexpr int64_t kRoutineWeight = 16;  // EMA step 1/16 for the running mode, 1/2 for probes
 constexpr int64_t kProbeWeight = 2;
+constexpr int64_t kFirstProbe = 2 * kRunLength + kProbeEvery;  // after the warm-up runs
 
 constexpr int64_t kSlotBits = 8;
 constexpr int64_t kSchedulerSlots = int64_t{1} << kSlotBits;
@@ -59,15 +61,31 @@ struct SchedulerState {
   std::atomic<int64_t> parallel_cost{0};   // EMA, ns per item; 0 = not measured yet
   std::atomic<int64_t> solo_cost{0};
   std::atomic<int64_t> probe_every{kProbeEvery};  // calls between probes (backs off)
-  std::atomic<int64_t> next_probe{2 * kRunLength + kProbeEvery};
+  std::atomic<int64_t> next_probe{kFirstProbe};
   std::atomic<int64_t> parallel_calls{0};  // statistics (scheduler_stats)
   std::atomic<int64_t> solo_calls{0};
+
+  void reset() {  // back to the initial values above
+    calls = 0;
+    parallel_cost = 0;
+    solo_cost = 0;
+    probe_every = kProbeEvery;
+    next_probe = kFirstProbe;
+    parallel_calls = 0;
+    solo_calls = 0;
+  }
 };
 
 struct Schedulers {
   SchedulerState slots[kSchedulerSlots];
   std::atomic<int64_t> forced_solo{0};  // calls still to run solo, any shape (tests, benchmarks)
   std::atomic<int64_t> last{0};         // the slot of the latest adaptive call (statistics)
+
+  void reset(int64_t solo_calls) {  // every slot forgotten, the next solo_calls calls solo
+    for (auto& st : slots) st.reset();
+    forced_solo = solo_calls;
+    last = 0;
+  }
 };
 
 inline Schedulers& schedulers() {

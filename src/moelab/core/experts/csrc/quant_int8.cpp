@@ -9,8 +9,8 @@
 #include "quant_int8.h"
 
 #include <algorithm>
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 #include <utility>
 
 #if defined(__GNUC__) && defined(__x86_64__)
