@@ -55,6 +55,7 @@ from moelab.errors import InvalidTypeError, InvalidValueError
 from moelab.models import MoETransformer
 from moelab.serve.batching import check_batching, serving_routing
 from moelab.serve.compiled import compiled_decode
+from moelab.serve.fused import FusedDecode
 from moelab.serve.detok import Detokenizer
 from moelab.serve.kv_slots import SlotKVCache
 from moelab.serve.params import SamplingParams
@@ -212,13 +213,20 @@ class Engine:
             float32 arithmetic differs from eager in the last bits, so a greedy near-tie may
             resolve differently. The model's modules must not change while it is served
             (a changed module structure gets a new compile with the next engine).
+        fused: run the decode steps through the fused C++ step
+            (:class:`moelab.serve.fused.FusedDecode`: every block of a step in one call,
+            no compile; prefills stay eager). Float32 sums run in other orders than the
+            modules', so logits agree to rounding (with 8-bit activations a last-bit
+            difference can move an activation across a rounding step).
 
     Raises:
         ValueError: ``max_batch`` or ``max_queue`` < 1, a USMoE router that looks at
             future tokens (it cannot generate), USMoE ``position`` scope with
             ``max_batch > 1`` (:func:`moelab.serve.batching.check_batching`), or a
             block-diffusion model, or ``compile`` with quantized weights compiled decoding
-            cannot keep in one graph (:func:`check_compilable`).
+            cannot keep in one graph (:func:`check_compilable`), ``fused`` with a model the
+            fused step does not run (:func:`moelab.serve.fused.unsupported` names the part),
+            or both ``compile`` and ``fused``.
     """
 
     def __init__(
@@ -231,6 +239,7 @@ class Engine:
         prefill_tokens: int = 2048,
         track_experts: bool = True,
         compile: bool = False,
+        fused: bool = False,
     ) -> None:
         if not isinstance(model, MoETransformer):
             raise InvalidTypeError(f"model: expected MoETransformer, got {type(model).__name__}")
@@ -239,9 +248,13 @@ class Engine:
                 raise InvalidValueError(f"{name}: must be an int >= 1, got {v!r}")
         self.model = model.eval()
         self._batching = check_batching(model, max_batch)  # see moelab.serve.batching
+        if compile and fused:
+            raise InvalidValueError("compile, fused: choose one way to run the decode steps")
         if compile:
             check_compilable(model)
-        self._decode_model = compiled_decode(model) if compile else model
+            self._decode_model = compiled_decode(model)
+        else:
+            self._decode_model = FusedDecode(model) if fused else model
         self.tokenizer = tokenizer
         self.max_batch, self.max_queue = max_batch, max_queue
         self.prefill_tokens = prefill_tokens

@@ -67,6 +67,11 @@ class SlotKVCache(KVCache):
     def n_slots(self) -> int:
         return self.batch_size
 
+    @property
+    def window(self) -> tuple[int, int]:
+        """The rows ``(lo, hi)`` the next forward pass reads and writes (:meth:`select`)."""
+        return self._lo, self._hi
+
     def select(self, lo: int, hi: int) -> None:
         """Make rows ``[lo, hi)`` the window the next forward pass reads and writes."""
         if not 0 <= lo < hi <= self.n_slots:

@@ -13,7 +13,9 @@
 #include <utility>
 #include <vector>
 
+#include "decode_step.h"
 #include "dense_rows.h"
+#include "experts_cpu.h"
 #include "kernel_common.h"
 #include "quant_cpu.h"
 #include "quant_int8.h"
@@ -507,4 +509,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("experts_backward", &experts_backward);
   m.def("quant_experts_mm", &quant_experts_mm);
   m.def("int8_dot_supported", &moelab::int8_dot_supported);
+  moelab::bind_decode_step(m);
 }

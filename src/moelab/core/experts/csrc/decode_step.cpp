@@ -1,0 +1,453 @@
+// The fused decode step (moelab.serve.fused): a whole decode step of a MoETransformer, every
+// block of it, in one call from Python.
+//
+// A compiled decode step (torch.compile) still runs ~20 operator calls per block from a Python
+// wrapper; on the 8-bit SmolLM2-MoE at batch 1 the main thread spent about half of a 12 ms
+// step outside the kernels (perf: interpreter, dispatcher, allocator). Here the blocks run as
+// plain C++ over the same kernels (dense_rows, quant_experts_mm, experts_forward), with the
+// small parts (RMSNorm, RoPE, attention over the cache, the router's softmax and top-k) as
+// loops over a few thousand floats each. The maths is the model's (models/*.py); the float32
+// sums run in another order, so values match the PyTorch path to rounding.
+#include "decode_step.h"
+
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "dense_rows.h"
+#include "experts_cpu.h"
+#include "kernel_common.h"
+#include "quant_cpu.h"
+
+namespace moelab {
+namespace {
+
+constexpr int64_t kDenseRows = 8;  // dense_rows' most rows (DENSE_MAX_ROWS); more: at::linear
+constexpr int64_t kTileRows = 8;   // rows per call tile of the quantized kernel (quant_cpu.cpp)
+// attention units (row, head) are split over the threads above this many multiply-adds
+constexpr int64_t kParallelAttention = int64_t{1} << 18;
+
+// Σ a[i]·b[i]: a reduction the compiler may vectorise (omp simd), as ATen's are.
+MOELAB_CLONES float dot(const float* a, const float* b, int64_t n) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// y = w ⊙ x / sqrt(mean(x²) + eps) (models/norm.py), in place allowed.
+MOELAB_CLONES void rms_norm(const float* x, const float* w, int64_t D, float eps, float* y) {
+  const float r = 1.f / std::sqrt(dot(x, x, D) / static_cast<float>(D) + eps);
+#pragma omp simd
+  for (int64_t i = 0; i < D; ++i) y[i] = w[i] * (x[i] * r);
+}
+
+// x [hd] rotated by RoPE's rotate-half convention at the angles of cos/sin [hd] (models/rope.py).
+void rope(float* x, const float* c, const float* s, int64_t hd) {
+  const int64_t h = hd / 2;
+  for (int64_t i = 0; i < h; ++i) {
+    const float a = x[i], b = x[i + h];
+    x[i] = a * c[i] - b * s[i];
+    x[i + h] = b * c[i + h] + a * s[i + h];
+  }
+}
+
+}  // namespace
+
+at::Tensor DecodeProj::rows(const at::Tensor& x, bool int8_activations) const {
+  if (weight.defined()) {
+    return x.size(0) <= kDenseRows ? dense_rows(x, weight, bias) : at::linear(x, weight, bias);
+  }
+  std::vector<int64_t> tiles, experts;
+  for (int64_t r = 0; r < x.size(0); r += kTileRows) {
+    tiles.push_back(std::min(kTileRows, x.size(0) - r));
+    experts.push_back(0);
+  }
+  auto y = quant_experts_mm(x, tiles, experts, codes, scales, zeros, bits, out_features,
+                            int8_activations);
+  if (bias.has_value()) y.add_(*bias);
+  return y;
+}
+
+namespace {
+
+DecodeProj check_proj(DecodeProj p, const std::string& name) {
+  if (p.weight.defined()) {
+    TORCH_CHECK(p.weight.scalar_type() == at::kFloat && p.weight.dim() == 2 &&
+                    p.weight.is_contiguous(),
+                name, ": expected a contiguous float32 [O, K] weight");
+  } else {
+    TORCH_CHECK(p.codes.defined() && p.scales.defined() && (p.bits == 4 || p.bits == 8),
+                name, ": expected float32 weights or 4/8-bit codes");
+  }
+  return p;
+}
+
+}  // namespace
+
+void DecodeExecutor::add_block(DecodeBlock block) {
+  const std::string at = "block " + std::to_string(blocks_.size());
+  for (auto* p : {&block.q, &block.k, &block.v, &block.o}) *p = check_proj(*p, at);
+  TORCH_CHECK(block.n_heads > 0 && block.n_kv_heads > 0 && block.n_heads % block.n_kv_heads == 0,
+              at, ": n_kv_heads must divide n_heads");
+  TORCH_CHECK(block.head_dim > 0 && block.head_dim % 2 == 0, at, ": head_dim must be even");
+  if (block.kind == DecodeBlock::kMoE) {
+    TORCH_CHECK(block.router.scalar_type() == at::kFloat && block.router.is_contiguous() &&
+                    block.router.dim() == 2 && block.top_k >= 1 &&
+                    block.top_k <= block.router.size(0),
+                at, ": expected a contiguous float32 router [E, D] and 1 <= top_k <= E");
+    if (block.w_in.defined()) {
+      TORCH_CHECK(block.w_in.dim() == 3 && block.w_down.dim() == 3 &&
+                      block.w_in.size(0) == block.router.size(0),
+                  at, ": expected expert weights [E, D, W] and [E, F, D]");
+    } else {
+      for (auto* p : {&block.gate, &block.up, &block.down}) *p = check_proj(*p, at);
+      TORCH_CHECK(block.act == 0, at, ": quantized experts: swiglu only");
+    }
+  } else {
+    for (auto* p : {&block.gate, &block.up, &block.down}) *p = check_proj(*p, at);
+  }
+  blocks_.push_back(std::move(block));
+}
+
+void DecodeExecutor::set_head(at::Tensor embed, at::Tensor norm, DecodeProj head,
+                              double logit_scale) {
+  TORCH_CHECK(embed.scalar_type() == at::kFloat && embed.dim() == 2 && embed.is_contiguous(),
+              "embed: expected a contiguous float32 [V, D]");
+  embed_ = std::move(embed);
+  norm_ = std::move(norm);
+  head_ = check_proj(std::move(head), "head");
+  logit_scale_ = logit_scale;
+}
+
+// Attention of the new rows over their cached positions (models/attention.py): row b's query
+// heads see every position j <= pos[b] with key_mask[row, j] set, and always pos[b] itself.
+void DecodeExecutor::attend(const DecodeBlock& blk, const at::Tensor& q, const at::Tensor& kc,
+                            const at::Tensor& vc, const at::Tensor& key_mask,
+                            const std::vector<int64_t>& pos, int64_t row0,
+                            at::Tensor& out) const {
+  const int64_t n = q.size(0), H = blk.n_heads, hd = blk.head_dim;
+  const int64_t rep = blk.n_heads / blk.n_kv_heads, cap = kc.size(2);
+  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+  const float* qp = q.data_ptr<float>();
+  const float* kp = kc.data_ptr<float>();
+  const float* vp = vc.data_ptr<float>();
+  const bool* mp = key_mask.data_ptr<bool>();
+  const int64_t mstride = key_mask.stride(0);
+  float* op = out.data_ptr<float>();
+  int64_t longest = 0;
+  for (const int64_t p : pos) longest = std::max(longest, p + 1);
+  const auto unit = [&](int64_t u) {
+    const int64_t b = u / H, h = u % H, g = h / rep, row = row0 + b, L = pos[b] + 1;
+    const float* qh = qp + (b * H + h) * hd;
+    const float* kh = kp + ((row * blk.n_kv_heads + g) * cap) * hd;
+    const float* vh = vp + ((row * blk.n_kv_heads + g) * cap) * hd;
+    const bool* m = mp + row * mstride;
+    std::vector<float> s(L);
+    float top = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < L; ++j) {
+      s[j] = (m[j] || j == L - 1) ? dot(qh, kh + j * hd, hd) * scale
+                                  : -std::numeric_limits<float>::infinity();
+      top = std::max(top, s[j]);
+    }
+    float total = 0.f;
+    for (int64_t j = 0; j < L; ++j) total += (s[j] = std::exp(s[j] - top));
+    float* o = op + (b * H + h) * hd;
+    std::fill(o, o + hd, 0.f);
+    for (int64_t j = 0; j < L; ++j) {
+      if (s[j] == 0.f) continue;
+      const float p = s[j] / total;
+      const float* vj = vh + j * hd;
+#pragma omp simd
+      for (int64_t i = 0; i < hd; ++i) o[i] += p * vj[i];
+    }
+  };
+  const int64_t units = n * H;
+  if (units > 1 && units * longest * hd > kParallelAttention) {
+    at::parallel_for(0, units, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t u = lo; u < hi; ++u) unit(u);
+    });
+  } else {
+    for (int64_t u = 0; u < units; ++u) unit(u);
+  }
+}
+
+// The block's attention sublayer on the normed rows xn [n, D]; returns [n, D].
+at::Tensor DecodeExecutor::attention(const DecodeBlock& blk, const at::Tensor& xn,
+                                     const at::Tensor& kc, const at::Tensor& vc,
+                                     const at::Tensor& key_mask, const std::vector<int64_t>& pos,
+                                     int64_t row0, const at::Tensor& cos,
+                                     const at::Tensor& sin) const {
+  const int64_t n = xn.size(0), H = blk.n_heads, Hkv = blk.n_kv_heads, hd = blk.head_dim;
+  auto q = blk.q.rows(xn, int8_activations_).contiguous();
+  auto k = blk.k.rows(xn, int8_activations_).contiguous();
+  auto v = blk.v.rows(xn, int8_activations_).contiguous();
+  TORCH_CHECK(q.size(1) == H * hd && k.size(1) == Hkv * hd && v.size(1) == Hkv * hd,
+              "attention: projection widths do not match the heads");
+  float* qp = q.data_ptr<float>();
+  float* kp = k.data_ptr<float>();
+  const float eps = static_cast<float>(blk.norm_eps);
+  for (int64_t b = 0; b < n; ++b) {
+    if (blk.qk_norm == DecodeBlock::kQKNormFull) {
+      rms_norm(qp + b * H * hd, blk.q_norm.data_ptr<float>(), H * hd, eps, qp + b * H * hd);
+      rms_norm(kp + b * Hkv * hd, blk.k_norm.data_ptr<float>(), Hkv * hd, eps, kp + b * Hkv * hd);
+    } else if (blk.qk_norm == DecodeBlock::kQKNormHead) {
+      for (int64_t h = 0; h < H; ++h)
+        rms_norm(qp + (b * H + h) * hd, blk.q_norm.data_ptr<float>(), hd, eps,
+                 qp + (b * H + h) * hd);
+      for (int64_t h = 0; h < Hkv; ++h)
+        rms_norm(kp + (b * Hkv + h) * hd, blk.k_norm.data_ptr<float>(), hd, eps,
+                 kp + (b * Hkv + h) * hd);
+    }
+    const float* c = cos.data_ptr<float>() + pos[b] * hd;
+    const float* s = sin.data_ptr<float>() + pos[b] * hd;
+    for (int64_t h = 0; h < H; ++h) rope(qp + (b * H + h) * hd, c, s, hd);
+    for (int64_t h = 0; h < Hkv; ++h) rope(kp + (b * Hkv + h) * hd, c, s, hd);
+    // the cache row's keys/values at this position, [Hkv, hd] strided by the capacity
+    const int64_t cap = kc.size(2);
+    for (int64_t h = 0; h < Hkv; ++h) {
+      const int64_t at_pos = (((row0 + b) * Hkv + h) * cap + pos[b]) * hd;
+      std::copy_n(kp + (b * Hkv + h) * hd, hd, kc.data_ptr<float>() + at_pos);
+      std::copy_n(v.data_ptr<float>() + (b * Hkv + h) * hd, hd, vc.data_ptr<float>() + at_pos);
+    }
+  }
+  auto heads = at::empty({n, H * hd}, xn.options());
+  attend(blk, q, kc, vc, key_mask, pos, row0, heads);
+  return blk.o.rows(heads, int8_activations_);
+}
+
+// Router (core/routers: token choice) of the normed rows xn [n, D]: fills idx, w [n, k] with
+// each row's experts in descending selection order and their combine weights.
+void DecodeExecutor::route(const DecodeBlock& blk, const at::Tensor& xn, std::vector<int64_t>& idx,
+                           std::vector<float>& w) const {
+  const int64_t n = xn.size(0), E = blk.router.size(0), k = blk.top_k;
+  const auto logits = (n <= kDenseRows ? dense_rows(xn, blk.router, c10::nullopt)
+                                       : at::linear(xn, blk.router))
+                          .contiguous();
+  const float* lp = logits.data_ptr<float>();
+  const float* bias = blk.expert_bias.defined() ? blk.expert_bias.data_ptr<float>() : nullptr;
+  idx.assign(n * k, 0);
+  w.assign(n * k, 0.f);
+  std::vector<float> score(E), sel(E);
+  std::vector<int64_t> order(E);
+  for (int64_t t = 0; t < n; ++t) {
+    const float* l = lp + t * E;
+    const float top = *std::max_element(l, l + E);
+    float total = 0.f;
+    for (int64_t e = 0; e < E; ++e) {
+      if (blk.score_func == DecodeBlock::kSoftmax) {
+        total += (score[e] = std::exp(l[e] - top));
+      } else {
+        score[e] = 1.f / (1.f + std::exp(-l[e]));
+      }
+    }
+    if (blk.score_func == DecodeBlock::kSoftmax)
+      for (int64_t e = 0; e < E; ++e) score[e] /= total;
+    const bool on_logits = blk.score_func == DecodeBlock::kSoftmax && !blk.softmax_before_topk;
+    for (int64_t e = 0; e < E; ++e) sel[e] = (on_logits ? l[e] : score[e]) + (bias ? bias[e] : 0.f);
+    for (int64_t e = 0; e < E; ++e) order[e] = e;
+    // the k largest, ties to the lower index (a stable partial sort)
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int64_t a, int64_t b) { return sel[a] > sel[b] || (sel[a] == sel[b] && a < b); });
+    int64_t* it = idx.data() + t * k;
+    float* wt = w.data() + t * k;
+    std::copy_n(order.begin(), k, it);
+    if (on_logits || blk.norm_topk_prob) {
+      // a softmax over the selected logits (softmax scores), or over the selected log
+      // scores, i.e. s_i / Σ_sel s_j (scores.selected_weights)
+      float m = -std::numeric_limits<float>::infinity(), z = 0.f;
+      for (int64_t j = 0; j < k; ++j) {
+        const float v = blk.score_func == DecodeBlock::kSoftmax ? l[it[j]] : std::log(score[it[j]]);
+        wt[j] = v;
+        m = std::max(m, v);
+      }
+      for (int64_t j = 0; j < k; ++j) z += (wt[j] = std::exp(wt[j] - m));
+      for (int64_t j = 0; j < k; ++j) wt[j] /= z;
+    } else {
+      for (int64_t j = 0; j < k; ++j) wt[j] = score[it[j]];
+    }
+    if (blk.routed_scaling_factor != 1.0)
+      for (int64_t j = 0; j < k; ++j) wt[j] *= static_cast<float>(blk.routed_scaling_factor);
+  }
+}
+
+// The block's MoE sublayer on xn [n, D], added into x [n, D]; the chosen experts [n, k] go to
+// `chosen`.
+void DecodeExecutor::moe(const DecodeBlock& blk, const at::Tensor& xn, at::Tensor& x,
+                         at::Tensor& chosen) const {
+  const int64_t n = xn.size(0), E = blk.router.size(0), k = blk.top_k, N = n * k;
+  std::vector<int64_t> idx;
+  std::vector<float> w;
+  route(blk, xn, idx, w);
+  std::copy(idx.begin(), idx.end(), chosen.data_ptr<int64_t>());
+  // pairs sorted by expert, stable (the dispatcher's order): token and pair index of each
+  std::vector<int64_t> counts(E, 0);
+  for (const int64_t e : idx) ++counts[e];
+  auto token_idx = at::empty({N}, at::kLong);
+  auto pair_of = at::empty({N}, at::kLong);
+  int64_t* tp = token_idx.data_ptr<int64_t>();
+  int64_t* pp = pair_of.data_ptr<int64_t>();
+  std::vector<int64_t> next(E, 0);
+  for (int64_t e = 1; e < E; ++e) next[e] = next[e - 1] + counts[e - 1];
+  for (int64_t p = 0; p < N; ++p) {
+    const int64_t r = next[idx[p]]++;
+    tp[r] = p / k;
+    pp[r] = p;
+  }
+  at::Tensor y_pairs;  // [N, D], pair order
+  if (blk.w_in.defined()) {
+    y_pairs = experts_forward(xn, blk.w_in, blk.w_down, counts, blk.act, token_idx, pair_of, N,
+                              /*save_h=*/false, /*max_rows=*/0)[0];
+  } else {
+    std::vector<int64_t> tiles, experts;
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t r = 0; r < counts[e]; r += kTileRows) {
+        tiles.push_back(std::min(kTileRows, counts[e] - r));
+        experts.push_back(e);
+      }
+    const auto xs = xn.index_select(0, token_idx);
+    const auto mm = [&](const DecodeProj& p, const at::Tensor& rows) {
+      return quant_experts_mm(rows, tiles, experts, p.codes, p.scales, p.zeros, p.bits,
+                              p.out_features, int8_activations_);
+    };
+    auto a = at::silu(mm(blk.gate, xs)).mul_(mm(blk.up, xs));
+    const auto y = mm(blk.down, a);
+    y_pairs = at::empty_like(y);
+    y_pairs.index_copy_(0, pair_of, y);
+  }
+  const int64_t D = x.size(1);
+  const float* yp = y_pairs.data_ptr<float>();
+  float* xp = x.data_ptr<float>();
+  for (int64_t t = 0; t < n; ++t) {
+    float* xt = xp + t * D;
+    std::vector<float> acc(D, 0.f);
+    for (int64_t j = 0; j < k; ++j) {
+      const float wj = w[t * k + j];
+      const float* yj = yp + (t * k + j) * D;
+      for (int64_t i = 0; i < D; ++i) acc[i] += wj * yj[i];
+    }
+    for (int64_t i = 0; i < D; ++i) xt[i] += acc[i];
+  }
+}
+
+std::tuple<at::Tensor, std::vector<at::Tensor>> DecodeExecutor::step(
+    const std::vector<int64_t>& ids, const std::vector<int64_t>& pos,
+    const std::vector<at::Tensor>& k_cache, const std::vector<at::Tensor>& v_cache,
+    const at::Tensor& key_mask, int64_t row0, const at::Tensor& cos,
+    const at::Tensor& sin) const {
+  c10::InferenceMode guard;
+  const int64_t n = static_cast<int64_t>(ids.size());
+  TORCH_CHECK(embed_.defined(), "decode step: no head set");
+  TORCH_CHECK(n >= 1 && static_cast<int64_t>(pos.size()) == n, "decode step: ", n,
+              " ids and ", pos.size(), " positions");
+  TORCH_CHECK(k_cache.size() == blocks_.size() && v_cache.size() == blocks_.size(),
+              "decode step: one key and one value cache per block");
+  TORCH_CHECK(key_mask.scalar_type() == at::kBool && key_mask.dim() == 2 &&
+                  key_mask.stride(1) == 1 && row0 >= 0 && row0 + n <= key_mask.size(0),
+              "decode step: key_mask must be bool [rows, capacity] with unit column stride");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat,
+              "decode step: cos/sin must be contiguous float32 [positions, head_dim]");
+  const int64_t V = embed_.size(0), D = embed_.size(1);
+  for (int64_t b = 0; b < n; ++b) {
+    TORCH_CHECK(ids[b] >= 0 && ids[b] < V, "input_ids: ", ids[b], " outside [0, ", V, ")");
+    TORCH_CHECK(pos[b] >= 0 && pos[b] < key_mask.size(1) && pos[b] < cos.size(0),
+                "decode step: position ", pos[b], " outside the cache");
+  }
+  auto x = at::empty({n, D}, embed_.options());
+  for (int64_t b = 0; b < n; ++b)
+    std::copy_n(embed_.data_ptr<float>() + ids[b] * D, D, x.data_ptr<float>() + b * D);
+  auto xn = at::empty_like(x);
+  std::vector<at::Tensor> chosen;
+  const auto norm_rows = [&](const at::Tensor& weight, double eps) {
+    for (int64_t b = 0; b < n; ++b)
+      rms_norm(x.data_ptr<float>() + b * D, weight.data_ptr<float>(), D, static_cast<float>(eps),
+               xn.data_ptr<float>() + b * D);
+  };
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    const DecodeBlock& blk = blocks_[l];
+    const auto& kc = k_cache[l];
+    const auto& vc = v_cache[l];
+    TORCH_CHECK(kc.scalar_type() == at::kFloat && kc.is_contiguous() && vc.is_contiguous() &&
+                    kc.sizes() == vc.sizes() && kc.dim() == 4 && kc.size(1) == blk.n_kv_heads &&
+                    kc.size(3) == blk.head_dim && kc.size(0) >= row0 + n &&
+                    kc.size(2) >= key_mask.size(1),
+                "decode step: block ", l, "'s cache must be contiguous float32 [rows, ",
+                blk.n_kv_heads, ", capacity, ", blk.head_dim, "]");
+    norm_rows(blk.attn_norm, blk.norm_eps);
+    x.add_(attention(blk, xn, kc, vc, key_mask, pos, row0, cos, sin));
+    norm_rows(blk.ffn_norm, blk.norm_eps);
+    if (blk.kind == DecodeBlock::kMoE) {
+      chosen.push_back(at::empty({n, blk.top_k}, at::kLong));
+      moe(blk, xn, x, chosen.back());
+    } else {
+      auto a = at::silu(blk.gate.rows(xn, int8_activations_))
+                   .mul_(blk.up.rows(xn, int8_activations_));
+      x.add_(blk.down.rows(a, int8_activations_));
+    }
+  }
+  norm_rows(norm_, norm_eps_);
+  auto logits = head_.rows(xn, int8_activations_);
+  if (logit_scale_ != 1.0) logits.mul_(logit_scale_);
+  return {logits, chosen};
+}
+
+}  // namespace moelab
+
+namespace moelab {
+
+void bind_decode_step(pybind11::module& m) {
+  namespace py = pybind11;
+  py::class_<DecodeProj>(m, "DecodeProj")
+      .def(py::init<>())
+      .def_readwrite("weight", &DecodeProj::weight)
+      .def_readwrite("codes", &DecodeProj::codes)
+      .def_readwrite("scales", &DecodeProj::scales)
+      .def_readwrite("zeros", &DecodeProj::zeros)
+      .def_readwrite("bias", &DecodeProj::bias)
+      .def_readwrite("bits", &DecodeProj::bits)
+      .def_readwrite("out_features", &DecodeProj::out_features);
+  py::class_<DecodeBlock>(m, "DecodeBlock")
+      .def(py::init<>())
+      .def_readwrite("kind", &DecodeBlock::kind)
+      .def_readwrite("attn_norm", &DecodeBlock::attn_norm)
+      .def_readwrite("ffn_norm", &DecodeBlock::ffn_norm)
+      .def_readwrite("norm_eps", &DecodeBlock::norm_eps)
+      .def_readwrite("q", &DecodeBlock::q)
+      .def_readwrite("k", &DecodeBlock::k)
+      .def_readwrite("v", &DecodeBlock::v)
+      .def_readwrite("o", &DecodeBlock::o)
+      .def_readwrite("n_heads", &DecodeBlock::n_heads)
+      .def_readwrite("n_kv_heads", &DecodeBlock::n_kv_heads)
+      .def_readwrite("head_dim", &DecodeBlock::head_dim)
+      .def_readwrite("qk_norm", &DecodeBlock::qk_norm)
+      .def_readwrite("q_norm", &DecodeBlock::q_norm)
+      .def_readwrite("k_norm", &DecodeBlock::k_norm)
+      .def_readwrite("gate", &DecodeBlock::gate)
+      .def_readwrite("up", &DecodeBlock::up)
+      .def_readwrite("down", &DecodeBlock::down)
+      .def_readwrite("router", &DecodeBlock::router)
+      .def_readwrite("expert_bias", &DecodeBlock::expert_bias)
+      .def_readwrite("top_k", &DecodeBlock::top_k)
+      .def_readwrite("score_func", &DecodeBlock::score_func)
+      .def_readwrite("softmax_before_topk", &DecodeBlock::softmax_before_topk)
+      .def_readwrite("norm_topk_prob", &DecodeBlock::norm_topk_prob)
+      .def_readwrite("routed_scaling_factor", &DecodeBlock::routed_scaling_factor)
+      .def_readwrite("w_in", &DecodeBlock::w_in)
+      .def_readwrite("w_down", &DecodeBlock::w_down)
+      .def_readwrite("act", &DecodeBlock::act);
+  py::class_<DecodeExecutor>(m, "DecodeExecutor")
+      .def(py::init<bool>())
+      .def("add_block", &DecodeExecutor::add_block)
+      .def("set_head", &DecodeExecutor::set_head)
+      .def("set_norm_eps", &DecodeExecutor::set_norm_eps)
+      // other Python threads (the HTTP server) run while a step computes
+      .def("step", &DecodeExecutor::step, py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace moelab

@@ -1,0 +1,197 @@
+"""The fused decode step (``Engine(fused=True)``, ``csrc/decode_step.cpp``): the logits, chosen
+experts and cache writes of the PyTorch modules, for every block variant it runs, rows at
+their own positions, float32 and quantized weights; the engine's greedy tokens; refusals."""
+
+import pytest
+import torch
+
+from moelab.compress.quant.dense import quantize_dense
+from moelab.compress.quant.pipeline import QuantizeConfig, quantize_model
+from moelab.core.config import ExpertsConfig, MoEConfig, RouterConfig
+from moelab.core.experts import cpu_kernel
+from moelab.core.experts.quantized import QuantSpec
+from moelab.models import ModelConfig, MoETransformer
+from moelab.serve.engine import Engine
+from moelab.serve.fused import FusedDecode, unsupported
+from moelab.serve.kv_slots import SlotKVCache
+from moelab.serve.params import SamplingParams
+
+pytestmark = pytest.mark.skipif(cpu_kernel.kernel() is None, reason="no C++ toolchain")
+
+
+def tiny(router: dict | None = None, experts: dict | None = None, **overrides) -> MoETransformer:
+    torch.manual_seed(0)
+    d = overrides.pop("d_model", 32)
+    f = overrides.pop("ffn_hidden_size", 48)
+    moe = MoEConfig(
+        router=RouterConfig(num_experts=6, top_k=2, **(router or {})),
+        experts=ExpertsConfig(hidden_size=d, ffn_hidden_size=f, **(experts or {})),
+    )
+    overrides.setdefault("n_heads", 4)
+    overrides.setdefault("max_seq_len", 96)
+    cfg = ModelConfig(vocab_size=50, d_model=d, n_layers=3, moe=moe, **overrides)
+    model = MoETransformer(cfg).eval()
+    with torch.no_grad():  # visible norms and biases (their init is ones/zeros)
+        for name, p in model.named_parameters():
+            if "norm" in name or "bias" in name:
+                p.add_(0.3 * torch.randn_like(p))
+        for block in model.blocks:
+            bias = getattr(getattr(block.ffn, "router", None), "expert_bias", None)
+            if bias is not None:
+                bias.copy_(0.05 * torch.randn_like(bias))
+    return model
+
+
+def prefilled(model: MoETransformer, lengths: list[int]) -> SlotKVCache:
+    """A slotted cache whose row i holds a random prompt of lengths[i] positions."""
+    g = torch.Generator().manual_seed(1)
+    cache = SlotKVCache(model, len(lengths))
+    for i, n in enumerate(lengths):
+        cache.select(i, i + 1)
+        model(torch.randint(0, 50, (1, n), generator=g), kv_cache=cache, start_pos=0)
+    return cache
+
+
+@torch.inference_mode()
+def assert_fused_matches(model: MoETransformer, lengths: list[int], steps: int, atol: float):
+    """``steps`` decode steps of rows at ``lengths`` through the modules and the fused step:
+    logits within ``atol``, the same experts, the same cached keys/values."""
+    fused = FusedDecode(model)
+    ref_cache, fused_cache = prefilled(model, lengths), prefilled(model, lengths)
+    x = torch.randint(0, 50, (len(lengths), 1), generator=torch.Generator().manual_seed(2))
+    pos = list(lengths)
+    for _ in range(steps):
+        start = pos[0] if len(set(pos)) == 1 else torch.tensor(pos)
+        ref_cache.select(0, len(pos))
+        fused_cache.select(0, len(pos))
+        want = model(x, kv_cache=ref_cache, start_pos=start)
+        got = fused(x, kv_cache=fused_cache, start_pos=start)
+        torch.testing.assert_close(got.logits, want.logits, atol=atol, rtol=0)
+        for r, o in zip(want.records, got.records, strict=True):
+            assert (r is None) == (o is None)
+            if r is not None:
+                k = o.expert_idx.shape[1]
+                want_experts = r.all_expert_idx.view(-1, k).sort(dim=1).values
+                assert torch.equal(o.expert_idx.sort(dim=1).values, want_experts)
+                assert torch.equal(o.counts, r.counts)
+        x = want.logits.argmax(-1)
+        pos = [p + 1 for p in pos]
+    assert ref_cache.lengths == fused_cache.lengths
+    for a, b in zip(ref_cache.k + ref_cache.v, fused_cache.k + fused_cache.v, strict=True):
+        torch.testing.assert_close(a, b, atol=atol, rtol=0)
+    assert torch.equal(ref_cache.key_mask, fused_cache.key_mask)
+
+
+VARIANTS = {
+    "plain": {},
+    "gqa_bias_qk_head": dict(n_kv_heads=2, attention_bias=True, qk_norm="head"),
+    "qk_full_dense_first": dict(qk_norm="full", first_dense_layers=1, logit_scale=0.5),
+    "sigmoid_unnormalised_scaled": dict(
+        router=dict(score_func="sigmoid", norm_topk_prob=False, routed_scaling_factor=2.5)
+    ),
+    "softmax_after_topk_bias": dict(router=dict(softmax_before_topk=False, expert_bias=True)),
+    "sigmoid_normalised_bias": dict(
+        router=dict(score_func="sigmoid", norm_topk_prob=True, expert_bias=True)
+    ),
+    "gelu_experts": dict(experts=dict(activation="gelu")),
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=list(VARIANTS))
+def test_fused_step_matches_the_modules_for_rows_at_their_own_positions(variant):
+    model = tiny(**VARIANTS[variant])
+    assert_fused_matches(model, [5, 9, 7], steps=4, atol=2e-5)
+
+
+def test_fused_step_matches_with_one_shared_position_and_nine_rows():
+    # nine rows: past dense_rows' eight, the projections go to at::linear
+    assert_fused_matches(tiny(), [6] * 9, steps=3, atol=2e-5)
+
+
+def test_fused_step_matches_long_contexts_that_split_attention_over_threads():
+    # 4 rows x 2 heads x 600 positions x 64 dims: past the 2^18 multiply-adds above which the
+    # attention's (row, head) units are shared by the threads
+    model = tiny(d_model=128, n_heads=2, ffn_hidden_size=64, max_seq_len=640)
+    assert_fused_matches(model, [600, 520, 610, 580], steps=3, atol=5e-5)
+
+
+def quantized(bits: int, dense: bool, **overrides) -> MoETransformer:
+    model = tiny(d_model=64, ffn_hidden_size=128, **overrides)
+    calib = torch.randint(0, 50, (4, 16), generator=torch.Generator().manual_seed(3))
+    spec = QuantSpec(method="rtn", bits=bits, group_size=64, symmetric=True)
+    quantize_model(model, [calib], QuantizeConfig(spec=spec, sequential=False))
+    if dense:
+        quantize_dense(model, bits, 64)
+    return model.eval()
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_fused_step_matches_quantized_experts_and_projections(bits, monkeypatch):
+    # float32 activations: the kernel's dequantized values, so only sum order differs
+    monkeypatch.setenv("MOELAB_INT8_ACTIVATIONS", "0")
+    assert_fused_matches(quantized(bits, dense=True), [5, 9], steps=3, atol=5e-5)
+    assert_fused_matches(quantized(bits, dense=False), [7], steps=2, atol=5e-5)
+
+
+@pytest.mark.skipif(not cpu_kernel.int8_activations(), reason="no AVX-512 VNNI")
+def test_fused_step_with_int8_activations_stays_within_their_rounding():
+    # 8-bit activations: a last-bit difference can move an activation across a rounding
+    # step (one step of the group's max|x|/127), so the logits agree to that rounding
+    model = quantized(8, dense=True)
+    assert_fused_matches(model, [6, 8], steps=2, atol=5e-2)
+
+
+def test_engine_fused_gives_the_greedy_tokens_of_eager_decoding():
+    model = tiny()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)  # wide margins: rounding cannot flip a greedy choice
+    prompts = [[3, 7, 1], [4, 4, 9, 2, 8, 1, 1], [5], [2, 2, 2, 2, 2]]
+
+    def run(fused: bool) -> list[list[int]]:
+        engine = Engine(model, max_batch=3, fused=fused)
+        seqs = [engine.submit(p, SamplingParams(max_tokens=12 + i, temperature=0))
+                for i, p in enumerate(prompts)]  # fmt: skip
+        while engine.has_work():
+            engine.step()
+        return [s.output_ids for s in seqs], engine.stats.expert_counts
+
+    (want, want_counts), (got, got_counts) = run(False), run(True)
+    assert got == want
+    assert got_counts == want_counts
+
+
+REFUSED = {
+    "capacity factor": dict(router=dict(capacity_factor=1.25)),
+    "shared expert": dict(experts=dict(shared_expert_size=16)),
+    "'expert_choice' router": dict(router=dict(kind="expert_choice")),
+    "group-limited": dict(router=dict(n_group=2, topk_group=1)),
+}
+
+
+@pytest.mark.parametrize("reason", REFUSED, ids=list(REFUSED))
+def test_unsupported_models_are_refused_naming_the_part(reason):
+    model = tiny(**REFUSED[reason])
+    why = unsupported(model)
+    assert why is not None and reason in why
+    with pytest.raises(ValueError, match="fused decode step cannot run this model"):
+        Engine(model, fused=True)
+
+
+def test_hooks_training_mode_and_compile_with_fused_are_refused():
+    model = tiny()
+    handle = model.blocks[1].attn.register_forward_hook(lambda *a: None)
+    assert unsupported(model) == "module blocks.1.attn has forward hooks"
+    handle.remove()
+    assert unsupported(model) is None
+    assert unsupported(model.train()) == "the model is in training mode"
+    with pytest.raises(ValueError, match="choose one"):
+        Engine(model.eval(), compile=True, fused=True)
+
+
+def test_a_decode_step_takes_one_position_per_row():
+    model = tiny()
+    cache = prefilled(model, [4])
+    with pytest.raises(ValueError, match="one position"):
+        FusedDecode(model)(torch.zeros(1, 2, dtype=torch.long), kv_cache=cache, start_pos=4)
+    with pytest.raises(ValueError, match="continue at their cached lengths"):
+        FusedDecode(model)(torch.zeros(1, 1, dtype=torch.long), kv_cache=cache, start_pos=3)
