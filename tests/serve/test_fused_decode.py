@@ -4,13 +4,16 @@ their own positions, float32 and quantized weights; the engine's greedy tokens; 
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from moelab.cli import app
 from moelab.compress.quant.dense import quantize_dense
 from moelab.compress.quant.pipeline import QuantizeConfig, quantize_model
 from moelab.core.config import ExpertsConfig, MoEConfig, RouterConfig
 from moelab.core.experts import cpu_kernel
 from moelab.core.experts.quantized import QuantSpec
-from moelab.models import ModelConfig, MoETransformer
+from moelab.data import ByteTokenizer
+from moelab.models import ModelConfig, MoETransformer, save_model
 from moelab.serve.engine import Engine
 from moelab.serve.fused import FusedDecode, unsupported
 from moelab.serve.kv_slots import SlotKVCache
@@ -195,3 +198,43 @@ def test_a_decode_step_takes_one_position_per_row():
         FusedDecode(model)(torch.zeros(1, 2, dtype=torch.long), kv_cache=cache, start_pos=4)
     with pytest.raises(ValueError, match="continue at their cached lengths"):
         FusedDecode(model)(torch.zeros(1, 1, dtype=torch.long), kv_cache=cache, start_pos=3)
+
+
+def saved_tiny(tmp_path, **overrides):
+    model = MoETransformer(ModelConfig.tiny(vocab_size=256, max_seq_len=64, **overrides))
+    save_model(model, tmp_path)
+    ByteTokenizer().save(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["--offload", "--cache-mb", "4"], "--fused: not with --offload"),
+        (["--decoder", "team"], "--fused: applies to causal decoding"),
+        (["--compile"], "--compile, --fused: choose one"),
+    ],
+)
+def test_cli_fused_refuses_offload_diffusion_decoders_and_compile(tmp_path, extra, needle):
+    saved_tiny(tmp_path)
+    for command in ("generate", "serve"):
+        result = CliRunner().invoke(app, [command, str(tmp_path), "--fused", *extra])
+        assert result.exit_code == 2, result.output
+        text = result.output.strip()
+        assert text.startswith("error:") and needle in text and "\n" not in text, text
+
+
+def test_cli_generate_fused_gives_the_eager_text_and_refuses_unsupported_models(tmp_path):
+    saved_tiny(tmp_path / "ok")
+    args = ["generate", str(tmp_path / "ok"), "--prompt", "ab", "--temperature", "0"]
+    args += ["--max-new-tokens", "12"]
+    eager, fused = CliRunner().invoke(app, args), CliRunner().invoke(app, [*args, "--fused"])
+    assert eager.exit_code == fused.exit_code == 0, fused.output
+    assert fused.output == eager.output and len(fused.output) > 3
+    moe = MoEConfig(
+        router=RouterConfig(num_experts=4, top_k=2, capacity_factor=1.0),
+        experts=ExpertsConfig(hidden_size=32, ffn_hidden_size=32),
+    )
+    saved_tiny(tmp_path / "cf", moe=moe)
+    result = CliRunner().invoke(app, ["generate", str(tmp_path / "cf"), "--fused"])
+    assert result.exit_code == 2, result.output
+    assert "block 0 has a capacity factor" in result.output

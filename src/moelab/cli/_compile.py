@@ -1,4 +1,5 @@
-"""``--compile`` of ``moelab generate`` and ``moelab serve``: compiled causal decode steps."""
+"""``--compile`` and ``--fused`` of ``moelab generate`` and ``moelab serve``: how the causal
+decode steps run (compiled by torch.compile, or as one C++ call each)."""
 
 from __future__ import annotations
 
@@ -16,15 +17,27 @@ CompileFlag = Annotated[
     ),
 ]
 
+FusedFlag = Annotated[
+    bool,
+    Opt(
+        "--fused",
+        help="Decode each step as one C++ call over every block (float32 or 4/8-bit "
+        "weights, token-choice routers; no compile).",
+    ),
+]
 
-def check_compile(compile: bool, offload: bool, decoder: str) -> None:
-    """Refuse ``--compile`` where it does not apply.
+
+def check_compile(compile: bool, offload: bool, decoder: str, fused: bool = False) -> None:
+    """Refuse ``--compile`` and ``--fused`` where they do not apply.
 
     Raises:
-        ValueError: with ``--offload`` (the expert store's reads and cache live in Python
-            inside every MoE layer) or with a block-diffusion ``--decoder``.
+        ValueError: either with ``--offload`` (the expert store's reads and cache live in
+            Python inside every MoE layer) or with a block-diffusion ``--decoder``; both.
     """
-    if compile and offload:
-        raise InvalidValueError("--compile: not with --offload (experts are read from the store)")
-    if compile and decoder != "causal":
-        raise InvalidValueError(f"--compile: applies to causal decoding, not --decoder {decoder}")
+    if compile and fused:
+        raise InvalidValueError("--compile, --fused: choose one")
+    flag = "--compile" if compile else "--fused" if fused else None
+    if flag and offload:
+        raise InvalidValueError(f"{flag}: not with --offload (experts are read from the store)")
+    if flag and decoder != "causal":
+        raise InvalidValueError(f"{flag}: applies to causal decoding, not --decoder {decoder}")

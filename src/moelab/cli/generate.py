@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from moelab.cli._app import Opt, app, err_console, guarded
-from moelab.cli._compile import CompileFlag, check_compile
+from moelab.cli._compile import CompileFlag, FusedFlag, check_compile
 from moelab.cli._diffusion import Decoder, Threshold, decode_options
 from moelab.cli._offload import (
     CacheMb,
@@ -46,6 +46,7 @@ def generate(
     decoder: Decoder = "causal",
     threshold: Threshold = 0.95,
     compile: CompileFlag = False,
+    fused: FusedFlag = False,
 ) -> None:
     """Continue a prompt, streaming tokens as they are sampled.
 
@@ -53,6 +54,7 @@ def generate(
       moelab generate runs/main --prompt "ROMEO:" --max-new-tokens 300
       moelab generate runs/main --prompt "def main(" --temperature 0
       moelab generate runs/main --max-new-tokens 2000 --compile
+      moelab generate runs/main --max-new-tokens 2000 --fused
       moelab generate runs/main-zip --offload --cache-mb 4 --storage-mbps 200
       moelab generate runs/bd --decoder team --threshold 0.9 --temperature 0 --prompt "A 123+456="
     """
@@ -60,13 +62,16 @@ def generate(
 
     from moelab.serve.diffusion import sampling_picker
     from moelab.serve.engine import check_compilable
+    from moelab.serve.fused import check_fusable
     from moelab.serve.generate import generate_ids, stream_text
 
-    guarded(check_compile, compile, offload, decoder)
+    guarded(check_compile, compile, offload, decoder, fused)
     guarded(_check_request, prompt, max_new_tokens, temperature, top_k or None, top_p)
     model, tokenizer = guarded(load_for_inference, run, offload, cache_mb, policy, storage_mbps)
     if compile:
         guarded(check_compilable, model)
+    if fused:
+        guarded(check_fusable, model.eval())  # the engine serves it in eval mode
     options = guarded(decode_options, model, decoder, threshold)
     if options is not None:
         pick = sampling_picker(  # settings checked by _check_request
@@ -80,6 +85,7 @@ def generate(
         ids = generate_ids(
             model, prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature,
             top_k=top_k or None, top_p=top_p, seed=seed, stop_id=tokenizer.eot_id, compile=compile,
+            fused=fused,
         )  # fmt: skip
         counted = _Counted(ids)
         start = time.perf_counter()

@@ -10,7 +10,7 @@ import typer
 
 from moelab.cli._app import Opt, app, console, guarded
 from moelab.cli._chat import chat_template_for
-from moelab.cli._compile import CompileFlag, check_compile
+from moelab.cli._compile import CompileFlag, FusedFlag, check_compile
 from moelab.cli._diffusion import Decoder, Threshold, decode_options
 from moelab.cli._offload import CacheMb, OffloadFlag, Policy, StorageMbps, load_for_inference
 from moelab.cli._ranges import Range
@@ -73,6 +73,7 @@ def serve(
     decoder: Decoder = "causal",
     threshold: Threshold = 0.95,
     compile: CompileFlag = False,
+    fused: FusedFlag = False,
 ) -> None:
     """Serve a model over HTTP with the OpenAI API (completions, chat, streaming).
 
@@ -105,7 +106,7 @@ def serve(
         api_key = os.environ["MOELAB_API_KEY"]
     if api_key is not None:  # an empty key is refused, never read as "no authentication"
         guarded(check_api_key, api_key)
-    guarded(check_compile, compile, offload, decoder)
+    guarded(check_compile, compile, offload, decoder, fused)
     model, tokenizer = guarded(load_for_inference, run, offload, cache_mb, policy, storage_mbps)
     offload_stats = _offload_stats(model) if offload else None
     name = model_name or run.resolve().name
@@ -113,7 +114,7 @@ def serve(
     options = guarded(decode_options, model, decoder, threshold)
     limits = {"max_batch": max_batch, "max_queue": max_queue}
     if options is None:
-        engine = guarded(Engine, model, tokenizer, compile=compile, **limits)
+        engine = guarded(Engine, model, tokenizer, compile=compile, fused=fused, **limits)
     else:
         engine = guarded(DiffusionEngine, model, tokenizer, options=options, **limits)
     config = ServerConfig(

@@ -55,8 +55,8 @@ from moelab.errors import InvalidTypeError, InvalidValueError
 from moelab.models import MoETransformer
 from moelab.serve.batching import check_batching, serving_routing
 from moelab.serve.compiled import compiled_decode
-from moelab.serve.fused import FusedDecode
 from moelab.serve.detok import Detokenizer
+from moelab.serve.fused import FusedDecode
 from moelab.serve.kv_slots import SlotKVCache
 from moelab.serve.params import SamplingParams
 from moelab.serve.sampling import sample_next

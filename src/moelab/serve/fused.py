@@ -34,12 +34,16 @@ import torch
 from torch import Tensor, nn
 
 from moelab.core.dispatch import LocalDispatcher
-from moelab.errors import InvalidValueError
 from moelab.core.experts import cpu_kernel
 from moelab.core.experts.bank import ExpertBank
-from moelab.core.experts.quantized import QuantizedExpertBank, QuantizedProjection, kernel_unreadable
+from moelab.core.experts.quantized import (
+    QuantizedExpertBank,
+    QuantizedProjection,
+    kernel_unreadable,
+)
 from moelab.core.layer import MoELayer
 from moelab.core.routers.token_choice import TopKRouter
+from moelab.errors import InvalidValueError
 from moelab.models import MoETransformer
 from moelab.models.attention import Attention, KVCache
 from moelab.models.block import DecoderBlock
@@ -191,11 +195,7 @@ def unsupported(model: MoETransformer) -> str | None:
         return "the model is not float32 on the CPU"
     if model.training:
         return "the model is in training mode"
-    hooked = [
-        name
-        for name, m in model.named_modules()
-        if m._forward_hooks or m._forward_pre_hooks
-    ]
+    hooked = [name for name, m in model.named_modules() if m._forward_hooks or m._forward_pre_hooks]
     if hooked:
         return f"module {hooked[0] or 'model'} has forward hooks"
     ropes = {id(b.attn.rope) for b in model.blocks if isinstance(b, DecoderBlock)}
@@ -211,12 +211,23 @@ def unsupported(model: MoETransformer) -> str | None:
     return None if why is None else f"the LM head has {why}"
 
 
+def check_fusable(model: MoETransformer) -> None:
+    """Raise :class:`~moelab.errors.InvalidValueError` naming why the fused decode step
+    cannot run ``model`` (:func:`unsupported`); return when it can."""
+    why = unsupported(model)
+    if why is not None:
+        raise InvalidValueError(f"fused: the fused decode step cannot run this model: {why}")
+
+
 def _proj(k, m: nn.Module):
     """A ``Linear``/``QuantizedLinear``/one quantized projection as the kernel's DecodeProj."""
     p = k.DecodeProj()
     if isinstance(m, QuantizedProjection):
         p.codes, p.scales, p.bits, p.out_features = (
-            m.codes, m.scale_values, m.spec.bits, m.shape[1]
+            m.codes,
+            m.scale_values,
+            m.spec.bits,
+            m.shape[1],
         )
         return p
     if type(m) is QuantizedLinear:
@@ -230,10 +241,14 @@ def _proj(k, m: nn.Module):
 def _block(k, block: DecoderBlock):
     b = k.DecodeBlock()
     attn = block.attn
-    b.attn_norm, b.ffn_norm, b.norm_eps = block.attn_norm.weight, block.ffn_norm.weight, (
-        block.attn_norm.eps
+    b.attn_norm, b.ffn_norm, b.norm_eps = (
+        block.attn_norm.weight,
+        block.ffn_norm.weight,
+        (block.attn_norm.eps),
     )
-    b.q, b.k, b.v, b.o = (_proj(k, getattr(attn, n)) for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    b.q, b.k, b.v, b.o = (
+        _proj(k, getattr(attn, n)) for n in ("q_proj", "k_proj", "v_proj", "o_proj")
+    )
     b.n_heads, b.n_kv_heads, b.head_dim = attn.n_heads, attn.n_kv_heads, attn.head_dim
     b.qk_norm = _QK_NORMS[attn.qk_norm]
     if attn.q_norm is not None:
@@ -267,9 +282,7 @@ class FusedDecode:
     """
 
     def __init__(self, model: MoETransformer) -> None:
-        why = unsupported(model)
-        if why is not None:
-            raise InvalidValueError(f"fused: the fused decode step cannot run this model: {why}")
+        check_fusable(model)
         k = cpu_kernel.kernel()
         self._executor = ex = k.DecodeExecutor(cpu_kernel.int8_activations())
         for block in model.blocks:

@@ -23,6 +23,7 @@ def generate_ids(
     seed: int = 0,
     stop_id: int | None = None,
     compile: bool = False,
+    fused: bool = False,
 ) -> Iterator[int]:
     """Yield new token ids one by one (prefill the prompt once, then one token per step).
 
@@ -35,8 +36,8 @@ def generate_ids(
     both decoded incrementally); layers with a capacity factor are served dropless
     (:mod:`moelab.serve.batching`);
     expert-choice models are refused (decoding one token at a time is not the routing they
-    were trained with). ``compile`` runs the decode steps compiled (:class:`Engine`'s
-    ``compile``).
+    were trained with). ``compile`` runs the decode steps compiled, ``fused`` as one C++ call
+    each (:class:`Engine`'s ``compile`` and ``fused``).
 
     Raises:
         ValueError: empty prompt, max_new_tokens < 0, bad sampling settings, a USMoE
@@ -65,7 +66,8 @@ def generate_ids(
     ids = prompt_ids[-(limit - 1) :] if limit > 1 else prompt_ids[-1:]
     was_training = model.training
     try:
-        engine = Engine(model, max_batch=1, max_queue=1, track_experts=False, compile=compile)
+        engine = Engine(model, max_batch=1, max_queue=1, track_experts=False, compile=compile,
+                        fused=fused)  # fmt: skip
         out: list[int] = []
         seq = engine.submit(
             ids, params, lambda ev: out.append(ev.token_id) if isinstance(ev, TokenEvent) else None

@@ -48,7 +48,11 @@ ACTIVATIONS = {"swiglu": 0, "geglu": 1, "gelu": 2, "gelu_tanh": 3}
 _CSRC = Path(__file__).with_name("csrc")
 # compiled (the headers beside them are included)
 _SOURCES = (
-    "experts_cpu.cpp", "quant_cpu.cpp", "quant_int8.cpp", "dense_rows.cpp", "decode_step.cpp"
+    "experts_cpu.cpp",
+    "quant_cpu.cpp",
+    "quant_int8.cpp",
+    "dense_rows.cpp",
+    "decode_step.cpp",
 )
 
 
