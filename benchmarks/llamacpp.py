@@ -19,6 +19,9 @@ continuous batching over a slotted KV cache). Both get the same number of thread
   ``torch._dynamo.reset()``: past the recompile limit a forward silently runs eager), at F32
   and at 8-bit (the packed-code kernel is one operator in the graph,
   ``moelab::quant_rows_mm``).
+- **Fused decode** (``--fused``): moelab's engine with each decode step as one C++ call over
+  every block (``Engine(fused=True)``, what ``moelab serve --fused`` runs), in the same
+  interleaved runs.
 - **8-bit**: llama.cpp runs the Q8_0 file (every matrix but the routers 8-bit); moelab runs its
   own 8-bit model: experts (``quantize_model``, RTN, 8 bits, symmetric, groups of 64 columns)
   and every dense projection, attention and LM head (``quantize_dense``, the same grid): what
@@ -40,6 +43,7 @@ Usage::
     python benchmarks/llamacpp.py                                   # both models
     python benchmarks/llamacpp.py --runs runs/main --threads 2 --repeats 5
     python benchmarks/llamacpp.py --compile     # also moelab's decode through torch.compile
+    python benchmarks/llamacpp.py --fused       # also moelab's fused C++ decode step
 """
 
 from __future__ import annotations
@@ -170,11 +174,17 @@ class LlamaCpp:
 
 
 def moelab_generate(
-    model: MoETransformer, prompts: list[list[int]], n: int, compile: bool = False
+    model: MoETransformer,
+    prompts: list[list[int]],
+    n: int,
+    compile: bool = False,
+    fused: bool = False,
 ) -> list[list[int]]:
     """Greedy ``n`` tokens for each prompt with moelab's serving engine, all in one batch
-    (``compile``: its decode steps through ``torch.compile``)."""
-    engine = Engine(model, max_batch=len(prompts), track_experts=False, compile=compile)
+    (``compile``: its decode steps through ``torch.compile``; ``fused``: as one C++ call)."""
+    engine = Engine(
+        model, max_batch=len(prompts), track_experts=False, compile=compile, fused=fused
+    )
     seqs = [engine.submit(p, SamplingParams(max_tokens=n, temperature=0)) for p in prompts]
     while engine.has_work():
         engine.step()
@@ -210,7 +220,7 @@ def compare_greedy(model, cpp: LlamaCpp, prompt: list[int], n: int) -> str:
 def bench_type(label, model, cpp: LlamaCpp, prompts, long_prompt, args) -> dict:
     """Prefill and decode at B = 1, 4, 8: ``{measure: (moelab tok/s, llama.cpp tok/s)}``, and
     with ``--compile`` ``{"compiled decode B=…": (moelab compiled tok/s, llama.cpp tok/s)}``
-    from the same interleaved runs."""
+    and with ``--fused`` ``{"fused decode B=…": …}`` from the same interleaved runs."""
     N, S = args.tokens, len(long_prompt)
     row = {}
     t = interleaved_medians(
@@ -238,12 +248,18 @@ def bench_type(label, model, cpp: LlamaCpp, prompts, long_prompt, args) -> dict:
             moelab_generate(model, ps, 3, compile=True)  # compiles (once per model and shape)
             fns["compiled N"] = lambda ps=ps: moelab_generate(model, ps, N, compile=True)
             fns["compiled 1"] = lambda ps=ps: moelab_generate(model, ps, 1, compile=True)
+        if args.fused:
+            fns["fused N"] = lambda ps=ps: moelab_generate(model, ps, N, fused=True)
+            fns["fused 1"] = lambda ps=ps: moelab_generate(model, ps, 1, fused=True)
         t = interleaved_medians(fns, repeats=args.repeats, budget_s=60, min_repeats=args.repeats)
         theirs = decode_rate(B, N, t["cpp N"], t["cpp 1"])
         row[f"decode B={B}"] = (decode_rate(B, N, t["ours N"], t["ours 1"]), theirs)
         if args.compile:
             compiled = decode_rate(B, N, t["compiled N"], t["compiled 1"])
             row[f"compiled decode B={B}"] = (compiled, theirs)
+        if args.fused:
+            fused = decode_rate(B, N, t["fused N"], t["fused 1"])
+            row[f"fused decode B={B}"] = (fused, theirs)
     for key, (a, b) in row.items():
         print(f"  {label:5s} {key:11s} moelab {a:9.1f} tok/s  llama.cpp {b:9.1f} tok/s  {a / b:.2f}x", flush=True)  # fmt: skip
     return row
@@ -290,6 +306,8 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=128, help="prefill prompt tokens")
     ap.add_argument("--compile", action="store_true",
                     help="also time moelab's decode through torch.compile (Engine(compile=True))")  # fmt: skip
+    ap.add_argument("--fused", action="store_true",
+                    help="also time moelab's fused C++ decode step (Engine(fused=True))")  # fmt: skip
     ap.add_argument("--experts-only", action="store_true",
                     help="moelab's 8-bit model: experts only, attention and head float32")  # fmt: skip
     args = ap.parse_args()

@@ -33,8 +33,9 @@ constexpr int64_t kTileRows = 8;   // rows per call tile of the quantized kernel
 // attention units (row, head) are split over the threads above this many multiply-adds
 constexpr int64_t kParallelAttention = int64_t{1} << 18;
 
-// Σ a[i]·b[i]: a reduction the compiler may vectorise (omp simd), as ATen's are.
-MOELAB_CLONES float dot(const float* a, const float* b, int64_t n) {
+// Σ a[i]·b[i]: a reduction the compiler may vectorise (omp simd), as ATen's are. Inlined into
+// the per-CPU clones of its callers (a clone of its own would cost an indirect call each).
+inline float dot(const float* a, const float* b, int64_t n) {
   float s = 0.f;
 #pragma omp simd reduction(+ : s)
   for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
@@ -48,6 +49,28 @@ MOELAB_CLONES void rms_norm(const float* x, const float* w, int64_t D, float eps
   for (int64_t i = 0; i < D; ++i) y[i] = w[i] * (x[i] * r);
 }
 
+// One query head q [hd] over keys/values k, v [L, hd] (rows hd apart): positions j < L − 1
+// where mask[j], and always the last one (the query's own). out [hd]; s: scratch [L].
+MOELAB_CLONES void attend_head(const float* q, const float* k, const float* v, const bool* mask,
+                               int64_t L, int64_t hd, float scale, float* s, float* out) {
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < L; ++j) {
+    s[j] = (mask[j] || j == L - 1) ? dot(q, k + j * hd, hd) * scale
+                                   : -std::numeric_limits<float>::infinity();
+    top = std::max(top, s[j]);
+  }
+  float total = 0.f;
+  for (int64_t j = 0; j < L; ++j) total += (s[j] = std::exp(s[j] - top));
+  std::fill(out, out + hd, 0.f);
+  for (int64_t j = 0; j < L; ++j) {
+    if (s[j] == 0.f) continue;
+    const float p = s[j] / total;
+    const float* vj = v + j * hd;
+#pragma omp simd
+    for (int64_t i = 0; i < hd; ++i) out[i] += p * vj[i];
+  }
+}
+
 // x [hd] rotated by RoPE's rotate-half convention at the angles of cos/sin [hd] (models/rope.py).
 void rope(float* x, const float* c, const float* s, int64_t hd) {
   const int64_t h = hd / 2;
@@ -58,6 +81,42 @@ void rope(float* x, const float* c, const float* s, int64_t hd) {
   }
 }
 
+// Row tiles of the quantized kernel: n rows of expert 0 (a dense projection).
+void dense_tiles(int64_t n, std::vector<int64_t>& tiles, std::vector<int64_t>& experts) {
+  for (int64_t r = 0; r < n; r += kTileRows) {
+    tiles.push_back(std::min(kTileRows, n - r));
+    experts.push_back(0);
+  }
+}
+
+QuantWeights weights_of(const DecodeProj& p) {
+  return {p.codes, p.scales, p.zeros, p.bits, p.out_features};
+}
+
+// The projections `ps` of the same rows x [n, K]: one call of the quantized kernel (one
+// parallel region, the rows quantized once) when all hold codes of one format, else a call
+// each.
+std::vector<at::Tensor> rows_many(const std::vector<const DecodeProj*>& ps, const at::Tensor& x,
+                                  bool int8_activations) {
+  const bool together = std::all_of(ps.begin(), ps.end(), [&](const DecodeProj* p) {
+    return !p->weight.defined() && p->bits == ps[0]->bits &&
+           p->scales.size(-1) == ps[0]->scales.size(-1);
+  });
+  std::vector<at::Tensor> ys;
+  if (!together) {
+    for (const auto* p : ps) ys.push_back(p->rows(x, int8_activations));
+    return ys;
+  }
+  std::vector<int64_t> tiles, experts;
+  dense_tiles(x.size(0), tiles, experts);
+  std::vector<QuantWeights> ws;
+  for (const auto* p : ps) ws.push_back(weights_of(*p));
+  ys = quant_experts_mm_many(x, tiles, experts, ws, int8_activations);
+  for (size_t i = 0; i < ps.size(); ++i)
+    if (ps[i]->bias.has_value()) ys[i].add_(*ps[i]->bias);
+  return ys;
+}
+
 }  // namespace
 
 at::Tensor DecodeProj::rows(const at::Tensor& x, bool int8_activations) const {
@@ -65,10 +124,7 @@ at::Tensor DecodeProj::rows(const at::Tensor& x, bool int8_activations) const {
     return x.size(0) <= kDenseRows ? dense_rows(x, weight, bias) : at::linear(x, weight, bias);
   }
   std::vector<int64_t> tiles, experts;
-  for (int64_t r = 0; r < x.size(0); r += kTileRows) {
-    tiles.push_back(std::min(kTileRows, x.size(0) - r));
-    experts.push_back(0);
-  }
+  dense_tiles(x.size(0), tiles, experts);
   auto y = quant_experts_mm(x, tiles, experts, codes, scales, zeros, bits, out_features,
                             int8_activations);
   if (bias.has_value()) y.add_(*bias);
@@ -144,29 +200,11 @@ void DecodeExecutor::attend(const DecodeBlock& blk, const at::Tensor& q, const a
   int64_t longest = 0;
   for (const int64_t p : pos) longest = std::max(longest, p + 1);
   const auto unit = [&](int64_t u) {
-    const int64_t b = u / H, h = u % H, g = h / rep, row = row0 + b, L = pos[b] + 1;
-    const float* qh = qp + (b * H + h) * hd;
-    const float* kh = kp + ((row * blk.n_kv_heads + g) * cap) * hd;
-    const float* vh = vp + ((row * blk.n_kv_heads + g) * cap) * hd;
-    const bool* m = mp + row * mstride;
-    std::vector<float> s(L);
-    float top = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < L; ++j) {
-      s[j] = (m[j] || j == L - 1) ? dot(qh, kh + j * hd, hd) * scale
-                                  : -std::numeric_limits<float>::infinity();
-      top = std::max(top, s[j]);
-    }
-    float total = 0.f;
-    for (int64_t j = 0; j < L; ++j) total += (s[j] = std::exp(s[j] - top));
-    float* o = op + (b * H + h) * hd;
-    std::fill(o, o + hd, 0.f);
-    for (int64_t j = 0; j < L; ++j) {
-      if (s[j] == 0.f) continue;
-      const float p = s[j] / total;
-      const float* vj = vh + j * hd;
-#pragma omp simd
-      for (int64_t i = 0; i < hd; ++i) o[i] += p * vj[i];
-    }
+    const int64_t b = u / H, h = u % H, row = row0 + b;
+    const int64_t kv = (row * blk.n_kv_heads + h / rep) * cap * hd;
+    std::vector<float> scratch(pos[b] + 1);
+    attend_head(qp + (b * H + h) * hd, kp + kv, vp + kv, mp + row * mstride, pos[b] + 1, hd,
+                scale, scratch.data(), op + (b * H + h) * hd);
   };
   const int64_t units = n * H;
   if (units > 1 && units * longest * hd > kParallelAttention) {
@@ -185,9 +223,8 @@ at::Tensor DecodeExecutor::attention(const DecodeBlock& blk, const at::Tensor& x
                                      int64_t row0, const at::Tensor& cos,
                                      const at::Tensor& sin) const {
   const int64_t n = xn.size(0), H = blk.n_heads, Hkv = blk.n_kv_heads, hd = blk.head_dim;
-  auto q = blk.q.rows(xn, int8_activations_).contiguous();
-  auto k = blk.k.rows(xn, int8_activations_).contiguous();
-  auto v = blk.v.rows(xn, int8_activations_).contiguous();
+  auto qkv = rows_many({&blk.q, &blk.k, &blk.v}, xn, int8_activations_);
+  auto q = qkv[0].contiguous(), k = qkv[1].contiguous(), v = qkv[2].contiguous();
   TORCH_CHECK(q.size(1) == H * hd && k.size(1) == Hkv * hd && v.size(1) == Hkv * hd,
               "attention: projection widths do not match the heads");
   float* qp = q.data_ptr<float>();
@@ -312,12 +349,12 @@ void DecodeExecutor::moe(const DecodeBlock& blk, const at::Tensor& xn, at::Tenso
         experts.push_back(e);
       }
     const auto xs = xn.index_select(0, token_idx);
-    const auto mm = [&](const DecodeProj& p, const at::Tensor& rows) {
-      return quant_experts_mm(rows, tiles, experts, p.codes, p.scales, p.zeros, p.bits,
-                              p.out_features, int8_activations_);
-    };
-    auto a = at::silu(mm(blk.gate, xs)).mul_(mm(blk.up, xs));
-    const auto y = mm(blk.down, a);
+    auto gate_up = quant_experts_mm_many(
+        xs, tiles, experts, {weights_of(blk.gate), weights_of(blk.up)}, int8_activations_);
+    auto a = at::silu_(gate_up[0]).mul_(gate_up[1]);
+    const auto y = quant_experts_mm(a, tiles, experts, blk.down.codes, blk.down.scales,
+                                    blk.down.zeros, blk.down.bits, blk.down.out_features,
+                                    int8_activations_);
     y_pairs = at::empty_like(y);
     y_pairs.index_copy_(0, pair_of, y);
   }
@@ -386,9 +423,8 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> DecodeExecutor::step(
       chosen.push_back(at::empty({n, blk.top_k}, at::kLong));
       moe(blk, xn, x, chosen.back());
     } else {
-      auto a = at::silu(blk.gate.rows(xn, int8_activations_))
-                   .mul_(blk.up.rows(xn, int8_activations_));
-      x.add_(blk.down.rows(a, int8_activations_));
+      auto gate_up = rows_many({&blk.gate, &blk.up}, xn, int8_activations_);
+      x.add_(blk.down.rows(at::silu_(gate_up[0]).mul_(gate_up[1]), int8_activations_));
     }
   }
   norm_rows(norm_, norm_eps_);

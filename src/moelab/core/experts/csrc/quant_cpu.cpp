@@ -17,7 +17,8 @@ constexpr int64_t kLanes = 16;         // independent partial sums per output (o
 constexpr int64_t kRowsPerItem = 64;   // output rows per work item
 
 struct QItem {
-  int64_t slot, begin, rows, o0, o1;  // slot: index into `experts`; rows [begin, begin+rows)
+  // job: index into the projections; slot: into `experts`; rows [begin, begin+rows)
+  int64_t job, slot, begin, rows, o0, o1;
 };
 
 // Output rows [o0, o1) of one expert for its M input rows x [M, K]; codes, scales and zeros
@@ -104,68 +105,89 @@ at::Tensor quant_experts_mm(const at::Tensor& x, const std::vector<int64_t>& cou
                             const std::vector<int64_t>& experts, const at::Tensor& codes,
                             const at::Tensor& scales, const c10::optional<at::Tensor>& zeros,
                             int64_t bits, int64_t out_features, bool int8_activations) {
-  const int64_t O = out_features;
+  return quant_experts_mm_many(x, counts, experts, {{codes, scales, zeros, bits, out_features}},
+                               int8_activations)[0];
+}
+
+std::vector<at::Tensor> quant_experts_mm_many(const at::Tensor& x,
+                                              const std::vector<int64_t>& counts,
+                                              const std::vector<int64_t>& experts,
+                                              const std::vector<QuantWeights>& projections,
+                                              bool int8_activations) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(),
               "x: expected a contiguous float32 [N, K] tensor");
+  TORCH_CHECK(!projections.empty(), "projections: none given");
   const int64_t N = x.size(0), K = x.size(1);
-  TORCH_CHECK(bits == 8 || bits == 4, "bits: 8 or 4, got ", bits);
-  TORCH_CHECK(scales.scalar_type() == at::kHalf && scales.dim() == 3 && scales.size(1) == O &&
-                  scales.is_contiguous(),
-              "scales: expected contiguous float16 [E, ", O, ", G]");
-  const int64_t E = scales.size(0), G = scales.size(2);
-  TORCH_CHECK(G > 0 && K % G == 0 && (bits == 8 || (K / G) % 2 == 0), "scales: ", G,
-              " groups of K = ", K, " columns (at 4 bits groups must start on a byte)");
-  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() &&
-                  codes.numel() >= E * O * K * bits / 8,
-              "codes: expected the packed uint8 codes of [", E, ", ", O, ", ", K, "]");
-  const uint8_t* zp = nullptr;
-  if (zeros.has_value()) {
-    TORCH_CHECK(zeros->scalar_type() == at::kByte && zeros->is_contiguous() &&
-                    zeros->sizes() == scales.sizes(),
-                "zeros: expected contiguous uint8 like scales");
-    zp = zeros->data_ptr<uint8_t>();
+  const int64_t bits = projections[0].bits, G = projections[0].scales.size(-1);
+  std::vector<const uint8_t*> zps;
+  int64_t E = -1, width = 0;
+  for (const auto& p : projections) {
+    const int64_t O = p.out_features;
+    TORCH_CHECK(p.bits == bits && (bits == 8 || bits == 4), "bits: 8 or 4, one for all, got ",
+                p.bits);
+    TORCH_CHECK(p.scales.scalar_type() == at::kHalf && p.scales.dim() == 3 &&
+                    p.scales.size(1) == O && p.scales.size(2) == G && p.scales.is_contiguous(),
+                "scales: expected contiguous float16 [E, ", O, ", ", G, "]");
+    TORCH_CHECK(E < 0 || p.scales.size(0) == E, "projections: different expert counts");
+    E = p.scales.size(0);
+    TORCH_CHECK(G > 0 && K % G == 0 && (bits == 8 || (K / G) % 2 == 0), "scales: ", G,
+                " groups of K = ", K, " columns (at 4 bits groups must start on a byte)");
+    TORCH_CHECK(p.codes.scalar_type() == at::kByte && p.codes.is_contiguous() &&
+                    p.codes.numel() >= E * O * K * bits / 8,
+                "codes: expected the packed uint8 codes of [", E, ", ", O, ", ", K, "]");
+    const uint8_t* zp = nullptr;
+    if (p.zeros.has_value()) {
+      TORCH_CHECK(p.zeros->scalar_type() == at::kByte && p.zeros->is_contiguous() &&
+                      p.zeros->sizes() == p.scales.sizes(),
+                  "zeros: expected contiguous uint8 like scales");
+      zp = p.zeros->data_ptr<uint8_t>();
+    }
+    zps.push_back(zp);
+    width += O;
   }
   TORCH_CHECK(counts.size() == experts.size(), "counts and experts differ in length");
   std::vector<QItem> items;
-  int64_t begin = 0;
-  for (size_t i = 0; i < counts.size(); ++i) {
-    TORCH_CHECK(counts[i] >= 1 && counts[i] <= kMaxRows, "counts[", i, "] = ", counts[i],
-                " outside [1, ", kMaxRows, "]");
-    TORCH_CHECK(experts[i] >= 0 && experts[i] < E, "experts[", i, "] = ", experts[i],
-                " outside [0, ", E, ")");
-    for (int64_t o0 = 0; o0 < O; o0 += kRowsPerItem)
-      items.push_back({static_cast<int64_t>(i), begin, counts[i], o0,
-                       std::min(O, o0 + kRowsPerItem)});
-    begin += counts[i];
+  for (size_t j = 0; j < projections.size(); ++j) {
+    const int64_t O = projections[j].out_features;
+    int64_t begin = 0;
+    for (size_t i = 0; i < counts.size(); ++i) {
+      TORCH_CHECK(counts[i] >= 1 && counts[i] <= kMaxRows, "counts[", i, "] = ", counts[i],
+                  " outside [1, ", kMaxRows, "]");
+      TORCH_CHECK(experts[i] >= 0 && experts[i] < E, "experts[", i, "] = ", experts[i],
+                  " outside [0, ", E, ")");
+      for (int64_t o0 = 0; o0 < O; o0 += kRowsPerItem)
+        items.push_back({static_cast<int64_t>(j), static_cast<int64_t>(i), begin, counts[i], o0,
+                         std::min(O, o0 + kRowsPerItem)});
+      begin += counts[i];
+    }
+    TORCH_CHECK(begin == N, "counts sum to ", begin, ", x has ", N, " rows");
   }
-  TORCH_CHECK(begin == N, "counts sum to ", begin, ", x has ", N, " rows");
-  auto y = at::empty({N, O}, x.options());
+  std::vector<at::Tensor> ys;
+  for (const auto& p : projections) ys.push_back(at::empty({N, p.out_features}, x.options()));
   const float* xp = x.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  const auto* cp = codes.data_ptr<uint8_t>();
-  const auto* sp = scales.data_ptr<at::Half>();
   const bool integer = int8_activations && moelab::int8_dot_supported() && (K / G) % 64 == 0;
   std::vector<int8_t> q(integer ? N * K : 0);  // the rows' int8 codes, steps and code sums
   std::vector<float> d(integer ? N * G : 0);
   std::vector<int32_t> qsum(integer ? N * G : 0);
   if (integer) moelab::quantize_rows_int8(xp, N, K, K / G, bits, q.data(), d.data(), qsum.data());
   moelab::run_items(items, [&](const QItem& it) {
-    const int64_t e = experts[it.slot];
+    const auto& p = projections[it.job];
+    const int64_t e = experts[it.slot], O = p.out_features;
     const auto rows = std::make_integer_sequence<int64_t, kMaxRows>();
-    const uint8_t* ce = cp + e * O * K * bits / 8;
-    const uint8_t* ze = zp == nullptr ? nullptr : zp + e * O * G;
+    const uint8_t* ce = p.codes.data_ptr<uint8_t>() + e * O * K * bits / 8;
+    const at::Half* se = p.scales.data_ptr<at::Half>() + e * O * G;
+    const uint8_t* ze = zps[it.job] == nullptr ? nullptr : zps[it.job] + e * O * G;
+    float* yp = ys[it.job].data_ptr<float>() + it.begin * O;
     if (integer)
       moelab::quant_rows_int8(it.rows, q.data() + it.begin * K, d.data() + it.begin * G,
-                              qsum.data() + it.begin * G, K, ce, sp + e * O * G, ze, G, bits,
-                              it.o0, it.o1, yp + it.begin * O, O);
+                              qsum.data() + it.begin * G, K, ce, se, ze, G, bits, it.o0, it.o1,
+                              yp, O);
     else if (bits == 8)
-      quant_rows_any<8>(rows, it.rows, xp + it.begin * K, K, ce, sp + e * O * G, ze, G, it.o0,
-                        it.o1, yp + it.begin * O, O);
+      quant_rows_any<8>(rows, it.rows, xp + it.begin * K, K, ce, se, ze, G, it.o0, it.o1, yp, O);
     else
-      quant_rows_any<4>(rows, it.rows, xp + it.begin * K, K, ce, sp + e * O * G, ze, G, it.o0,
-                        it.o1, yp + it.begin * O, O);
-  }, /*adaptive=*/true, moelab::scheduler_slot({3, K, O, N, bits}));  // decode-sized rows only
-  return y;
+      quant_rows_any<4>(rows, it.rows, xp + it.begin * K, K, ce, se, ze, G, it.o0, it.o1, yp, O);
+  }, /*adaptive=*/true, moelab::scheduler_slot({3, K, width, N, bits}));  // decode-sized rows only
+  return ys;
 }
 
 // The operator moelab::quant_rows_mm: counts int64 [E] rows per expert, in order (zeros

@@ -10,6 +10,21 @@ at::Tensor quant_experts_mm(const at::Tensor& x, const std::vector<int64_t>& cou
                             const at::Tensor& scales, const c10::optional<at::Tensor>& zeros,
                             int64_t bits, int64_t out_features, bool int8_activations);
 
+// One quantized projection's weights (see quant_experts_mm).
+struct QuantWeights {
+  at::Tensor codes, scales;
+  c10::optional<at::Tensor> zeros;
+  int64_t bits, out_features;
+};
+
+// quant_experts_mm of several projections of the same rows in one parallel region, the rows
+// quantized once: projections that share bits, groups and expert count (q/k/v, gate/up).
+std::vector<at::Tensor> quant_experts_mm_many(const at::Tensor& x,
+                                              const std::vector<int64_t>& counts,
+                                              const std::vector<int64_t>& experts,
+                                              const std::vector<QuantWeights>& projections,
+                                              bool int8_activations);
+
 at::Tensor quant_rows_mm(const at::Tensor& x, const at::Tensor& counts, const at::Tensor& codes,
                          const at::Tensor& scales, const c10::optional<at::Tensor>& zeros,
                          int64_t bits, int64_t out_features, bool int8_activations);
