@@ -120,8 +120,8 @@ def _linear_problem(m: nn.Module) -> str | None:
 
 
 def _moe_problem(ffn: MoELayer) -> str | None:
-    rc = ffn.config.router
     router = ffn.router
+    rc = router.config  # what the router routes by (a swapped config included)
     if type(router) is not TopKRouter or rc.kind != "token_choice":
         return f"a {rc.kind!r} router"
     if rc.score_func not in _SCORE_FUNCS:
@@ -166,6 +166,8 @@ def _block_problem(block: nn.Module) -> str | None:
     norms = [block.attn_norm, block.ffn_norm, attn.q_norm, attn.k_norm]
     if any(m is not None and type(m) is not RMSNorm for m in norms):
         return "a norm that is not RMSNorm"
+    if any(m is not None and not _float_weight(m.weight) for m in norms):
+        return "a norm weight that is not contiguous float32"
     if len({m.eps for m in norms if m is not None}) != 1:
         return "norms of different eps"
     for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
@@ -193,20 +195,27 @@ def unsupported(model: MoETransformer) -> str | None:
     w = model.embed.weight
     if w.device.type != "cpu" or not _float_weight(w):
         return "the model is not float32 on the CPU"
-    if model.training:
-        return "the model is in training mode"
+    training = [name for name, m in model.named_modules() if m.training]
+    if training:
+        return f"module {training[0] or 'model'} is in training mode"
     hooked = [name for name, m in model.named_modules() if m._forward_hooks or m._forward_pre_hooks]
     if hooked:
         return f"module {hooked[0] or 'model'} has forward hooks"
+    if getattr(nn.modules.module, "_global_forward_hooks", None) or getattr(
+        nn.modules.module, "_global_forward_pre_hooks", None
+    ):
+        return "global forward hooks are registered (torch.nn.modules.module)"
     ropes = {id(b.attn.rope) for b in model.blocks if isinstance(b, DecoderBlock)}
     if len(ropes) > 1:
         return "blocks with their own rotary embeddings"
     for i, block in enumerate(model.blocks):
         why = _block_problem(block)
+        if why is None and block.attn.layer_idx != i:
+            why = f"the KV-cache layer index {block.attn.layer_idx}"
         if why is not None:
             return f"block {i} has {why}"
-    if type(model.norm) is not RMSNorm:
-        return "a final norm that is not RMSNorm"
+    if type(model.norm) is not RMSNorm or not _float_weight(model.norm.weight):
+        return "a final norm that is not a float32 RMSNorm"
     why = _linear_problem(model.lm_head)
     return None if why is None else f"the LM head has {why}"
 
@@ -257,7 +266,7 @@ def _block(k, block: DecoderBlock):
     if type(ffn) is SwiGLUFFN:
         b.gate, b.up, b.down = (_proj(k, getattr(ffn, n)) for n in ("w_gate", "w_up", "w_down"))
         return b
-    rc = ffn.config.router
+    rc = ffn.router.config
     b.kind = 1
     b.router = ffn.router.weight
     if ffn.router.expert_bias is not None:
@@ -284,15 +293,17 @@ class FusedDecode:
     def __init__(self, model: MoETransformer) -> None:
         check_fusable(model)
         k = cpu_kernel.kernel()
+        # 8-bit activations or not (MOELAB_INT8_ACTIVATIONS) as set now, for this object's life
         self._executor = ex = k.DecodeExecutor(cpu_kernel.int8_activations())
-        for block in model.blocks:
-            ex.add_block(_block(k, block))
         ex.set_head(model.embed.weight, model.norm.weight, _proj(k, model.lm_head),
                     float(model.cfg.logit_scale))  # fmt: skip
         ex.set_norm_eps(model.norm.eps)
+        for block in model.blocks:
+            ex.add_block(_block(k, block))
         self._rope = model.blocks[0].attn.rope
+        self._vocab = model.cfg.vocab_size
         self._experts = [
-            b.ffn.config.router.num_experts if b.is_moe else None for b in model.blocks
+            b.ffn.router.config.num_experts if b.is_moe else None for b in model.blocks
         ]
 
     def __call__(
@@ -303,21 +314,27 @@ class FusedDecode:
         ``kv_cache`` like the model's forward.
 
         Raises:
-            ValueError: more than one new position per row, or the cache's own checks
-                (rows that do not continue at their lengths, positions beyond its size).
+            ValueError: more than one new position per row, ids that are not integers in
+                ``[0, vocab_size)``, or the cache's own checks (rows that do not continue at
+                their lengths, positions beyond its size); the cache is left unchanged.
         """
         n, s = input_ids.shape
         if s != 1:
             raise InvalidValueError(f"input_ids: a decode step takes one position, got {s}")
+        ids = input_ids[:, 0].tolist()
+        # checked before the cache records the new positions: a refused step changes nothing
+        if input_ids.is_floating_point() or not all(0 <= i < self._vocab for i in ids):
+            raise InvalidValueError(
+                f"input_ids: integer ids in [0, vocab_size={self._vocab}) expected, got {ids}"
+            )
         kv_cache.check(n, start_pos, 1)
         kv_cache.advance(start_pos, None, 1)
         pos = [start_pos] * n if isinstance(start_pos, int) else start_pos.tolist()
         cos, sin = self._rope.cos_sin(input_ids.device)
         row0 = getattr(kv_cache, "window", (0, n))[0]
         logits, chosen = self._executor.step(
-            input_ids[:, 0].tolist(), pos, kv_cache.k, kv_cache.v, kv_cache.key_mask, row0,
-            cos, sin,
-        )  # fmt: skip
+            ids, pos, kv_cache.k, kv_cache.v, kv_cache.key_mask, row0, cos, sin
+        )
         it = iter(chosen)
         records = [None if e is None else DecodeRecord(next(it), e) for e in self._experts]
         return DecodeOutput(logits=logits[:, None], records=records)

@@ -11,7 +11,7 @@
 #include "decode_step.h"
 
 #include <ATen/Parallel.h>
-#include <c10/core/InferenceMode.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <cmath>
@@ -69,6 +69,18 @@ MOELAB_CLONES void attend_head(const float* q, const float* k, const float* v, c
 #pragma omp simd
     for (int64_t i = 0; i < hd; ++i) out[i] += p * vj[i];
   }
+}
+
+// log σ(l), finite for every finite l (F.logsigmoid; log of a rounded σ is -inf below -88).
+float log_sigmoid(float l) {
+  return l >= 0.f ? -std::log1p(std::exp(-l)) : l - std::log1p(std::exp(l));
+}
+
+// A contiguous float32 [n] weight.
+void check_vector(const at::Tensor& t, int64_t n, const std::string& name) {
+  TORCH_CHECK(t.defined() && t.scalar_type() == at::kFloat && t.dim() == 1 && t.size(0) == n &&
+                  t.is_contiguous(),
+              name, ": expected a contiguous float32 [", n, "]");
 }
 
 // x [hd] rotated by RoPE's rotate-half convention at the angles of cos/sin [hd] (models/rope.py).
@@ -149,19 +161,34 @@ DecodeProj check_proj(DecodeProj p, const std::string& name) {
 
 void DecodeExecutor::add_block(DecodeBlock block) {
   const std::string at = "block " + std::to_string(blocks_.size());
+  TORCH_CHECK(embed_.defined(), at, ": set the head first (it gives the model width)");
+  const int64_t D = embed_.size(1);
   for (auto* p : {&block.q, &block.k, &block.v, &block.o}) *p = check_proj(*p, at);
   TORCH_CHECK(block.n_heads > 0 && block.n_kv_heads > 0 && block.n_heads % block.n_kv_heads == 0,
               at, ": n_kv_heads must divide n_heads");
   TORCH_CHECK(block.head_dim > 0 && block.head_dim % 2 == 0, at, ": head_dim must be even");
+  check_vector(block.attn_norm, D, at + " attn_norm");
+  check_vector(block.ffn_norm, D, at + " ffn_norm");
+  if (block.qk_norm != DecodeBlock::kQKNormNone) {
+    const bool full = block.qk_norm == DecodeBlock::kQKNormFull;
+    TORCH_CHECK(full || block.qk_norm == DecodeBlock::kQKNormHead, at, ": unknown qk_norm");
+    check_vector(block.q_norm, block.head_dim * (full ? block.n_heads : 1), at + " q_norm");
+    check_vector(block.k_norm, block.head_dim * (full ? block.n_kv_heads : 1), at + " k_norm");
+  }
   if (block.kind == DecodeBlock::kMoE) {
     TORCH_CHECK(block.router.scalar_type() == at::kFloat && block.router.is_contiguous() &&
-                    block.router.dim() == 2 && block.top_k >= 1 &&
+                    block.router.dim() == 2 && block.router.size(1) == D && block.top_k >= 1 &&
                     block.top_k <= block.router.size(0),
-                at, ": expected a contiguous float32 router [E, D] and 1 <= top_k <= E");
+                at, ": expected a contiguous float32 router [E, ", D, "] and 1 <= top_k <= E");
+    TORCH_CHECK(block.score_func == DecodeBlock::kSoftmax ||
+                    block.score_func == DecodeBlock::kSigmoid,
+                at, ": unknown score_func");
+    if (block.expert_bias.defined())
+      check_vector(block.expert_bias, block.router.size(0), at + " expert_bias");
     if (block.w_in.defined()) {
       TORCH_CHECK(block.w_in.dim() == 3 && block.w_down.dim() == 3 &&
-                      block.w_in.size(0) == block.router.size(0),
-                  at, ": expected expert weights [E, D, W] and [E, F, D]");
+                      block.w_in.size(0) == block.router.size(0) && block.w_in.size(1) == D,
+                  at, ": expected expert weights [E, ", D, ", W] and [E, F, ", D, "]");
     } else {
       for (auto* p : {&block.gate, &block.up, &block.down}) *p = check_proj(*p, at);
       TORCH_CHECK(block.act == 0, at, ": quantized experts: swiglu only");
@@ -176,6 +203,8 @@ void DecodeExecutor::set_head(at::Tensor embed, at::Tensor norm, DecodeProj head
                               double logit_scale) {
   TORCH_CHECK(embed.scalar_type() == at::kFloat && embed.dim() == 2 && embed.is_contiguous(),
               "embed: expected a contiguous float32 [V, D]");
+  TORCH_CHECK(blocks_.empty(), "set_head: before the blocks");
+  check_vector(norm, embed.size(1), "norm");
   embed_ = std::move(embed);
   norm_ = std::move(norm);
   head_ = check_proj(std::move(head), "head");
@@ -300,7 +329,7 @@ void DecodeExecutor::route(const DecodeBlock& blk, const at::Tensor& xn, std::ve
       // scores, i.e. s_i / Σ_sel s_j (scores.selected_weights)
       float m = -std::numeric_limits<float>::infinity(), z = 0.f;
       for (int64_t j = 0; j < k; ++j) {
-        const float v = blk.score_func == DecodeBlock::kSoftmax ? l[it[j]] : std::log(score[it[j]]);
+        const float v = blk.score_func == DecodeBlock::kSoftmax ? l[it[j]] : log_sigmoid(l[it[j]]);
         wt[j] = v;
         m = std::max(m, v);
       }
@@ -378,7 +407,8 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> DecodeExecutor::step(
     const std::vector<at::Tensor>& k_cache, const std::vector<at::Tensor>& v_cache,
     const at::Tensor& key_mask, int64_t row0, const at::Tensor& cos,
     const at::Tensor& sin) const {
-  c10::InferenceMode guard;
+  // no autograd graph: the weights are parameters (the returned tensors are plain ones)
+  at::NoGradGuard no_grad;
   const int64_t n = static_cast<int64_t>(ids.size());
   TORCH_CHECK(embed_.defined(), "decode step: no head set");
   TORCH_CHECK(n >= 1 && static_cast<int64_t>(pos.size()) == n, "decode step: ", n,
@@ -388,8 +418,12 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> DecodeExecutor::step(
   TORCH_CHECK(key_mask.scalar_type() == at::kBool && key_mask.dim() == 2 &&
                   key_mask.stride(1) == 1 && row0 >= 0 && row0 + n <= key_mask.size(0),
               "decode step: key_mask must be bool [rows, capacity] with unit column stride");
-  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat,
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat &&
+                  sin.scalar_type() == at::kFloat && cos.dim() == 2 && sin.sizes() == cos.sizes(),
               "decode step: cos/sin must be contiguous float32 [positions, head_dim]");
+  for (const auto& blk : blocks_)
+    TORCH_CHECK(cos.size(1) == blk.head_dim, "decode step: cos/sin of ", cos.size(1),
+                " dims, the blocks' heads ", blk.head_dim);
   const int64_t V = embed_.size(0), D = embed_.size(1);
   for (int64_t b = 0; b < n; ++b) {
     TORCH_CHECK(ids[b] >= 0 && ids[b] < V, "input_ids: ", ids[b], " outside [0, ", V, ")");
