@@ -181,8 +181,30 @@ def test_engine_fused_gives_the_greedy_tokens_of_eager_decoding():
     assert got_counts == want_counts
 
 
+def test_engine_fused_serves_capacity_layers_dropless_like_the_engine():
+    # alone, the fused step refuses a capacity factor (it would route without it); an
+    # engine serves such layers dropless in every forward (moelab.serve.batching), and
+    # its fused step is built under that routing
+    model = tiny(router=dict(capacity_factor=0.5))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)
+    assert "a capacity factor" in unsupported(model)
+    with pytest.raises(ValueError, match="a capacity factor"):
+        FusedDecode(model)
+    prompts = [[3, 7, 1], [4, 4, 9, 2, 8], [5]]
+
+    def run(fused: bool) -> list[list[int]]:
+        engine = Engine(model, max_batch=3, fused=fused)
+        seqs = [engine.submit(p, SamplingParams(max_tokens=10, temperature=0)) for p in prompts]
+        while engine.has_work():
+            engine.step()
+        return [s.output_ids for s in seqs]
+
+    assert run(True) == run(False)
+    assert model.blocks[0].ffn.router.config.capacity_factor == 0.5  # restored
+
+
 REFUSED = {
-    "capacity factor": dict(router=dict(capacity_factor=1.25)),
     "shared expert": dict(experts=dict(shared_expert_size=16)),
     "'expert_choice' router": dict(router=dict(kind="expert_choice")),
     "group-limited": dict(router=dict(n_group=2, topk_group=1)),
@@ -260,10 +282,20 @@ def test_cli_generate_fused_gives_the_eager_text_and_refuses_unsupported_models(
     assert eager.exit_code == fused.exit_code == 0, fused.output
     assert fused.output == eager.output and len(fused.output) > 3
     moe = MoEConfig(
+        router=RouterConfig(num_experts=4, top_k=2),
+        experts=ExpertsConfig(hidden_size=32, ffn_hidden_size=32, shared_expert_size=16),
+    )
+    saved_tiny(tmp_path / "shared", moe=moe)
+    result = CliRunner().invoke(app, ["generate", str(tmp_path / "shared"), "--fused"])
+    assert result.exit_code == 2, result.output
+    assert "block 0 has a shared expert" in result.output
+    # a capacity factor is served dropless, as the engine serves it
+    moe = MoEConfig(
         router=RouterConfig(num_experts=4, top_k=2, capacity_factor=1.0),
         experts=ExpertsConfig(hidden_size=32, ffn_hidden_size=32),
     )
     saved_tiny(tmp_path / "cf", moe=moe)
-    result = CliRunner().invoke(app, ["generate", str(tmp_path / "cf"), "--fused"])
-    assert result.exit_code == 2, result.output
-    assert "block 0 has a capacity factor" in result.output
+    args[1] = str(tmp_path / "cf")
+    eager, fused = CliRunner().invoke(app, args), CliRunner().invoke(app, [*args, "--fused"])
+    assert eager.exit_code == fused.exit_code == 0, fused.output
+    assert fused.output == eager.output

@@ -71,7 +71,7 @@ def generate(
     if compile:
         guarded(check_compilable, model)
     if fused:
-        guarded(check_fusable, model.eval())  # the engine serves it in eval mode
+        guarded(check_fusable, model.eval(), served=True)  # as the engine serves it
     options = guarded(decode_options, model, decoder, threshold)
     if options is not None:
         pick = sampling_picker(  # settings checked by _check_request

@@ -215,7 +215,8 @@ class Engine:
             (a changed module structure gets a new compile with the next engine).
         fused: run the decode steps through the fused C++ step
             (:class:`moelab.serve.fused.FusedDecode`: every block of a step in one call,
-            no compile; prefills stay eager). Float32 sums run in other orders than the
+            no compile; prefills stay eager; layers with a capacity factor dropless, as the
+            engine serves them). Float32 sums run in other orders than the
             modules', so logits agree to rounding (with 8-bit activations a last-bit
             difference can move an activation across a rounding step).
 
@@ -253,8 +254,11 @@ class Engine:
         if compile:
             check_compilable(model)
             self._decode_model = compiled_decode(model)
+        elif fused:  # built with the routing the engine serves (capacity layers dropless)
+            with serving_routing(self._batching):
+                self._decode_model = FusedDecode(model)
         else:
-            self._decode_model = FusedDecode(model) if fused else model
+            self._decode_model = model
         self.tokenizer = tokenizer
         self.max_batch, self.max_queue = max_batch, max_queue
         self.prefill_tokens = prefill_tokens

@@ -19,15 +19,16 @@ What it runs (:func:`unsupported` says why a model is refused): a causal float32
 :class:`~moelab.models.MoETransformer` on the CPU whose blocks are pre-norm attention (GQA,
 RoPE, optional q/k/v biases and q/k norms) plus a dense SwiGLU FFN or an MoE layer with a
 token-choice router (softmax or sigmoid scores, softmax before or after top-k, normalised
-top-k weights, routed scaling factor, expert bias; no group limits, capacity, shared expert
-or replay) over a local dispatcher and float32 experts of a kernel activation, or
-symmetric 4/8-bit quantized experts with SwiGLU; dense projections float32 ``Linear`` or
+top-k weights, routed scaling factor, expert bias; no group limits, shared expert or replay;
+a capacity factor only as the engine serves it, dropless) over a local dispatcher and
+float32 experts of a kernel activation, or symmetric 4/8-bit quantized experts with SwiGLU; dense projections float32 ``Linear`` or
 symmetric 4/8-bit :class:`~moelab.models.QuantizedLinear`, no low-rank corrections, and no
 hooks. Modules swapped after the engine is built are not seen (build a new engine).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +52,7 @@ from moelab.models.ffn import SwiGLUFFN
 from moelab.models.linear import Linear
 from moelab.models.norm import RMSNorm
 from moelab.models.quantized_linear import QuantizedLinear
+from moelab.serve.batching import check_batching, serving_routing
 
 _QK_NORMS = {"none": 0, "head": 1, "full": 2}
 _SCORE_FUNCS = {"softmax": 0, "sigmoid": 1}
@@ -220,10 +222,19 @@ def unsupported(model: MoETransformer) -> str | None:
     return None if why is None else f"the LM head has {why}"
 
 
-def check_fusable(model: MoETransformer) -> None:
+def check_fusable(model: MoETransformer, served: bool = False) -> None:
     """Raise :class:`~moelab.errors.InvalidValueError` naming why the fused decode step
-    cannot run ``model`` (:func:`unsupported`); return when it can."""
-    why = unsupported(model)
+    cannot run ``model`` (:func:`unsupported`); return when it can. ``served``: as an
+    :class:`~moelab.serve.engine.Engine` serves it, its capacity-limited layers dropless
+    (:mod:`moelab.serve.batching`)."""
+    if served:
+        with warnings.catch_warnings():  # check_batching's advice is the engine's to give
+            warnings.simplefilter("ignore")
+            plan = check_batching(model, 1)
+        with serving_routing(plan):
+            why = unsupported(model)
+    else:
+        why = unsupported(model)
     if why is not None:
         raise InvalidValueError(f"fused: the fused decode step cannot run this model: {why}")
 
