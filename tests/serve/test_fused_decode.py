@@ -181,6 +181,25 @@ def test_engine_fused_gives_the_greedy_tokens_of_eager_decoding():
     assert got_counts == want_counts
 
 
+def test_engine_fused_decodes_across_cache_growth():
+    # 110 positions: the serving cache grows from 64 positions to 128 on the way, and the
+    # step must write into the new buffers
+    model = tiny(max_seq_len=160)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)
+
+    def run(fused: bool) -> list[int]:
+        engine = Engine(model, max_batch=2, fused=fused)
+        seq = engine.submit([3, 1, 4, 1, 5], SamplingParams(max_tokens=105, temperature=0))
+        while engine.has_work():
+            engine.step()
+        assert engine.cache.capacity == 128
+        return seq.output_ids
+
+    want = run(False)
+    assert run(True) == want and len(want) == 105
+
+
 def test_engine_fused_serves_capacity_layers_dropless_like_the_engine():
     # alone, the fused step refuses a capacity factor (it would route without it); an
     # engine serves such layers dropless in every forward (moelab.serve.batching), and
