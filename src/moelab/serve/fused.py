@@ -21,9 +21,10 @@ RoPE, optional q/k/v biases and q/k norms) plus a dense SwiGLU FFN or an MoE lay
 token-choice router (softmax or sigmoid scores, softmax before or after top-k, normalised
 top-k weights, routed scaling factor, expert bias; no group limits, shared expert or replay;
 a capacity factor only as the engine serves it, dropless) over a local dispatcher and
-float32 experts of a kernel activation, or symmetric 4/8-bit quantized experts with SwiGLU; dense projections float32 ``Linear`` or
-symmetric 4/8-bit :class:`~moelab.models.QuantizedLinear`, no low-rank corrections, and no
-hooks. Modules swapped after the engine is built are not seen (build a new engine).
+float32 experts of a kernel activation, or symmetric 4/8-bit quantized experts with SwiGLU;
+dense projections float32 ``Linear`` or symmetric 4/8-bit
+:class:`~moelab.models.QuantizedLinear`, no low-rank corrections, and no hooks. Modules
+swapped after the engine is built are not seen (build a new engine).
 """
 
 from __future__ import annotations
@@ -243,12 +244,8 @@ def _proj(k, m: nn.Module):
     """A ``Linear``/``QuantizedLinear``/one quantized projection as the kernel's DecodeProj."""
     p = k.DecodeProj()
     if isinstance(m, QuantizedProjection):
-        p.codes, p.scales, p.bits, p.out_features = (
-            m.codes,
-            m.scale_values,
-            m.spec.bits,
-            m.shape[1],
-        )
+        p.codes, p.scales = m.codes, m.scale_values
+        p.bits, p.out_features = m.spec.bits, m.shape[1]
         return p
     if type(m) is QuantizedLinear:
         q = _proj(k, m.proj)
@@ -261,11 +258,8 @@ def _proj(k, m: nn.Module):
 def _block(k, block: DecoderBlock):
     b = k.DecodeBlock()
     attn = block.attn
-    b.attn_norm, b.ffn_norm, b.norm_eps = (
-        block.attn_norm.weight,
-        block.ffn_norm.weight,
-        (block.attn_norm.eps),
-    )
+    b.attn_norm, b.ffn_norm = block.attn_norm.weight, block.ffn_norm.weight
+    b.norm_eps = block.attn_norm.eps  # every norm of the block (unsupported() checks)
     b.q, b.k, b.v, b.o = (
         _proj(k, getattr(attn, n)) for n in ("q_proj", "k_proj", "v_proj", "o_proj")
     )
