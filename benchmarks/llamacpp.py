@@ -254,12 +254,10 @@ def bench_type(label, model, cpp: LlamaCpp, prompts, long_prompt, args) -> dict:
         t = interleaved_medians(fns, repeats=args.repeats, budget_s=60, min_repeats=args.repeats)
         theirs = decode_rate(B, N, t["cpp N"], t["cpp 1"])
         row[f"decode B={B}"] = (decode_rate(B, N, t["ours N"], t["ours 1"]), theirs)
-        if args.compile:
-            compiled = decode_rate(B, N, t["compiled N"], t["compiled 1"])
-            row[f"compiled decode B={B}"] = (compiled, theirs)
-        if args.fused:
-            fused = decode_rate(B, N, t["fused N"], t["fused 1"])
-            row[f"fused decode B={B}"] = (fused, theirs)
+        for mode in ("compiled", "fused"):
+            if f"{mode} N" in fns:
+                ours = decode_rate(B, N, t[f"{mode} N"], t[f"{mode} 1"])
+                row[f"{mode} decode B={B}"] = (ours, theirs)
     for key, (a, b) in row.items():
         print(f"  {label:5s} {key:11s} moelab {a:9.1f} tok/s  llama.cpp {b:9.1f} tok/s  {a / b:.2f}x", flush=True)  # fmt: skip
     return row

@@ -300,9 +300,9 @@ class FusedDecode:
         k = cpu_kernel.kernel()
         # 8-bit activations or not (MOELAB_INT8_ACTIVATIONS) as set now, for this object's life
         self._executor = ex = k.DecodeExecutor(cpu_kernel.int8_activations())
-        ex.set_head(model.embed.weight, model.norm.weight, _proj(k, model.lm_head),
+        head = _proj(k, model.lm_head)
+        ex.set_head(model.embed.weight, model.norm.weight, model.norm.eps, head,
                     float(model.cfg.logit_scale))  # fmt: skip
-        ex.set_norm_eps(model.norm.eps)
         for block in model.blocks:
             ex.add_block(_block(k, block))
         self._rope = model.blocks[0].attn.rope

@@ -29,7 +29,6 @@ namespace moelab {
 namespace {
 
 constexpr int64_t kDenseRows = 8;  // dense_rows' most rows (DENSE_MAX_ROWS); more: at::linear
-constexpr int64_t kTileRows = 8;   // rows per call tile of the quantized kernel (quant_cpu.cpp)
 // attention units (row, head) are split over the threads above this many multiply-adds
 constexpr int64_t kParallelAttention = int64_t{1} << 18;
 
@@ -93,12 +92,10 @@ void rope(float* x, const float* c, const float* s, int64_t hd) {
   }
 }
 
-// Row tiles of the quantized kernel: n rows of expert 0 (a dense projection).
-void dense_tiles(int64_t n, std::vector<int64_t>& tiles, std::vector<int64_t>& experts) {
-  for (int64_t r = 0; r < n; r += kTileRows) {
-    tiles.push_back(std::min(kTileRows, n - r));
-    experts.push_back(0);
-  }
+// x [n, K] W^T + b for a float32 W [O, K]: the decode kernel for a decode step's rows.
+at::Tensor float_rows(const at::Tensor& x, const at::Tensor& w,
+                      const c10::optional<at::Tensor>& bias) {
+  return x.size(0) <= kDenseRows ? dense_rows(x, w, bias) : at::linear(x, w, bias);
 }
 
 QuantWeights weights_of(const DecodeProj& p) {
@@ -120,7 +117,8 @@ std::vector<at::Tensor> rows_many(const std::vector<const DecodeProj*>& ps, cons
     return ys;
   }
   std::vector<int64_t> tiles, experts;
-  dense_tiles(x.size(0), tiles, experts);
+  const int64_t n = x.size(0);
+  expert_tiles(&n, 1, tiles, experts);  // a dense projection: every row through expert 0
   std::vector<QuantWeights> ws;
   for (const auto* p : ps) ws.push_back(weights_of(*p));
   ys = quant_experts_mm_many(x, tiles, experts, ws, int8_activations);
@@ -132,15 +130,7 @@ std::vector<at::Tensor> rows_many(const std::vector<const DecodeProj*>& ps, cons
 }  // namespace
 
 at::Tensor DecodeProj::rows(const at::Tensor& x, bool int8_activations) const {
-  if (weight.defined()) {
-    return x.size(0) <= kDenseRows ? dense_rows(x, weight, bias) : at::linear(x, weight, bias);
-  }
-  std::vector<int64_t> tiles, experts;
-  dense_tiles(x.size(0), tiles, experts);
-  auto y = quant_experts_mm(x, tiles, experts, codes, scales, zeros, bits, out_features,
-                            int8_activations);
-  if (bias.has_value()) y.add_(*bias);
-  return y;
+  return weight.defined() ? float_rows(x, weight, bias) : rows_many({this}, x, int8_activations)[0];
 }
 
 namespace {
@@ -199,14 +189,15 @@ void DecodeExecutor::add_block(DecodeBlock block) {
   blocks_.push_back(std::move(block));
 }
 
-void DecodeExecutor::set_head(at::Tensor embed, at::Tensor norm, DecodeProj head,
-                              double logit_scale) {
+void DecodeExecutor::set_head(at::Tensor embed, at::Tensor norm, double norm_eps,
+                              DecodeProj head, double logit_scale) {
   TORCH_CHECK(embed.scalar_type() == at::kFloat && embed.dim() == 2 && embed.is_contiguous(),
               "embed: expected a contiguous float32 [V, D]");
   TORCH_CHECK(blocks_.empty(), "set_head: before the blocks");
   check_vector(norm, embed.size(1), "norm");
   embed_ = std::move(embed);
   norm_ = std::move(norm);
+  norm_eps_ = norm_eps;
   head_ = check_proj(std::move(head), "head");
   logit_scale_ = logit_scale;
 }
@@ -293,9 +284,7 @@ at::Tensor DecodeExecutor::attention(const DecodeBlock& blk, const at::Tensor& x
 void DecodeExecutor::route(const DecodeBlock& blk, const at::Tensor& xn, std::vector<int64_t>& idx,
                            std::vector<float>& w) const {
   const int64_t n = xn.size(0), E = blk.router.size(0), k = blk.top_k;
-  const auto logits = (n <= kDenseRows ? dense_rows(xn, blk.router, c10::nullopt)
-                                       : at::linear(xn, blk.router))
-                          .contiguous();
+  const auto logits = float_rows(xn, blk.router, c10::nullopt).contiguous();
   const float* lp = logits.data_ptr<float>();
   const float* bias = blk.expert_bias.defined() ? blk.expert_bias.data_ptr<float>() : nullptr;
   idx.assign(n * k, 0);
@@ -372,18 +361,13 @@ void DecodeExecutor::moe(const DecodeBlock& blk, const at::Tensor& xn, at::Tenso
                               /*save_h=*/false, /*max_rows=*/0)[0];
   } else {
     std::vector<int64_t> tiles, experts;
-    for (int64_t e = 0; e < E; ++e)
-      for (int64_t r = 0; r < counts[e]; r += kTileRows) {
-        tiles.push_back(std::min(kTileRows, counts[e] - r));
-        experts.push_back(e);
-      }
+    expert_tiles(counts.data(), E, tiles, experts);
     const auto xs = xn.index_select(0, token_idx);
     auto gate_up = quant_experts_mm_many(
         xs, tiles, experts, {weights_of(blk.gate), weights_of(blk.up)}, int8_activations_);
     auto a = at::silu_(gate_up[0]).mul_(gate_up[1]);
-    const auto y = quant_experts_mm(a, tiles, experts, blk.down.codes, blk.down.scales,
-                                    blk.down.zeros, blk.down.bits, blk.down.out_features,
-                                    int8_activations_);
+    const auto y =
+        quant_experts_mm_many(a, tiles, experts, {weights_of(blk.down)}, int8_activations_)[0];
     y_pairs = at::empty_like(y);
     y_pairs.index_copy_(0, pair_of, y);
   }
@@ -515,7 +499,6 @@ void bind_decode_step(pybind11::module& m) {
       .def(py::init<bool>())
       .def("add_block", &DecodeExecutor::add_block)
       .def("set_head", &DecodeExecutor::set_head)
-      .def("set_norm_eps", &DecodeExecutor::set_norm_eps)
       // other Python threads (the HTTP server) run while a step computes
       .def("step", &DecodeExecutor::step, py::call_guard<py::gil_scoped_release>());
 }

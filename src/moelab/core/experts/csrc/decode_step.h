@@ -53,8 +53,9 @@ class DecodeExecutor {
   explicit DecodeExecutor(bool int8_activations) : int8_activations_(int8_activations) {}
 
   void add_block(DecodeBlock block);
-  void set_head(at::Tensor embed, at::Tensor norm, DecodeProj head, double logit_scale);
-  void set_norm_eps(double eps) { norm_eps_ = eps; }
+  // the embedding [V, D], the final RMSNorm's weight [D] and eps, the LM head; first
+  void set_head(at::Tensor embed, at::Tensor norm, double norm_eps, DecodeProj head,
+                double logit_scale);
 
   // One decode step of rows row0 .. row0+n-1 of the caches: token ids[b] at position pos[b]
   // (its keys/values are written there). Returns logits [n, V] and, per MoE block, the

@@ -190,6 +190,17 @@ std::vector<at::Tensor> quant_experts_mm_many(const at::Tensor& x,
   return ys;
 }
 
+void expert_tiles(const int64_t* counts, int64_t E, std::vector<int64_t>& tiles,
+                  std::vector<int64_t>& experts) {
+  for (int64_t e = 0; e < E; ++e) {
+    TORCH_CHECK(counts[e] >= 0, "counts[", e, "] = ", counts[e], " < 0");
+    for (int64_t start = 0; start < counts[e]; start += kMaxRows) {
+      tiles.push_back(std::min(kMaxRows, counts[e] - start));
+      experts.push_back(e);
+    }
+  }
+}
+
 // The operator moelab::quant_rows_mm: counts int64 [E] rows per expert, in order (zeros
 // allowed), run as tiles of at most kMaxRows rows of one expert.
 at::Tensor quant_rows_mm(const at::Tensor& x, const at::Tensor& counts, const at::Tensor& codes,
@@ -198,15 +209,8 @@ at::Tensor quant_rows_mm(const at::Tensor& x, const at::Tensor& counts, const at
   TORCH_CHECK(counts.dim() == 1 && counts.scalar_type() == at::kLong && counts.is_cpu(),
               "counts: expected an int64 [E] CPU tensor");
   const auto c = counts.contiguous();
-  const int64_t* cp = c.data_ptr<int64_t>();
   std::vector<int64_t> tiles, experts;
-  for (int64_t e = 0; e < c.numel(); ++e) {
-    TORCH_CHECK(cp[e] >= 0, "counts[", e, "] = ", cp[e], " < 0");
-    for (int64_t start = 0; start < cp[e]; start += kMaxRows) {
-      tiles.push_back(std::min(kMaxRows, cp[e] - start));
-      experts.push_back(e);
-    }
-  }
+  expert_tiles(c.data_ptr<int64_t>(), c.numel(), tiles, experts);
   return quant_experts_mm(x.contiguous(), tiles, experts, codes, scales, zeros, bits,
                           out_features, int8_activations);
 }

@@ -10,6 +10,11 @@ at::Tensor quant_experts_mm(const at::Tensor& x, const std::vector<int64_t>& cou
                             const at::Tensor& scales, const c10::optional<at::Tensor>& zeros,
                             int64_t bits, int64_t out_features, bool int8_activations);
 
+// counts[e] rows of each of the E experts, in order (zeros allowed), as the tiles of at most
+// the kernel's row count that quant_experts_mm takes (appended to tiles and experts).
+void expert_tiles(const int64_t* counts, int64_t E, std::vector<int64_t>& tiles,
+                  std::vector<int64_t>& experts);
+
 // One quantized projection's weights (see quant_experts_mm).
 struct QuantWeights {
   at::Tensor codes, scales;
