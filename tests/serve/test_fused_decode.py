@@ -122,6 +122,34 @@ def test_fused_step_matches_long_contexts_that_split_attention_over_threads():
     assert_fused_matches(model, [600, 520, 610, 580], steps=3, atol=5e-5)
 
 
+@torch.inference_mode()
+def test_each_step_runs_in_one_mode_and_both_modes_give_the_same_logits():
+    # the steps' warm-up: two steps with the kernels' work shared by the threads, two on the
+    # calling thread alone; the kernels compute the same bits in either mode
+    model = tiny()
+    fused = FusedDecode(model)
+    x = torch.tensor([[3], [11]])
+
+    def step() -> torch.Tensor:
+        cache = prefilled(model, [5, 7])
+        cache.select(0, 2)
+        return fused(x, kv_cache=cache, start_pos=torch.tensor([5, 7])).logits
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        logits = []
+        for i in range(4):
+            logits.append(step())
+            assert fused.mode_steps() == {"parallel": min(i + 1, 2), "solo": max(i - 1, 0)}
+        assert all(torch.equal(a, logits[0]) for a in logits[1:])
+        torch.set_num_threads(1)  # one thread: solo, and not a sample of either mode's cost
+        step()
+        assert fused.mode_steps() == {"parallel": 2, "solo": 3}
+    finally:
+        torch.set_num_threads(threads)
+
+
 def quantized(bits: int, dense: bool, **overrides) -> MoETransformer:
     model = tiny(d_model=64, ffn_hidden_size=128, **overrides)
     calib = torch.randint(0, 50, (4, 16), generator=torch.Generator().manual_seed(3))

@@ -631,7 +631,7 @@ class Engine:
         """Per sequence, the experts of every MoE layer at ``positions`` (flat token index
         of the forward pass), when it asked for them; also feeds ``stats.expert_counts``."""
         recs = [r for r in records if r is not None]
-        if recs:
+        if recs and self.track_experts:  # counts cost a reduction per layer and step
             self._count_experts([r.counts.tolist() for r in recs])  # each layer its own E
         wanted = [s.params.routing for s in seqs]
         result: list[list[list[int]] | None] = [None] * len(seqs)

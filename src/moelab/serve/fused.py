@@ -343,3 +343,13 @@ class FusedDecode:
         it = iter(chosen)
         records = [None if e is None else DecodeRecord(next(it), e) for e in self._experts]
         return DecodeOutput(logits=logits[:, None], records=records)
+
+    def mode_steps(self) -> dict[str, int]:
+        """Steps run so far with their kernels' work shared by the intra-op threads
+        (``"parallel"``) and on the calling thread alone (``"solo"``). A step runs all its
+        kernel calls in one mode, chosen as each kernel call chooses its own
+        (``csrc/kernel_common.h``: the cheaper mode by moving averages of the steps' wall time
+        per row, with probes of the other): two parallel steps, two solo ones, then the
+        cheaper. On one thread every step is solo."""
+        parallel, solo = self._executor.mode_steps()
+        return {"parallel": parallel, "solo": solo}

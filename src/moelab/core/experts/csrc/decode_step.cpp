@@ -31,6 +31,13 @@ namespace {
 constexpr int64_t kDenseRows = 8;  // dense_rows' most rows (DENSE_MAX_ROWS); more: at::linear
 // attention units (row, head) are split over the threads above this many multiply-adds
 constexpr int64_t kParallelAttention = int64_t{1} << 18;
+// Steps choose their mode as kernel calls do (kernel_common.h), with probes of the other mode
+// every kStepProbeEvery steps at first, backing off to one in kStepMaxProbeEvery (a probe
+// step costs ~200 kernel calls' worth of the losing mode), and one chooser per row count up
+// to kModeSlots.
+constexpr int64_t kStepProbeEvery = 16;
+constexpr int64_t kStepMaxProbeEvery = 1024;
+constexpr int64_t kModeSlots = 8;
 
 // Σ a[i]·b[i]: a reduction the compiler may vectorise (omp simd), as ATen's are. Inlined into
 // the per-CPU clones of its callers (a clone of its own would cost an indirect call each).
@@ -102,11 +109,23 @@ QuantWeights weights_of(const DecodeProj& p) {
   return {p.codes, p.scales, p.zeros, p.bits, p.out_features};
 }
 
-// The projections `ps` of the same rows x [n, K]: one call of the quantized kernel (one
-// parallel region, the rows quantized once) when all hold codes of one format, else a call
+// The projections `ps` of the same rows x [n, K]: one parallel region when all hold float32
+// weights (n <= kDenseRows) or all codes of one format (the rows quantized once), else a call
 // each.
 std::vector<at::Tensor> rows_many(const std::vector<const DecodeProj*>& ps, const at::Tensor& x,
                                   bool int8_activations) {
+  const bool dense = x.size(0) <= kDenseRows &&
+                     std::all_of(ps.begin(), ps.end(),
+                                 [](const DecodeProj* p) { return p->weight.defined(); });
+  if (dense) {
+    std::vector<at::Tensor> ws;
+    std::vector<c10::optional<at::Tensor>> biases;
+    for (const auto* p : ps) {
+      ws.push_back(p->weight);
+      biases.push_back(p->bias);
+    }
+    return dense_rows_many(x, ws, biases);
+  }
   const bool together = std::all_of(ps.begin(), ps.end(), [&](const DecodeProj* p) {
     return !p->weight.defined() && p->bits == ps[0]->bits &&
            p->scales.size(-1) == ps[0]->scales.size(-1);
@@ -227,7 +246,7 @@ void DecodeExecutor::attend(const DecodeBlock& blk, const at::Tensor& q, const a
                 scale, scratch.data(), op + (b * H + h) * hd);
   };
   const int64_t units = n * H;
-  if (units > 1 && units * longest * hd > kParallelAttention) {
+  if (units > 1 && units * longest * hd > kParallelAttention && thread_mode() != Mode::kSolo) {
     at::parallel_for(0, units, 1, [&](int64_t lo, int64_t hi) {
       for (int64_t u = lo; u < hi; ++u) unit(u);
     });
@@ -386,7 +405,48 @@ void DecodeExecutor::moe(const DecodeBlock& blk, const at::Tensor& xn, at::Tenso
   }
 }
 
+DecodeExecutor::DecodeExecutor(bool int8_activations) : int8_activations_(int8_activations) {
+  for (int64_t i = 0; i < kModeSlots; ++i)
+    modes_.push_back(std::make_unique<SchedulerState>(kStepProbeEvery, kStepMaxProbeEvery));
+}
+
+// A step makes ~5 kernel calls per block, microseconds to a millisecond each. Chosen call by
+// call (kernel_common.h), a solo call let the worker threads fall asleep, and their wake-up
+// counted against the next call's parallel mode; on a host whose memory bandwidth comes and
+// goes with other tenants' load, the small calls' averages also flipped with it. On
+// SmolLM2-MoE at batch 1 that left most calls solo, and the step was 3 % slower than with one
+// mode per step on an idle host and 16 % slower with a busy-loop process on one of the two
+// cores (scratch measurement, interleaved, 6-10 repeats). So a step runs all its calls in one
+// mode, chosen on the steps' own wall times per row.
 std::tuple<at::Tensor, std::vector<at::Tensor>> DecodeExecutor::step(
+    const std::vector<int64_t>& ids, const std::vector<int64_t>& pos,
+    const std::vector<at::Tensor>& k_cache, const std::vector<at::Tensor>& v_cache,
+    const at::Tensor& key_mask, int64_t row0, const at::Tensor& cos,
+    const at::Tensor& sin) const {
+  const int64_t n = std::max<int64_t>(1, static_cast<int64_t>(ids.size()));
+  SchedulerState& st = *modes_[std::min(n, kModeSlots) - 1];
+  const bool threads = at::get_num_threads() > 1;
+  const ModeChoice mode = threads ? st.choose() : ModeChoice{true, 0, false};
+  const int64_t start = now_ns();
+  auto out = [&] {
+    ModeScope scope(mode.solo ? Mode::kSolo : Mode::kParallel);
+    return run(ids, pos, k_cache, v_cache, key_mask, row0, cos, sin);
+  }();
+  if (threads) st.record(mode, (now_ns() - start) / n);
+  (mode.solo ? st.solo_calls : st.parallel_calls).fetch_add(1, std::memory_order_relaxed);
+  return out;
+}
+
+std::tuple<int64_t, int64_t> DecodeExecutor::mode_steps() const {
+  int64_t parallel = 0, solo = 0;
+  for (const auto& st : modes_) {
+    parallel += st->parallel_calls.load();
+    solo += st->solo_calls.load();
+  }
+  return {parallel, solo};
+}
+
+std::tuple<at::Tensor, std::vector<at::Tensor>> DecodeExecutor::run(
     const std::vector<int64_t>& ids, const std::vector<int64_t>& pos,
     const std::vector<at::Tensor>& k_cache, const std::vector<at::Tensor>& v_cache,
     const at::Tensor& key_mask, int64_t row0, const at::Tensor& cos,
@@ -500,7 +560,8 @@ void bind_decode_step(pybind11::module& m) {
       .def("add_block", &DecodeExecutor::add_block)
       .def("set_head", &DecodeExecutor::set_head)
       // other Python threads (the HTTP server) run while a step computes
-      .def("step", &DecodeExecutor::step, py::call_guard<py::gil_scoped_release>());
+      .def("step", &DecodeExecutor::step, py::call_guard<py::gil_scoped_release>())
+      .def("mode_steps", &DecodeExecutor::mode_steps);
 }
 
 }  // namespace moelab

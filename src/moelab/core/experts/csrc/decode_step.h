@@ -5,8 +5,11 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <memory>
 #include <tuple>
 #include <vector>
+
+#include "kernel_common.h"
 
 namespace moelab {
 
@@ -50,7 +53,7 @@ struct DecodeBlock {
 
 class DecodeExecutor {
  public:
-  explicit DecodeExecutor(bool int8_activations) : int8_activations_(int8_activations) {}
+  explicit DecodeExecutor(bool int8_activations);
 
   void add_block(DecodeBlock block);
   // the embedding [V, D], the final RMSNorm's weight [D] and eps, the LM head; first
@@ -59,14 +62,23 @@ class DecodeExecutor {
 
   // One decode step of rows row0 .. row0+n-1 of the caches: token ids[b] at position pos[b]
   // (its keys/values are written there). Returns logits [n, V] and, per MoE block, the
-  // chosen experts [n, k].
+  // chosen experts [n, k]. Every kernel call of a step runs in one mode, parallel or on the
+  // calling thread alone, chosen per step (decode_step.cpp).
   std::tuple<at::Tensor, std::vector<at::Tensor>> step(
       const std::vector<int64_t>& ids, const std::vector<int64_t>& pos,
       const std::vector<at::Tensor>& k_cache, const std::vector<at::Tensor>& v_cache,
       const at::Tensor& key_mask, int64_t row0, const at::Tensor& cos,
       const at::Tensor& sin) const;
 
+  // Steps run so far in parallel and solo.
+  std::tuple<int64_t, int64_t> mode_steps() const;
+
  private:
+  std::tuple<at::Tensor, std::vector<at::Tensor>> run(
+      const std::vector<int64_t>& ids, const std::vector<int64_t>& pos,
+      const std::vector<at::Tensor>& k_cache, const std::vector<at::Tensor>& v_cache,
+      const at::Tensor& key_mask, int64_t row0, const at::Tensor& cos,
+      const at::Tensor& sin) const;
   at::Tensor attention(const DecodeBlock& blk, const at::Tensor& xn, const at::Tensor& kc,
                        const at::Tensor& vc, const at::Tensor& key_mask,
                        const std::vector<int64_t>& pos, int64_t row0, const at::Tensor& cos,
@@ -83,6 +95,8 @@ class DecodeExecutor {
   at::Tensor embed_, norm_;
   double norm_eps_ = 1e-5, logit_scale_ = 1.0;
   DecodeProj head_;
+  // the step's mode chooser per row count (1 .. kModeSlots, more rows sharing the last)
+  std::vector<std::unique_ptr<SchedulerState>> modes_;
 };
 
 // The Python bindings (DecodeProj, DecodeBlock, DecodeExecutor), called by the module's

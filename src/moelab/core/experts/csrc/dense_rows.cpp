@@ -1,8 +1,9 @@
 // nn.Linear at a decode step: y [M, N] = x [M, K] · w [N, K]ᵀ (+ bias) for 1-8 float32 rows.
 // MKL's GEMM and GEMV read a [N, K] weight at a fraction of the memory bandwidth when M is
 // this small (benchmarks/decode_linear.py), though each weight needs reading only once: here
-// every weight row is streamed once, in register tiles of 4 weight rows x 4 input rows, each
-// output accumulated in 16-lane partial sums that are reduced in a fixed order. An output's
+// every weight row is streamed once (one row for all input rows, or register tiles of 4
+// weight rows x 4 input rows: dot_rows_m), each output accumulated in 16-lane partial sums
+// that are reduced in a fixed order. An output's
 // value therefore does not depend on the other rows of the call, nor on the thread that
 // computes it. Blocks of output features are work items for the adaptive scheduler of
 // kernel_common.h (its averages kept per projection shape and row count).
@@ -71,15 +72,15 @@ __attribute__((always_inline)) inline Lanes reduce_tile(const Lanes* acc) {
   return fold1(v[0], v[1]);
 }
 
-// out[m, o] for the weight rows o0 .. o0 + R - 1 and M <= 4 input rows: a register tile of
+// out[m, o] for the weight rows o0 .. o0 + R - 1 and M input rows: a register tile of
 // R x M <= 16 accumulators, so each loaded weight vector serves M rows and each loaded input
-// vector R weight rows (loads, not multiply-adds, would bound a row-at-a-time loop).
+// vector R weight rows.
 // `Prefetch`: also ask for the next tile's weights, the same columns R rows on. With 3 or more
 // input rows a tile's multiply-adds take longer, and the hardware prefetchers apparently fall
-// behind its R short row streams: prefetching one tile ahead read an LM head-sized weight
-// 8 % faster at 4 rows and 20 % at 8 (scratch measurement interleaved with the read floor),
-// and made no difference or slowed 1-2 rows, which read at the floor without it. Prefetches
-// past the weight's end are harmless: they never fault.
+// behind: prefetching one tile ahead read an LM head-sized weight 8 % faster at 4 rows and
+// 20 % at 8 in 4-row tiles (scratch measurement interleaved with the read floor), and made no
+// difference or slowed 1-2 rows. Prefetches past the weight's end are harmless: they never
+// fault.
 template <int64_t R, int64_t M, bool Prefetch>
 __attribute__((always_inline)) inline void dot_tile(const float* x, int64_t K, const float* w,
                                                     int64_t o0, const float* bias, float* out,
@@ -116,15 +117,16 @@ __attribute__((always_inline)) inline void dot_tile(const float* x, int64_t K, c
   }
 }
 
-// Weight rows o .. o + R - 1 for M <= 8 input rows, in groups of at most 4 input rows: the
-// second group reads the tile's weights while they are in L1 (only the first prefetches).
+// Weight rows o .. o + R - 1 for M <= 8 input rows: one weight row for all of them, or a
+// tile of 4 weight rows in groups of at most 4 input rows (the second group reads the tile's
+// weights while they are in L1; only the first prefetches).
 template <int64_t R, int64_t M>
 __attribute__((always_inline)) inline void dot_rows_tile(const float* x, int64_t K,
                                                          const float* w, int64_t o,
                                                          const float* bias, float* out,
                                                          int64_t N) {
   constexpr bool kPrefetch = M >= 3;
-  if constexpr (M <= 4) {
+  if constexpr (R == 1 || M <= 4) {
     dot_tile<R, M, kPrefetch>(x, K, w, o, bias, out, N);
   } else {
     dot_tile<R, 4, kPrefetch>(x, K, w, o, bias, out, N);
@@ -132,12 +134,16 @@ __attribute__((always_inline)) inline void dot_rows_tile(const float* x, int64_t
   }
 }
 
-// Output features [o0, o1) for M <= 8 input rows: tiles of R weight rows (8 for one or two
-// input rows, 4 for more: at most 16 accumulators), then the rows left one at a time.
+// Output features [o0, o1) for M <= 8 input rows. Up to 5 input rows, one weight row at a
+// time: the weight is then read as one sequential stream, which the hardware prefetchers
+// follow best (an LM head-sized weight read at 1.07x, 1.25x, 1.09x the speed of 8-row tiles
+// at 1, 2 and 4 input rows, on an idle host: scratch measurement, interleaved with the read
+// floor, 22 rounds). With more input rows the loads of x would bound a row's loop: tiles of 4
+// weight rows (4 x 4 accumulators), then the rows left one at a time.
 template <int64_t M>
 MOELAB_CLONES void dot_rows_m(const float* x, int64_t K, const float* w, int64_t o0, int64_t o1,
                               const float* bias, float* out, int64_t N) {
-  constexpr int64_t R = M <= 2 ? 8 : 4;
+  constexpr int64_t R = M <= 5 ? 1 : 4;
   int64_t o = o0;
   for (; o + R <= o1; o += R) dot_rows_tile<R, M>(x, K, w, o, bias, out, N);
   for (; o < o1; ++o) dot_rows_tile<1, M>(x, K, w, o, bias, out, N);
@@ -150,55 +156,69 @@ void dot_rows(std::integer_sequence<int64_t, Ms...>, int64_t M, const float* x, 
 }
 
 struct Block {
-  int64_t begin, end;
+  int64_t job, begin, end;  // output features [begin, end) of projection `job`
 };
 
-// y [M, N] for x [M <= 8, K] contiguous, in blocks of `block` output features.
-at::Tensor dense_rows_mm(const at::Tensor& x, const at::Tensor& w,
-                         const c10::optional<at::Tensor>& bias, int64_t block) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat,
-              "dense_rows: float32 only, got ", x.scalar_type(), " and ", w.scalar_type());
+}  // namespace
+
+std::vector<at::Tensor> dense_rows_many(const at::Tensor& x, const std::vector<at::Tensor>& ws,
+                                        const std::vector<c10::optional<at::Tensor>>& biases) {
+  TORCH_CHECK(!ws.empty() && ws.size() == biases.size(),
+              "dense_rows: one bias (or none) per weight, at least one weight");
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "dense_rows: float32 only, got ", x.scalar_type());
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(0) >= 1 && x.size(0) <= kMaxRows,
               "dense_rows: x must be contiguous [1..", kMaxRows, ", K]");
-  TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.size(1) == x.size(1),
-              "dense_rows: w must be contiguous [N, ", x.size(1), "]");
-  TORCH_CHECK(block >= 1, "dense_rows: block ", block, " < 1");
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  const float* b = nullptr;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->dim() == 1 &&
-                    bias->size(0) == N,
-                "dense_rows: bias must be contiguous float32 [", N, "]");
-    b = bias->data_ptr<float>();
+  const int64_t M = x.size(0), K = x.size(1);
+  int64_t total = 0;
+  std::vector<const float*> b(ws.size(), nullptr);
+  for (size_t j = 0; j < ws.size(); ++j) {
+    const auto& w = ws[j];
+    TORCH_CHECK(w.scalar_type() == at::kFloat && w.dim() == 2 && w.is_contiguous() &&
+                    w.size(1) == K,
+                "dense_rows: w must be contiguous [N, ", K, "] float32, got ", w.scalar_type(),
+                " ", w.sizes());
+    const auto& bias = biases[j];
+    if (bias.has_value()) {
+      TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() &&
+                      bias->dim() == 1 && bias->size(0) == w.size(0),
+                  "dense_rows: bias must be contiguous float32 [", w.size(0), "]");
+      b[j] = bias->data_ptr<float>();
+    }
+    total += w.size(0);
   }
-  auto y = at::empty({M, N}, x.options());
+  // kItemsPerThread blocks of output features per thread over all the projections (dynamic
+  // balance), of >= 4 rows
+  constexpr int64_t kItemsPerThread = 8;
+  const int64_t per = kItemsPerThread * at::get_num_threads();
+  const int64_t block = std::max<int64_t>(4, (total + per - 1) / per);
   std::vector<Block> blocks;
-  for (int64_t o = 0; o < N; o += block) blocks.push_back({o, std::min(N, o + block)});
+  std::vector<at::Tensor> ys;
+  std::vector<const float*> wp;
+  std::vector<float*> yp;
+  for (size_t j = 0; j < ws.size(); ++j) {
+    const int64_t N = ws[j].size(0);
+    for (int64_t o = 0; o < N; o += block)
+      blocks.push_back({static_cast<int64_t>(j), o, std::min(N, o + block)});
+    ys.push_back(at::empty({M, N}, x.options()));
+    wp.push_back(ws[j].data_ptr<float>());
+    yp.push_back(ys.back().data_ptr<float>());
+  }
   const float* xp = x.data_ptr<float>();
-  const float* wp = w.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
   moelab::run_items(
       blocks,
       [&](const Block& it) {
-        dot_rows(std::make_integer_sequence<int64_t, kMaxRows>(), M, xp, K, wp, it.begin, it.end,
-                 b, yp, N);
+        dot_rows(std::make_integer_sequence<int64_t, kMaxRows>(), M, xp, K, wp[it.job], it.begin,
+                 it.end, b[it.job], yp[it.job], ws[it.job].size(0));
       },
-      /*adaptive=*/true, moelab::scheduler_slot({4, K, N, M}));
-  return y;
+      /*adaptive=*/true, moelab::scheduler_slot({4, K, total, M}));
+  return ys;
 }
-
-}  // namespace
 
 at::Tensor dense_rows(const at::Tensor& x, const at::Tensor& w,
                       const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() >= 1 && w.dim() == 2, "dense_rows: x [..., K] and w [N, K] expected");
-  const int64_t N = w.size(0);
-  // kItemsPerThread blocks of output features per thread (dynamic balance), of >= 4 rows
-  constexpr int64_t kItemsPerThread = 8;
-  const int64_t per = kItemsPerThread * at::get_num_threads();
-  const int64_t block = std::max<int64_t>(4, (N + per - 1) / per);
-  auto y = dense_rows_mm(x.reshape({-1, x.size(-1)}).contiguous(), w, bias, block);
+  auto y = dense_rows_many(x.reshape({-1, x.size(-1)}).contiguous(), {w}, {bias})[0];
   auto sizes = x.sizes().vec();
-  sizes.back() = N;
+  sizes.back() = w.size(0);
   return y.view(sizes);
 }

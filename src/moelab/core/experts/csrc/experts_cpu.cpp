@@ -506,6 +506,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("scheduler_stats", &scheduler_stats);
   m.def("reset_scheduler", &scheduler_reset);
   m.def("experts_forward", &experts_forward);
+  m.def("dense_rows_many", &dense_rows_many);
   m.def("experts_backward", &experts_backward);
   m.def("quant_experts_mm", &quant_experts_mm);
   m.def("int8_dot_supported", &moelab::int8_dot_supported);

@@ -45,7 +45,9 @@ namespace moelab {
 // average per item compared a probe of the cheap calls with the routine cost of the dear
 // ones, and flipped to solo for hundreds of calls on an idle machine. Per shape, a small
 // call whose region costs more than it splits runs solo and a large one in parallel. Shapes
-// that hash to one slot share it (the heuristic blurs, the values do not change).
+// that hash to one slot share it (the heuristic blurs, the values do not change). A caller
+// may instead fix the mode of all its calls (thread_mode: the fused decode step chooses one
+// per step, with a SchedulerState of its own).
 constexpr int64_t kRunLength = 2;
 constexpr int64_t kProbeEvery = 64;        // calls between probes, doubling while the probed
 constexpr int64_t kMaxProbeEvery = 4096;   // mode keeps losing, back to 64 when it wins
@@ -56,6 +58,14 @@ constexpr int64_t kFirstProbe = 2 * kRunLength + kProbeEvery;  // after the warm
 constexpr int64_t kSlotBits = 8;
 constexpr int64_t kSchedulerSlots = int64_t{1} << kSlotBits;
 
+// How run_items runs one call: on the calling thread alone or not, the weight of its cost
+// sample in the average (0: not counted) and whether it ends a probe run.
+struct ModeChoice {
+  bool solo = false;
+  int64_t weight = 0;
+  bool last_probe = false;
+};
+
 struct SchedulerState {
   std::atomic<int64_t> calls{0};           // adaptive calls so far (the probe clock)
   std::atomic<int64_t> parallel_cost{0};   // EMA, ns per item; 0 = not measured yet
@@ -64,16 +74,47 @@ struct SchedulerState {
   std::atomic<int64_t> next_probe{kFirstProbe};
   std::atomic<int64_t> parallel_calls{0};  // statistics (scheduler_stats)
   std::atomic<int64_t> solo_calls{0};
+  // probes every first_probe_every calls at first, backing off to max_probe_every
+  int64_t first_probe_every = kProbeEvery, max_probe_every = kMaxProbeEvery;
+
+  SchedulerState() = default;
+  SchedulerState(int64_t first_every, int64_t max_every)
+      : probe_every(first_every),
+        next_probe(2 * kRunLength + first_every),
+        first_probe_every(first_every),
+        max_probe_every(max_every) {}
 
   void reset() {  // back to the initial values above
     calls = 0;
     parallel_cost = 0;
     solo_cost = 0;
-    probe_every = kProbeEvery;
-    next_probe = kFirstProbe;
+    probe_every = first_probe_every;
+    next_probe = 2 * kRunLength + first_probe_every;
     parallel_calls = 0;
     solo_calls = 0;
   }
+
+  bool prefer_solo() const {
+    return solo_cost.load(std::memory_order_relaxed) <
+           parallel_cost.load(std::memory_order_relaxed);
+  }
+
+  // The mode of the next call (see above): a warm-up run of parallel calls, then one of solo
+  // ones, each sample replacing the last; then the cheaper mode, but for probe runs of the
+  // other one.
+  ModeChoice choose() {
+    const int64_t c = calls.fetch_add(1, std::memory_order_relaxed);
+    if (c < 2 * kRunLength) return {c >= kRunLength, 1, false};
+    const int64_t first = next_probe.load(std::memory_order_relaxed);
+    const bool probe = c >= first && c < first + kRunLength;
+    const int64_t weight =
+        !probe ? kRoutineWeight : c == first + kRunLength - 1 ? kProbeWeight : 0;
+    return {prefer_solo() != probe, weight, weight == kProbeWeight};
+  }
+
+  // A call of `mode` took `ns` per item: into its mode's average, and when the call ended a
+  // probe run that lost again, the next probe comes twice as late (up to max_probe_every).
+  void record(const ModeChoice& mode, int64_t ns);
 };
 
 struct Schedulers {
@@ -115,6 +156,38 @@ inline void update_cost(std::atomic<int64_t>& ema, int64_t sample, int64_t weigh
             std::memory_order_relaxed);
 }
 
+inline void SchedulerState::record(const ModeChoice& mode, int64_t ns) {
+  if (mode.weight > 0) update_cost(mode.solo ? solo_cost : parallel_cost, ns, mode.weight);
+  if (mode.last_probe) {
+    const int64_t every = probe_every.load(std::memory_order_relaxed);
+    const int64_t gap =
+        prefer_solo() != mode.solo ? std::min(2 * every, max_probe_every) : first_probe_every;
+    probe_every.store(gap, std::memory_order_relaxed);
+    next_probe.store(calls.load(std::memory_order_relaxed) + gap, std::memory_order_relaxed);
+  }
+}
+
+// A mode for every run_items call of the calling thread (the fused decode step chooses one
+// for a whole step), or kAuto: each call chooses its own.
+enum class Mode { kAuto, kSolo, kParallel };
+
+inline Mode& thread_mode() {
+  static thread_local Mode mode = Mode::kAuto;
+  return mode;
+}
+
+// thread_mode() set for a scope.
+class ModeScope {
+ public:
+  explicit ModeScope(Mode mode) : saved_(thread_mode()) { thread_mode() = mode; }
+  ~ModeScope() { thread_mode() = saved_; }
+  ModeScope(const ModeScope&) = delete;
+  ModeScope& operator=(const ModeScope&) = delete;
+
+ private:
+  Mode saved_;
+};
+
 // Dynamic scheduling: each thread takes the next item until none is left (callers sort the
 // largest first), so a thread that is descheduled for a while delays only the item it holds.
 // Autograd and autocast state is thread-local, so every worker enters inference mode and
@@ -129,29 +202,17 @@ void run_items(const std::vector<ItemT>& items, const Fn& fn, bool adaptive, int
   std::atomic<int64_t> next{0};
   const int64_t n = static_cast<int64_t>(items.size());
   const int64_t workers = std::min<int64_t>(at::get_num_threads(), std::max<int64_t>(n, 1));
-  const auto prefer_solo = [&st] {
-    return st.solo_cost.load(std::memory_order_relaxed) <
-           st.parallel_cost.load(std::memory_order_relaxed);
-  };
-  bool solo = workers == 1, last_probe = false;
-  int64_t weight = kRoutineWeight;
-  if (!solo && all.forced_solo.load(std::memory_order_relaxed) > 0) {
+  ModeChoice mode{workers == 1, 0, false};
+  if (!mode.solo && all.forced_solo.load(std::memory_order_relaxed) > 0) {
     all.forced_solo.fetch_sub(1, std::memory_order_relaxed);
-    solo = true;
+    mode.solo = true;
     adaptive = false;  // a forced call says nothing about the machine
-  } else if (!solo && adaptive) {
+  } else if (!mode.solo && thread_mode() != Mode::kAuto) {
+    mode.solo = thread_mode() == Mode::kSolo;
+    adaptive = false;  // the caller measures
+  } else if (!mode.solo && adaptive) {
     all.last.store(slot, std::memory_order_relaxed);
-    const int64_t c = st.calls.fetch_add(1, std::memory_order_relaxed);
-    if (c < 2 * kRunLength) {  // warm-up: a run of parallel calls, then a run of solo ones
-      solo = c >= kRunLength;
-      weight = 1;  // each sample replaces the last: the run's last call counts
-    } else {
-      const int64_t first = st.next_probe.load(std::memory_order_relaxed);
-      const bool probe = c >= first && c < first + kRunLength;  // a run of the other mode
-      solo = prefer_solo() != probe;
-      weight = !probe ? kRoutineWeight : c == first + kRunLength - 1 ? kProbeWeight : 0;
-      last_probe = weight == kProbeWeight;
-    }
+    mode = st.choose();
   }
   const auto take_all = [&] {
     c10::InferenceMode guard;
@@ -159,7 +220,7 @@ void run_items(const std::vector<ItemT>& items, const Fn& fn, bool adaptive, int
     for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) fn(items[i]);
   };
   const int64_t start = now_ns();
-  if (solo) {
+  if (mode.solo) {
     st.solo_calls.fetch_add(1, std::memory_order_relaxed);
     take_all();
   } else {
@@ -168,15 +229,7 @@ void run_items(const std::vector<ItemT>& items, const Fn& fn, bool adaptive, int
       for (int64_t w = lo; w < hi; ++w) take_all();
     });
   }
-  if (adaptive && workers > 1 && weight > 0)
-    update_cost(solo ? st.solo_cost : st.parallel_cost,
-                (now_ns() - start) / std::max<int64_t>(n, 1), weight);
-  if (last_probe) {  // the probed mode still loses: probe half as often (down to 1/kMaxProbeEvery)
-    const int64_t every = st.probe_every.load(std::memory_order_relaxed);
-    const int64_t gap = prefer_solo() != solo ? std::min(2 * every, kMaxProbeEvery) : kProbeEvery;
-    st.probe_every.store(gap, std::memory_order_relaxed);
-    st.next_probe.store(st.calls.load(std::memory_order_relaxed) + gap, std::memory_order_relaxed);
-  }
+  if (adaptive && workers > 1) st.record(mode, (now_ns() - start) / std::max<int64_t>(n, 1));
 }
 
 }  // namespace moelab
