@@ -27,7 +27,21 @@ def interleaved_medians(
     budget_s: float = 5.0,
     min_repeats: int = 3,
 ) -> dict[str, float]:
-    """Median seconds per call of every function.
+    """Median seconds per call of every function (:func:`interleaved_samples`)."""
+    samples = interleaved_samples(fns, repeats, warmup, min_sample_s, budget_s, min_repeats)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def interleaved_samples(
+    fns: dict[str, Callable[[], object]],
+    repeats: int,
+    warmup: int = 1,
+    min_sample_s: float = 0.05,
+    budget_s: float = 5.0,
+    min_repeats: int = 3,
+) -> dict[str, list[float]]:
+    """Seconds per call of every function, one value per sample in sample order (sample r
+    of every function taken in the same round).
 
     Each function is warmed up (``warmup`` calls, fewer when one call takes over 0.5 s) and
     its inner loop calibrated so a timed sample lasts at least ``min_sample_s``; it then gets
@@ -58,4 +72,4 @@ def interleaved_medians(
     finally:
         if gc_was_enabled:
             gc.enable()
-    return {name: statistics.median(s) for name, s in samples.items()}
+    return samples

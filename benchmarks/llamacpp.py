@@ -33,9 +33,12 @@ The token check runs llama.cpp with a float32 K/V cache and without flash attent
 F32 maths); the timings use llama.cpp's defaults (F16 K/V cache, flash attention where it
 picks it), what its users get; moelab's cache is float32.
 
-Timings: each measure's candidates interleaved round-robin, median of ``--repeats``
-(``benchmarks/_timing.py``). The first table gives moelab / llama.cpp ratios (> 1: moelab
-faster), the second each library's 8-bit speed over its own F32 speed.
+Timings: each measure's candidates interleaved round-robin, ``--repeats`` rounds
+(``benchmarks/_timing.py``), the tables' rates medians over the rounds. The first table gives
+moelab / llama.cpp ratios (> 1: moelab faster), the second each library's 8-bit speed over its
+own F32 speed. ``--out`` gets the shared result JSON (arms ``moelab``, ``moelab compiled``,
+``moelab fused``, ``llama.cpp``; a round is a seed, so each arm's difference from llama.cpp
+pairs by round, with its confidence interval) and a markdown copy of the tables.
 
 Usage::
 
@@ -51,6 +54,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -60,11 +64,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _hf import decode_rate
-from _timing import interleaved_medians
+from _timing import interleaved_samples
 from moelab.data import load_tokenizer
 from moelab.interop.gguf_export import export_gguf
 from moelab.models import MoETransformer, load_model
 from moelab.serve import Engine, SamplingParams
+from moelab.utils.atomic import atomic_write_text
+from moelab.utils.results import make_result, write_result
 
 PROMPT_TEXT = (
     "ROMEO: But soft, what light through yonder window breaks? It is the east, and Juliet "
@@ -217,21 +223,28 @@ def compare_greedy(model, cpp: LlamaCpp, prompt: list[int], n: int) -> str:
     )
 
 
+ARMS = {"ours": "moelab", "compiled": "moelab compiled", "fused": "moelab fused"}
+BASELINE = "llama.cpp"
+
+
 def bench_type(label, model, cpp: LlamaCpp, prompts, long_prompt, args) -> dict:
-    """Prefill and decode at B = 1, 4, 8: ``{measure: (moelab tok/s, llama.cpp tok/s)}``, and
-    with ``--compile`` ``{"compiled decode B=…": (moelab compiled tok/s, llama.cpp tok/s)}``
-    and with ``--fused`` ``{"fused decode B=…": …}`` from the same interleaved runs."""
+    """Prefill and decode at B = 1, 4, 8: ``{measure: {arm: [tok/s per repeat]}}`` for the
+    arms ``moelab`` and ``llama.cpp``, with ``--compile`` and ``--fused`` also ``moelab
+    compiled`` / ``moelab fused`` (decode only), all from the same interleaved runs (repeat r
+    of every arm in one round)."""
     N, S = args.tokens, len(long_prompt)
-    row = {}
-    t = interleaved_medians(
+    t = interleaved_samples(
         {
             "ours": lambda: moelab_generate(model, [long_prompt], 1),
             "cpp": lambda: cpp.generate([long_prompt], 1),
         },
         repeats=args.repeats,
         budget_s=30,
+        min_repeats=args.repeats,
     )
-    row["prefill"] = (S / t["ours"], S / t["cpp"])
+    row = {
+        "prefill": {ARMS["ours"]: [S / x for x in t["ours"]], BASELINE: [S / x for x in t["cpp"]]}
+    }
     for B in (1, 4, 8):
         ps = prompts[:B]
         fns = {
@@ -251,15 +264,22 @@ def bench_type(label, model, cpp: LlamaCpp, prompts, long_prompt, args) -> dict:
         if args.fused:
             fns["fused N"] = lambda ps=ps: moelab_generate(model, ps, N, fused=True)
             fns["fused 1"] = lambda ps=ps: moelab_generate(model, ps, 1, fused=True)
-        t = interleaved_medians(fns, repeats=args.repeats, budget_s=60, min_repeats=args.repeats)
-        theirs = decode_rate(B, N, t["cpp N"], t["cpp 1"])
-        row[f"decode B={B}"] = (decode_rate(B, N, t["ours N"], t["ours 1"]), theirs)
-        for mode in ("compiled", "fused"):
-            if f"{mode} N" in fns:
-                ours = decode_rate(B, N, t[f"{mode} N"], t[f"{mode} 1"])
-                row[f"{mode} decode B={B}"] = (ours, theirs)
-    for key, (a, b) in row.items():
-        print(f"  {label:5s} {key:11s} moelab {a:9.1f} tok/s  llama.cpp {b:9.1f} tok/s  {a / b:.2f}x", flush=True)  # fmt: skip
+        t = interleaved_samples(fns, repeats=args.repeats, budget_s=60, min_repeats=args.repeats)
+        rates = {
+            BASELINE if who == "cpp" else ARMS[who]: [
+                decode_rate(B, N, tn, t1)
+                for tn, t1 in zip(t[f"{who} N"], t[f"{who} 1"], strict=True)
+            ]
+            for who in ("ours", "cpp", "compiled", "fused")
+            if f"{who} N" in t
+        }
+        row[f"decode B={B}"] = rates
+    for key, arms in row.items():
+        theirs = statistics.median(arms[BASELINE])
+        for arm, rates in arms.items():
+            if arm != BASELINE:
+                ours = statistics.median(rates)
+                print(f"  {label:5s} {key:11s} {arm:15s} {ours:9.1f} tok/s  llama.cpp {theirs:9.1f} tok/s  {ours / theirs:.2f}x", flush=True)  # fmt: skip
     return row
 
 
@@ -308,6 +328,8 @@ def main() -> None:
                     help="also time moelab's fused C++ decode step (Engine(fused=True))")  # fmt: skip
     ap.add_argument("--experts-only", action="store_true",
                     help="moelab's 8-bit model: experts only, attention and head float32")  # fmt: skip
+    ap.add_argument("--out", type=Path, default=Path("runs/bench/llamacpp.json"),
+                    help="the shared result JSON (and a markdown copy of the tables beside it)")  # fmt: skip
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -315,27 +337,81 @@ def main() -> None:
     rows = [bench_run(run, args) for run in args.runs]
     import llama_cpp
 
-    print(
-        f"\ntorch {torch.__version__}, llama-cpp-python {llama_cpp.__version__}, "
-        f"{args.threads} threads each, {args.repeats} interleaved repeats, "
-        f"total {time.perf_counter() - t0:.0f} s\n"
+    elapsed = time.perf_counter() - t0
+    head = (
+        f"torch {torch.__version__}, llama-cpp-python {llama_cpp.__version__}, "
+        f"{args.threads} threads each, {args.repeats} interleaved repeats, total {elapsed:.0f} s"
     )
-    print("| model | weights | measure | moelab tok/s | llama.cpp tok/s | moelab / llama.cpp |")
-    print("|---|---|---|---|---|---|")
+    tables = render(rows, args.experts_only)
+    per_arm = metrics(rows)
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    settings["runs"] = [str(r) for r in args.runs]
+    result = make_result(
+        "llamacpp",
+        "moelab decode (serving engine)",
+        settings,
+        per_arm,
+        pairs=[(arm, BASELINE) for arm in per_arm if arm != BASELINE],
+        extra={"greedy": {r["run"]: r["greedy"] for r in rows}, "wall_seconds": elapsed},
+    )
+    write_result(result, args.out)
+    atomic_write_text(args.out.with_suffix(".md"), f"{head}\n\n{tables}")
+    print(f"\n{head}\n\n{tables}\nresult: {args.out}")
+
+
+def metrics(rows: list[dict]) -> dict[str, dict[int, dict[str, float]]]:
+    """The shared result's ``{arm: {repeat: {"<run> <weights> <measure>": tok/s}}}``: repeat r
+    of every arm comes from one interleaved round, so differences pair by repeat."""
+    series = [
+        (arm, f"{r['run']} {kind} {measure}", rates)
+        for r in rows
+        for kind in ("f32", "8-bit")
+        for measure, arms in r[kind].items()
+        for arm, rates in arms.items()
+    ]
+    repeats = min(len(rates) for _, _, rates in series)  # a very slow call gets fewer samples
+    out: dict[str, dict[int, dict[str, float]]] = {}
+    for arm, name, rates in series:
+        for i in range(repeats):
+            out.setdefault(arm, {}).setdefault(i, {})[name] = rates[i]
+    return out
+
+
+def render(rows: list[dict], experts_only: bool) -> str:
+    """The markdown tables: moelab / llama.cpp per measure (medians over the repeats), each
+    library's 8-bit over its own F32 speed, and the greedy token checks."""
+    med = statistics.median
+    lines = [
+        "| model | weights | measure | moelab tok/s | llama.cpp tok/s | moelab / llama.cpp |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         for kind in ("f32", "8-bit"):
-            eight = "int8 experts" if args.experts_only else "int8 experts + dense"
+            eight = "int8 experts" if experts_only else "int8 experts + dense"
             weights = "F32 both" if kind == "f32" else f"moelab {eight} / llama.cpp Q8_0"
-            for key, (a, b) in r[kind].items():
-                print(f"| {r['run']} | {weights} | {key} | {a:.1f} | {b:.1f} | {a / b:.2f}× |")
-    print("\n| model | measure | moelab 8-bit / moelab F32 | llama.cpp Q8_0 / llama.cpp F32 |")
-    print("|---|---|---|---|")
+            for measure, arms in r[kind].items():
+                b = med(arms[BASELINE])
+                for arm, rates in arms.items():
+                    if arm != BASELINE:
+                        key = measure if arm == ARMS["ours"] else f"{arm.split()[1]} {measure}"
+                        a = med(rates)
+                        lines.append(f"| {r['run']} | {weights} | {key} | {a:.1f} | {b:.1f} | {a / b:.2f}× |")  # fmt: skip
+    lines += [
+        "",
+        "| model | measure | moelab 8-bit / moelab F32 | llama.cpp Q8_0 / llama.cpp F32 |",
+        "|---|---|---|---|",
+    ]
     for r in rows:
-        for key, (a8, c8) in r["8-bit"].items():
-            a32, c32 = r["f32"][key]
-            print(f"| {r['run']} | {key} | {a8 / a32:.2f}× | {c8 / c32:.2f}× |")
-    for r in rows:
-        print(f"\n{r['run']}: greedy tokens at F32: {r['greedy']}")
+        for measure, arms in r["8-bit"].items():
+            for arm, rates in arms.items():
+                if arm != BASELINE:
+                    key = measure if arm == ARMS["ours"] else f"{arm.split()[1]} {measure}"
+                    ours = med(rates) / med(r["f32"][measure][arm])
+                    theirs = med(arms[BASELINE]) / med(r["f32"][measure][BASELINE])
+                    lines.append(f"| {r['run']} | {key} | {ours:.2f}× | {theirs:.2f}× |")
+    lines.append("")
+    lines += [f"{r['run']}: greedy tokens at F32: {r['greedy']}" for r in rows]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -30,7 +30,8 @@ namespace {
 
 constexpr int64_t kDenseRows = 8;  // dense_rows' most rows (DENSE_MAX_ROWS); more: at::linear
 // attention units (row, head) are split over the threads above this many multiply-adds
-constexpr int64_t kParallelAttention = int64_t{1} << 18;
+// (SmolLM2's 9 heads of 64 at batch 1: 29 positions)
+constexpr int64_t kParallelAttention = int64_t{1} << 14;
 // Steps choose their mode as kernel calls do (kernel_common.h), with probes of the other mode
 // every kStepProbeEvery steps at first, backing off to one in kStepMaxProbeEvery (a probe
 // step costs ~200 kernel calls' worth of the losing mode), and one chooser per row count up
@@ -238,14 +239,14 @@ void DecodeExecutor::attend(const DecodeBlock& blk, const at::Tensor& q, const a
   float* op = out.data_ptr<float>();
   int64_t longest = 0;
   for (const int64_t p : pos) longest = std::max(longest, p + 1);
+  const int64_t units = n * H;
+  std::vector<float> scores(units * longest);  // each unit's own scratch row
   const auto unit = [&](int64_t u) {
     const int64_t b = u / H, h = u % H, row = row0 + b;
     const int64_t kv = (row * blk.n_kv_heads + h / rep) * cap * hd;
-    std::vector<float> scratch(pos[b] + 1);
     attend_head(qp + (b * H + h) * hd, kp + kv, vp + kv, mp + row * mstride, pos[b] + 1, hd,
-                scale, scratch.data(), op + (b * H + h) * hd);
+                scale, scores.data() + u * longest, op + (b * H + h) * hd);
   };
-  const int64_t units = n * H;
   if (units > 1 && units * longest * hd > kParallelAttention && thread_mode() != Mode::kSolo) {
     at::parallel_for(0, units, 1, [&](int64_t lo, int64_t hi) {
       for (int64_t u = lo; u < hi; ++u) unit(u);
