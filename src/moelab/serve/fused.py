@@ -345,11 +345,12 @@ class FusedDecode:
         return DecodeOutput(logits=logits[:, None], records=records)
 
     def mode_steps(self) -> dict[str, int]:
-        """Steps run so far with their kernels' work shared by the intra-op threads
-        (``"parallel"``) and on the calling thread alone (``"solo"``). A step runs all its
-        kernel calls in one mode, chosen as each kernel call chooses its own
+        """This object's steps so far with their kernels' work shared by the intra-op
+        threads (``"parallel"``) and on the calling thread alone (``"solo"``). A step runs all
+        its kernel calls in one mode, chosen as each kernel call chooses its own
         (``csrc/kernel_common.h``: the cheaper mode by moving averages of the steps' wall time
-        per row, with probes of the other): two parallel steps, two solo ones, then the
-        cheaper. On one thread every step is solo."""
+        per row, with probes of the other), per model shape and row count and process-wide
+        (:func:`moelab.core.experts.cpu_kernel.reset_scheduler` forgets it): two parallel
+        steps, two solo ones, then the cheaper. On one thread every step is solo."""
         parallel, solo = self._executor.mode_steps()
         return {"parallel": parallel, "solo": solo}

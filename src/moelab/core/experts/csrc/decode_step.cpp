@@ -32,13 +32,6 @@ constexpr int64_t kDenseRows = 8;  // dense_rows' most rows (DENSE_MAX_ROWS); mo
 // attention units (row, head) are split over the threads above this many multiply-adds
 // (SmolLM2's 9 heads of 64 at batch 1: 29 positions)
 constexpr int64_t kParallelAttention = int64_t{1} << 14;
-// Steps choose their mode as kernel calls do (kernel_common.h), with probes of the other mode
-// every kStepProbeEvery steps at first, backing off to one in kStepMaxProbeEvery (a probe
-// step costs ~200 kernel calls' worth of the losing mode), and one chooser per row count up
-// to kModeSlots.
-constexpr int64_t kStepProbeEvery = 16;
-constexpr int64_t kStepMaxProbeEvery = 1024;
-constexpr int64_t kModeSlots = 8;
 
 // Σ a[i]·b[i]: a reduction the compiler may vectorise (omp simd), as ATen's are. Inlined into
 // the per-CPU clones of its callers (a clone of its own would cost an indirect call each).
@@ -406,11 +399,6 @@ void DecodeExecutor::moe(const DecodeBlock& blk, const at::Tensor& xn, at::Tenso
   }
 }
 
-DecodeExecutor::DecodeExecutor(bool int8_activations) : int8_activations_(int8_activations) {
-  for (int64_t i = 0; i < kModeSlots; ++i)
-    modes_.push_back(std::make_unique<SchedulerState>(kStepProbeEvery, kStepMaxProbeEvery));
-}
-
 // A step makes ~5 kernel calls per block, microseconds to a millisecond each. Chosen call by
 // call (kernel_common.h), a solo call let the worker threads fall asleep, and their wake-up
 // counted against the next call's parallel mode; on a host whose memory bandwidth comes and
@@ -418,14 +406,19 @@ DecodeExecutor::DecodeExecutor(bool int8_activations) : int8_activations_(int8_a
 // SmolLM2-MoE at batch 1 that left most calls solo, and the step was 3 % slower than with one
 // mode per step on an idle host and 16 % slower with a busy-loop process on one of the two
 // cores (scratch measurement, interleaved, 6-10 repeats). So a step runs all its calls in one
-// mode, chosen on the steps' own wall times per row.
+// mode, chosen as a kernel call chooses its own, on the steps' wall times per row, in a
+// scheduler slot of the model's and row count's shape: process-wide, as the calls' slots are,
+// so that an engine made per request does not start with the warm-up's solo steps again.
 std::tuple<at::Tensor, std::vector<at::Tensor>> DecodeExecutor::step(
     const std::vector<int64_t>& ids, const std::vector<int64_t>& pos,
     const std::vector<at::Tensor>& k_cache, const std::vector<at::Tensor>& v_cache,
     const at::Tensor& key_mask, int64_t row0, const at::Tensor& cos,
     const at::Tensor& sin) const {
   const int64_t n = std::max<int64_t>(1, static_cast<int64_t>(ids.size()));
-  SchedulerState& st = *modes_[std::min(n, kModeSlots) - 1];
+  const int64_t V = embed_.defined() ? embed_.size(0) : 0;
+  const int64_t D = embed_.defined() ? embed_.size(1) : 0;
+  const int64_t blocks = static_cast<int64_t>(blocks_.size());
+  SchedulerState& st = schedulers().slots[scheduler_slot({5, n, V, D, blocks})];
   const bool threads = at::get_num_threads() > 1;
   const ModeChoice mode = threads ? st.choose() : ModeChoice{true, 0, false};
   const int64_t start = now_ns();
@@ -434,17 +427,12 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> DecodeExecutor::step(
     return run(ids, pos, k_cache, v_cache, key_mask, row0, cos, sin);
   }();
   if (threads) st.record(mode, (now_ns() - start) / n);
-  (mode.solo ? st.solo_calls : st.parallel_calls).fetch_add(1, std::memory_order_relaxed);
+  ++(mode.solo ? solo_steps_ : parallel_steps_);
   return out;
 }
 
 std::tuple<int64_t, int64_t> DecodeExecutor::mode_steps() const {
-  int64_t parallel = 0, solo = 0;
-  for (const auto& st : modes_) {
-    parallel += st->parallel_calls.load();
-    solo += st->solo_calls.load();
-  }
-  return {parallel, solo};
+  return {parallel_steps_.load(), solo_steps_.load()};
 }
 
 std::tuple<at::Tensor, std::vector<at::Tensor>> DecodeExecutor::run(

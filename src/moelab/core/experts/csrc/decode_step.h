@@ -5,7 +5,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include <memory>
+#include <atomic>
 #include <tuple>
 #include <vector>
 
@@ -53,7 +53,7 @@ struct DecodeBlock {
 
 class DecodeExecutor {
  public:
-  explicit DecodeExecutor(bool int8_activations);
+  explicit DecodeExecutor(bool int8_activations) : int8_activations_(int8_activations) {}
 
   void add_block(DecodeBlock block);
   // the embedding [V, D], the final RMSNorm's weight [D] and eps, the LM head; first
@@ -70,7 +70,7 @@ class DecodeExecutor {
       const at::Tensor& key_mask, int64_t row0, const at::Tensor& cos,
       const at::Tensor& sin) const;
 
-  // Steps run so far in parallel and solo.
+  // This executor's steps so far in parallel and solo.
   std::tuple<int64_t, int64_t> mode_steps() const;
 
  private:
@@ -95,8 +95,7 @@ class DecodeExecutor {
   at::Tensor embed_, norm_;
   double norm_eps_ = 1e-5, logit_scale_ = 1.0;
   DecodeProj head_;
-  // the step's mode chooser per row count (1 .. kModeSlots, more rows sharing the last)
-  std::vector<std::unique_ptr<SchedulerState>> modes_;
+  mutable std::atomic<int64_t> parallel_steps_{0}, solo_steps_{0};
 };
 
 // The Python bindings (DecodeProj, DecodeBlock, DecodeExecutor), called by the module's

@@ -347,14 +347,20 @@ std::vector<at::Tensor> experts_forward(const at::Tensor& x, const at::Tensor& w
       at::mm_out(ye, a, w_down[it.expert]);
     }
   }, decode, moelab::scheduler_slot({1, D, W, Dout, N}));
-  for (const auto& it : items) {  // sum the split experts' parts, once per expert
-    if (it.part != 0) continue;
-    auto sum = parts[0].narrow(0, it.begin, it.rows).clone();
-    for (int64_t p = 1; p < kParts; ++p) sum.add_(parts[p].narrow(0, it.begin, it.rows));
-    if (dst.has_value()) {
-      put_rows(y, *dst, it.begin, sum);
-    } else {
-      y.narrow(0, it.begin, it.rows).copy_(sum);
+  if (any_split) {  // sum the split experts' parts, once per expert, in part order
+    const float* pp = parts.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    const int64_t* to = dst.has_value() ? dst->data_ptr<int64_t>() : nullptr;
+    for (const auto& it : items) {
+      if (it.part != 0) continue;
+      for (int64_t r = it.begin; r < it.begin + it.rows; ++r) {
+        float* out = yp + (to != nullptr ? to[r] : r) * Dout;
+        std::copy_n(pp + r * Dout, Dout, out);
+        for (int64_t p = 1; p < kParts; ++p) {
+          const float* part = pp + (p * N + r) * Dout;
+          for (int64_t c = 0; c < Dout; ++c) out[c] += part[c];
+        }
+      }
     }
   }
   return {y, h_all};

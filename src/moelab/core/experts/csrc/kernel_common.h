@@ -47,7 +47,7 @@ namespace moelab {
 // call whose region costs more than it splits runs solo and a large one in parallel. Shapes
 // that hash to one slot share it (the heuristic blurs, the values do not change). A caller
 // may instead fix the mode of all its calls (thread_mode: the fused decode step chooses one
-// per step, with a SchedulerState of its own).
+// per step, in a slot of its own).
 constexpr int64_t kRunLength = 2;
 constexpr int64_t kProbeEvery = 64;        // calls between probes, doubling while the probed
 constexpr int64_t kMaxProbeEvery = 4096;   // mode keeps losing, back to 64 when it wins
@@ -74,22 +74,13 @@ struct SchedulerState {
   std::atomic<int64_t> next_probe{kFirstProbe};
   std::atomic<int64_t> parallel_calls{0};  // statistics (scheduler_stats)
   std::atomic<int64_t> solo_calls{0};
-  // probes every first_probe_every calls at first, backing off to max_probe_every
-  int64_t first_probe_every = kProbeEvery, max_probe_every = kMaxProbeEvery;
-
-  SchedulerState() = default;
-  SchedulerState(int64_t first_every, int64_t max_every)
-      : probe_every(first_every),
-        next_probe(2 * kRunLength + first_every),
-        first_probe_every(first_every),
-        max_probe_every(max_every) {}
 
   void reset() {  // back to the initial values above
     calls = 0;
     parallel_cost = 0;
     solo_cost = 0;
-    probe_every = first_probe_every;
-    next_probe = 2 * kRunLength + first_probe_every;
+    probe_every = kProbeEvery;
+    next_probe = kFirstProbe;
     parallel_calls = 0;
     solo_calls = 0;
   }
@@ -113,7 +104,7 @@ struct SchedulerState {
   }
 
   // A call of `mode` took `ns` per item: into its mode's average, and when the call ended a
-  // probe run that lost again, the next probe comes twice as late (up to max_probe_every).
+  // probe run that lost again, the next probe comes twice as late (up to kMaxProbeEvery).
   void record(const ModeChoice& mode, int64_t ns);
 };
 
@@ -161,7 +152,7 @@ inline void SchedulerState::record(const ModeChoice& mode, int64_t ns) {
   if (mode.last_probe) {
     const int64_t every = probe_every.load(std::memory_order_relaxed);
     const int64_t gap =
-        prefer_solo() != mode.solo ? std::min(2 * every, max_probe_every) : first_probe_every;
+        prefer_solo() != mode.solo ? std::min(2 * every, kMaxProbeEvery) : kProbeEvery;
     probe_every.store(gap, std::memory_order_relaxed);
     next_probe.store(calls.load(std::memory_order_relaxed) + gap, std::memory_order_relaxed);
   }
