@@ -268,7 +268,8 @@ def bench_type(label, model, cpp: LlamaCpp, prompts, long_prompt, args) -> dict:
         rates = {
             BASELINE if who == "cpp" else ARMS[who]: [
                 decode_rate(B, N, tn, t1)
-                for tn, t1 in zip(t[f"{who} N"], t[f"{who} 1"], strict=True)
+                # a call longer than the budget gets one sample: pair the rounds both have
+                for tn, t1 in zip(t[f"{who} N"], t[f"{who} 1"], strict=False)
             ]
             for who in ("ours", "cpp", "compiled", "fused")
             if f"{who} N" in t
@@ -331,6 +332,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/bench/llamacpp.json"),
                     help="the shared result JSON (and a markdown copy of the tables beside it)")  # fmt: skip
     args = ap.parse_args()
+    if len({run.name for run in args.runs}) < len(args.runs):
+        ap.error("--runs: the runs' directory names name their rows, and two are the same")
     torch.set_num_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -369,7 +372,12 @@ def metrics(rows: list[dict]) -> dict[str, dict[int, dict[str, float]]]:
         for measure, arms in r[kind].items()
         for arm, rates in arms.items()
     ]
-    repeats = min(len(rates) for _, _, rates in series)  # a very slow call gets fewer samples
+    # a call longer than its budget gets fewer samples, and the result's arms share one set of
+    # seeds: the rounds every series has
+    repeats = min(len(rates) for _, _, rates in series)
+    short = sorted({f"{arm}: {name}" for arm, name, rates in series if len(rates) == repeats})
+    if any(len(rates) > repeats for _, _, rates in series):
+        print(f"result JSON: {repeats} round(s), the most that {', '.join(short)} took")
     out: dict[str, dict[int, dict[str, float]]] = {}
     for arm, name, rates in series:
         for i in range(repeats):

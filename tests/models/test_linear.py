@@ -61,17 +61,26 @@ def test_a_rows_values_do_not_depend_on_its_neighbours_or_the_threads():
 def test_dense_rows_many_gives_each_weight_what_dense_rows_gives_it_alone():
     # several projections of one input in one parallel region (the fused decode step's q/k/v):
     # each output block computed as dense_rows computes it, bit for bit, with or without bias
-    ws = [weights(n, 96, seed=n) for n in (40, 8, 13)]
+    # K = 100: the 16-lane loop and its scalar tail; one and two threads: other block splits
+    ws = [weights(n, 100, seed=n) for n in (40, 8, 13)]
     biases = [ws[0][1], None, ws[2][1]]
     many = cpu_kernel.kernel().dense_rows_many
-    for M in (1, 3, 6, 8):
-        x = torch.randn(M, 96, generator=torch.Generator().manual_seed(M))
-        got = many(x, [w for w, _ in ws], biases)
-        assert [g.shape for g in got] == [(M, 40), (M, 8), (M, 13)]
-        for (w, _), b, g in zip(ws, biases, got, strict=True):
-            assert torch.equal(g, cpu_kernel.dense_rows(x, w, b))
-    x = torch.randn(1, 96)
-    with pytest.raises(RuntimeError, match=r"w must be contiguous \[N, 96\]"):
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            for M in (1, 3, 6, 8):
+                x = torch.randn(M, 100, generator=torch.Generator().manual_seed(M))
+                got = many(x, [w for w, _ in ws], biases)
+                assert [g.shape for g in got] == [(M, 40), (M, 8), (M, 13)]
+                for (w, _), b, g in zip(ws, biases, got, strict=True):
+                    assert torch.equal(g, cpu_kernel.dense_rows(x, w, b))
+                    ref = F.linear(x.double(), w.double(), None if b is None else b.double())
+                    torch.testing.assert_close(g.double(), ref, rtol=1e-5, atol=1e-5)
+    finally:
+        torch.set_num_threads(threads)
+    x = torch.randn(1, 100)
+    with pytest.raises(RuntimeError, match=r"w must be contiguous \[N, 100\]"):
         many(x, [ws[0][0], torch.randn(4, 95)], [None, None])
     with pytest.raises(RuntimeError, match="one bias"):
         many(x, [ws[0][0]], [None, None])

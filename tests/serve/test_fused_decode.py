@@ -130,10 +130,14 @@ def test_each_step_runs_in_one_mode_and_both_modes_give_the_same_logits():
     fused = FusedDecode(model)
     x = torch.tensor([[3], [11]])
 
-    def step() -> torch.Tensor:
+    def step() -> tuple[torch.Tensor, dict[str, int]]:
+        """A step's logits and its kernel calls in each mode."""
         cache = prefilled(model, [5, 7])
         cache.select(0, 2)
-        return fused(x, kv_cache=cache, start_pos=torch.tensor([5, 7])).logits
+        before = cpu_kernel.scheduler_stats()
+        logits = fused(x, kv_cache=cache, start_pos=torch.tensor([5, 7])).logits
+        after = cpu_kernel.scheduler_stats()
+        return logits, {m: after[f"{m}_calls"] - before[f"{m}_calls"] for m in ("parallel", "solo")}
 
     threads = torch.get_num_threads()
     try:
@@ -141,12 +145,42 @@ def test_each_step_runs_in_one_mode_and_both_modes_give_the_same_logits():
         cpu_kernel.reset_scheduler(0)  # the steps' mode averages are process-wide
         logits = []
         for i in range(4):
-            logits.append(step())
+            out, ran = step()
+            logits.append(out)
             assert fused.mode_steps() == {"parallel": min(i + 1, 2), "solo": max(i - 1, 0)}
+            # every kernel call of the step ran in the step's mode
+            assert ran["parallel" if i < 2 else "solo"] > 0
+            assert ran["solo" if i < 2 else "parallel"] == 0
         assert all(torch.equal(a, logits[0]) for a in logits[1:])
         torch.set_num_threads(1)  # one thread: solo, and not a sample of either mode's cost
-        step()
+        assert step()[1]["parallel"] == 0
         assert fused.mode_steps() == {"parallel": 2, "solo": 3}
+    finally:
+        torch.set_num_threads(threads)
+
+
+@torch.inference_mode()
+def test_a_refused_step_writes_nothing_and_leaves_the_kernel_calls_their_own_mode():
+    model = tiny()
+    fused = FusedDecode(model)
+    cache = prefilled(model, [5, 7])
+    cache.select(0, 2)
+    k_before = [t.clone() for t in cache.k]
+    ex = fused._executor
+    cos, sin = model.blocks[0].attn.rope.cos_sin(torch.device("cpu"))
+    bad_v = [*cache.v[:-1], cache.v[-1][:, :1]]  # the last block's value cache misshapen
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with pytest.raises(RuntimeError, match="block 2's cache must be"):
+            ex.step([3, 11], [5, 7], cache.k, bad_v, cache.key_mask, 0, cos, sin)
+        assert all(torch.equal(a, b) for a, b in zip(cache.k, k_before, strict=True))
+        # the calling thread's calls choose their own mode again: the warm-up, 2 solo of 4
+        cpu_kernel.reset_scheduler(0)
+        w, x = torch.randn(64, 32), torch.randn(1, 32)
+        for _ in range(4):
+            cpu_kernel.dense_rows(x, w)
+        assert cpu_kernel.scheduler_stats()["solo_calls"] == 2
     finally:
         torch.set_num_threads(threads)
 

@@ -14,8 +14,10 @@
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -97,6 +99,20 @@ void rope(float* x, const float* c, const float* s, int64_t hd) {
 at::Tensor float_rows(const at::Tensor& x, const at::Tensor& w,
                       const c10::optional<at::Tensor>& bias) {
   return x.size(0) <= kDenseRows ? dense_rows(x, w, bias) : at::linear(x, w, bias);
+}
+
+// The process-wide scheduler states of decode steps (kernel_common.h), apart from the kernel
+// calls' own: a step's averages are milliseconds per row, a call's microseconds per item.
+std::array<SchedulerState, kSchedulerSlots>& step_schedulers() {
+  static std::array<SchedulerState, kSchedulerSlots> all;
+  return all;
+}
+
+// A projection's part of an executor's shape: format (32 for float32, else bits) and sizes.
+void add_shape(std::vector<int64_t>& shape, const DecodeProj& p) {
+  const bool f = p.weight.defined();
+  shape.insert(shape.end(), {f ? 32 : p.bits, f ? p.weight.size(0) : p.out_features,
+                             f ? p.weight.size(1) : p.codes.size(-1)});
 }
 
 QuantWeights weights_of(const DecodeProj& p) {
@@ -199,6 +215,16 @@ void DecodeExecutor::add_block(DecodeBlock block) {
   } else {
     for (auto* p : {&block.gate, &block.up, &block.down}) *p = check_proj(*p, at);
   }
+  shape_.insert(shape_.end(), {block.kind, block.n_heads, block.n_kv_heads, block.head_dim,
+                               block.qk_norm});
+  for (const auto* p : {&block.q, &block.k, &block.v, &block.o, &block.gate, &block.up,
+                        &block.down})
+    if (p->weight.defined() || p->codes.defined()) add_shape(shape_, *p);
+  if (block.kind == DecodeBlock::kMoE) {
+    shape_.insert(shape_.end(), {block.router.size(0), block.top_k, block.act});
+    if (block.w_in.defined())
+      shape_.insert(shape_.end(), {block.w_in.size(2), block.w_down.size(1)});
+  }
   blocks_.push_back(std::move(block));
 }
 
@@ -213,6 +239,8 @@ void DecodeExecutor::set_head(at::Tensor embed, at::Tensor norm, double norm_eps
   norm_eps_ = norm_eps;
   head_ = check_proj(std::move(head), "head");
   logit_scale_ = logit_scale;
+  shape_ = {embed_.size(0), embed_.size(1), int8_activations_};
+  add_shape(shape_, head_);
 }
 
 // Attention of the new rows over their cached positions (models/attention.py): row b's query
@@ -233,19 +261,20 @@ void DecodeExecutor::attend(const DecodeBlock& blk, const at::Tensor& q, const a
   int64_t longest = 0;
   for (const int64_t p : pos) longest = std::max(longest, p + 1);
   const int64_t units = n * H;
-  std::vector<float> scores(units * longest);  // each unit's own scratch row
-  const auto unit = [&](int64_t u) {
-    const int64_t b = u / H, h = u % H, row = row0 + b;
-    const int64_t kv = (row * blk.n_kv_heads + h / rep) * cap * hd;
-    attend_head(qp + (b * H + h) * hd, kp + kv, vp + kv, mp + row * mstride, pos[b] + 1, hd,
-                scale, scores.data() + u * longest, op + (b * H + h) * hd);
+  // units lo .. hi-1 in turn, with one scratch row of scores (uninitialised) for them all
+  const auto units_of = [&](int64_t lo, int64_t hi) {
+    std::unique_ptr<float[]> scores(new float[longest]);
+    for (int64_t u = lo; u < hi; ++u) {
+      const int64_t b = u / H, h = u % H, row = row0 + b;
+      const int64_t kv = (row * blk.n_kv_heads + h / rep) * cap * hd;
+      attend_head(qp + (b * H + h) * hd, kp + kv, vp + kv, mp + row * mstride, pos[b] + 1, hd,
+                  scale, scores.get(), op + (b * H + h) * hd);
+    }
   };
   if (units > 1 && units * longest * hd > kParallelAttention && thread_mode() != Mode::kSolo) {
-    at::parallel_for(0, units, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t u = lo; u < hi; ++u) unit(u);
-    });
+    at::parallel_for(0, units, 1, units_of);
   } else {
-    for (int64_t u = 0; u < units; ++u) unit(u);
+    units_of(0, units);
   }
 }
 
@@ -407,25 +436,32 @@ void DecodeExecutor::moe(const DecodeBlock& blk, const at::Tensor& xn, at::Tenso
 // mode per step on an idle host and 16 % slower with a busy-loop process on one of the two
 // cores (scratch measurement, interleaved, 6-10 repeats). So a step runs all its calls in one
 // mode, chosen as a kernel call chooses its own, on the steps' wall times per row, in a
-// scheduler slot of the model's and row count's shape: process-wide, as the calls' slots are,
-// so that an engine made per request does not start with the warm-up's solo steps again.
+// scheduler state keyed by the executor's shape (sizes, weight formats, routing) and the row
+// count: process-wide, as the calls' states are, so that an engine made per request does not
+// start with the warm-up's solo steps again. ATen's own operators in a step (at::linear past
+// kDenseRows rows, index_select, silu) keep ATen's threads.
 std::tuple<at::Tensor, std::vector<at::Tensor>> DecodeExecutor::step(
     const std::vector<int64_t>& ids, const std::vector<int64_t>& pos,
     const std::vector<at::Tensor>& k_cache, const std::vector<at::Tensor>& v_cache,
     const at::Tensor& key_mask, int64_t row0, const at::Tensor& cos,
     const at::Tensor& sin) const {
-  const int64_t n = std::max<int64_t>(1, static_cast<int64_t>(ids.size()));
-  const int64_t V = embed_.defined() ? embed_.size(0) : 0;
-  const int64_t D = embed_.defined() ? embed_.size(1) : 0;
-  const int64_t blocks = static_cast<int64_t>(blocks_.size());
-  SchedulerState& st = schedulers().slots[scheduler_slot({5, n, V, D, blocks})];
+  check_step(ids, pos, k_cache, v_cache, key_mask, row0, cos, sin);
+  const int64_t n = static_cast<int64_t>(ids.size());
+  auto key = shape_;
+  key.push_back(n);
+  SchedulerState& st = step_schedulers()[hash_numbers(key.data(), key.size()) >> (64 - kSlotBits)];
   const bool threads = at::get_num_threads() > 1;
   const ModeChoice mode = threads ? st.choose() : ModeChoice{true, 0, false};
   const int64_t start = now_ns();
-  auto out = [&] {
+  std::tuple<at::Tensor, std::vector<at::Tensor>> out;
+  try {
     ModeScope scope(mode.solo ? Mode::kSolo : Mode::kParallel);
-    return run(ids, pos, k_cache, v_cache, key_mask, row0, cos, sin);
-  }();
+    out = run(ids, pos, k_cache, v_cache, key_mask, row0, cos, sin);
+  } catch (...) {
+    // no sample, but a probe run that ends here must still schedule the next one
+    if (threads) st.record({mode.solo, 0, mode.last_probe}, 0);
+    throw;
+  }
   if (threads) st.record(mode, (now_ns() - start) / n);
   ++(mode.solo ? solo_steps_ : parallel_steps_);
   return out;
@@ -435,13 +471,12 @@ std::tuple<int64_t, int64_t> DecodeExecutor::mode_steps() const {
   return {parallel_steps_.load(), solo_steps_.load()};
 }
 
-std::tuple<at::Tensor, std::vector<at::Tensor>> DecodeExecutor::run(
-    const std::vector<int64_t>& ids, const std::vector<int64_t>& pos,
-    const std::vector<at::Tensor>& k_cache, const std::vector<at::Tensor>& v_cache,
-    const at::Tensor& key_mask, int64_t row0, const at::Tensor& cos,
-    const at::Tensor& sin) const {
-  // no autograd graph: the weights are parameters (the returned tensors are plain ones)
-  at::NoGradGuard no_grad;
+// Every input of a step checked before anything is written (a refused step changes no cache).
+void DecodeExecutor::check_step(const std::vector<int64_t>& ids, const std::vector<int64_t>& pos,
+                                const std::vector<at::Tensor>& k_cache,
+                                const std::vector<at::Tensor>& v_cache,
+                                const at::Tensor& key_mask, int64_t row0, const at::Tensor& cos,
+                                const at::Tensor& sin) const {
   const int64_t n = static_cast<int64_t>(ids.size());
   TORCH_CHECK(embed_.defined(), "decode step: no head set");
   TORCH_CHECK(n >= 1 && static_cast<int64_t>(pos.size()) == n, "decode step: ", n,
@@ -457,12 +492,34 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> DecodeExecutor::run(
   for (const auto& blk : blocks_)
     TORCH_CHECK(cos.size(1) == blk.head_dim, "decode step: cos/sin of ", cos.size(1),
                 " dims, the blocks' heads ", blk.head_dim);
-  const int64_t V = embed_.size(0), D = embed_.size(1);
+  const int64_t V = embed_.size(0);
   for (int64_t b = 0; b < n; ++b) {
     TORCH_CHECK(ids[b] >= 0 && ids[b] < V, "input_ids: ", ids[b], " outside [0, ", V, ")");
     TORCH_CHECK(pos[b] >= 0 && pos[b] < key_mask.size(1) && pos[b] < cos.size(0),
                 "decode step: position ", pos[b], " outside the cache");
   }
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    const DecodeBlock& blk = blocks_[l];
+    const auto& kc = k_cache[l];
+    const auto& vc = v_cache[l];
+    TORCH_CHECK(kc.scalar_type() == at::kFloat && kc.is_contiguous() && vc.is_contiguous() &&
+                    kc.sizes() == vc.sizes() && kc.dim() == 4 && kc.size(1) == blk.n_kv_heads &&
+                    kc.size(3) == blk.head_dim && kc.size(0) >= row0 + n &&
+                    kc.size(2) >= key_mask.size(1),
+                "decode step: block ", l, "'s cache must be contiguous float32 [rows, ",
+                blk.n_kv_heads, ", capacity, ", blk.head_dim, "]");
+  }
+}
+
+std::tuple<at::Tensor, std::vector<at::Tensor>> DecodeExecutor::run(
+    const std::vector<int64_t>& ids, const std::vector<int64_t>& pos,
+    const std::vector<at::Tensor>& k_cache, const std::vector<at::Tensor>& v_cache,
+    const at::Tensor& key_mask, int64_t row0, const at::Tensor& cos,
+    const at::Tensor& sin) const {
+  // no autograd graph: the weights are parameters (the returned tensors are plain ones)
+  at::NoGradGuard no_grad;
+  const int64_t n = static_cast<int64_t>(ids.size());
+  const int64_t D = embed_.size(1);
   auto x = at::empty({n, D}, embed_.options());
   for (int64_t b = 0; b < n; ++b)
     std::copy_n(embed_.data_ptr<float>() + ids[b] * D, D, x.data_ptr<float>() + b * D);
@@ -477,12 +534,6 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> DecodeExecutor::run(
     const DecodeBlock& blk = blocks_[l];
     const auto& kc = k_cache[l];
     const auto& vc = v_cache[l];
-    TORCH_CHECK(kc.scalar_type() == at::kFloat && kc.is_contiguous() && vc.is_contiguous() &&
-                    kc.sizes() == vc.sizes() && kc.dim() == 4 && kc.size(1) == blk.n_kv_heads &&
-                    kc.size(3) == blk.head_dim && kc.size(0) >= row0 + n &&
-                    kc.size(2) >= key_mask.size(1),
-                "decode step: block ", l, "'s cache must be contiguous float32 [rows, ",
-                blk.n_kv_heads, ", capacity, ", blk.head_dim, "]");
     norm_rows(blk.attn_norm, blk.norm_eps);
     x.add_(attention(blk, xn, kc, vc, key_mask, pos, row0, cos, sin));
     norm_rows(blk.ffn_norm, blk.norm_eps);

@@ -9,8 +9,6 @@
 #include <tuple>
 #include <vector>
 
-#include "kernel_common.h"
-
 namespace moelab {
 
 // One projection y = x Wᵀ + b: float32 W [O, K] (`weight`), or packed 4/8-bit codes of E
@@ -74,6 +72,10 @@ class DecodeExecutor {
   std::tuple<int64_t, int64_t> mode_steps() const;
 
  private:
+  void check_step(const std::vector<int64_t>& ids, const std::vector<int64_t>& pos,
+                  const std::vector<at::Tensor>& k_cache, const std::vector<at::Tensor>& v_cache,
+                  const at::Tensor& key_mask, int64_t row0, const at::Tensor& cos,
+                  const at::Tensor& sin) const;
   std::tuple<at::Tensor, std::vector<at::Tensor>> run(
       const std::vector<int64_t>& ids, const std::vector<int64_t>& pos,
       const std::vector<at::Tensor>& k_cache, const std::vector<at::Tensor>& v_cache,
@@ -95,6 +97,9 @@ class DecodeExecutor {
   at::Tensor embed_, norm_;
   double norm_eps_ = 1e-5, logit_scale_ = 1.0;
   DecodeProj head_;
+  // what sets a step's cost apart (sizes, weight formats, routing), the key of its mode's
+  // scheduler state with the row count
+  std::vector<int64_t> shape_;
   mutable std::atomic<int64_t> parallel_steps_{0}, solo_steps_{0};
 };
 

@@ -79,8 +79,8 @@ __attribute__((always_inline)) inline Lanes reduce_tile(const Lanes* acc) {
 // input rows a tile's multiply-adds take longer, and the hardware prefetchers apparently fall
 // behind: prefetching one tile ahead read an LM head-sized weight 8 % faster at 4 rows and
 // 20 % at 8 in 4-row tiles (scratch measurement interleaved with the read floor), and made no
-// difference or slowed 1-2 rows. Prefetches past the weight's end are harmless: they never
-// fault.
+// difference or slowed 1-2 rows; one-row reads at 3-5 input rows keep it (measured with it,
+// not apart). Prefetches past the weight's end are harmless: they never fault.
 template <int64_t R, int64_t M, bool Prefetch>
 __attribute__((always_inline)) inline void dot_tile(const float* x, int64_t K, const float* w,
                                                     int64_t o0, const float* bias, float* out,
@@ -136,9 +136,9 @@ __attribute__((always_inline)) inline void dot_rows_tile(const float* x, int64_t
 
 // Output features [o0, o1) for M <= 8 input rows. Up to 5 input rows, one weight row at a
 // time: the weight is then read as one sequential stream, which the hardware prefetchers
-// follow best (an LM head-sized weight read at 1.07x, 1.25x, 1.09x the speed of 8-row tiles
-// at 1, 2 and 4 input rows, on an idle host: scratch measurement, interleaved with the read
-// floor, 22 rounds). With more input rows the loads of x would bound a row's loop: tiles of 4
+// follow best (an LM head-sized weight read at 1.07x, 1.25x, 1.09x the speed of the earlier
+// tiles, 8 weight rows at 1-2 input rows and 4 at 3-5, at 1, 2 and 4 input rows on an idle
+// host: scratch measurement, interleaved with the read floor, 22 rounds). With more input rows the loads of x would bound a row's loop: tiles of 4
 // weight rows (4 x 4 accumulators), then the rows left one at a time.
 template <int64_t M>
 MOELAB_CLONES void dot_rows_m(const float* x, int64_t K, const float* w, int64_t o0, int64_t o1,

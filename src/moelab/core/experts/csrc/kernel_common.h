@@ -125,13 +125,22 @@ inline Schedulers& schedulers() {
   return all;
 }
 
-// The slot of a call shape (FNV-1a over the caller's numbers: which kernel, its sizes). The
-// top bits: a product's low bits depend only on its factors' low bits, so the low bits of the
-// hash would give sizes that differ by a multiple of 2^kSlotBits (most model widths) one slot.
-inline int64_t scheduler_slot(std::initializer_list<int64_t> shape) {
+// A hash of n numbers: FNV-1a, then MurmurHash3's 64-bit finaliser, so that every bit of
+// every number reaches the top bits (FNV-1a alone left the last number's low bits out of
+// them: the row counts 1-8 of one projection shared a slot).
+inline uint64_t hash_numbers(const int64_t* v, size_t n) {
   uint64_t h = 1469598103934665603ull;
-  for (const int64_t v : shape) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
-  return static_cast<int64_t>(h >> (64 - kSlotBits));
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<uint64_t>(v[i])) * 1099511628211ull;
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  return h ^ (h >> 33);
+}
+
+// The slot of a call shape (its hash over the caller's numbers: which kernel, its sizes).
+inline int64_t scheduler_slot(std::initializer_list<int64_t> shape) {
+  return static_cast<int64_t>(hash_numbers(shape.begin(), shape.size()) >> (64 - kSlotBits));
 }
 
 inline int64_t now_ns() {
