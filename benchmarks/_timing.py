@@ -20,15 +20,11 @@ def _time_once(fn: Callable[[], object], inner: int) -> float:
 
 
 def interleaved_medians(
-    fns: dict[str, Callable[[], object]],
-    repeats: int,
-    warmup: int = 1,
-    min_sample_s: float = 0.05,
-    budget_s: float = 5.0,
-    min_repeats: int = 3,
+    fns: dict[str, Callable[[], object]], repeats: int, **options: float
 ) -> dict[str, float]:
-    """Median seconds per call of every function (:func:`interleaved_samples`)."""
-    samples = interleaved_samples(fns, repeats, warmup, min_sample_s, budget_s, min_repeats)
+    """Median seconds per call of every function (:func:`interleaved_samples`, whose keyword
+    ``options`` it takes)."""
+    samples = interleaved_samples(fns, repeats, **options)
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
