@@ -60,8 +60,8 @@ class DecodeExecutor {
 
   // One decode step of rows row0 .. row0+n-1 of the caches: token ids[b] at position pos[b]
   // (its keys/values are written there). Returns logits [n, V] and, per MoE block, the
-  // chosen experts [n, k]. Every kernel call of a step runs in one mode, parallel or on the
-  // calling thread alone, chosen per step (decode_step.cpp).
+  // chosen experts [n, k]. Every call of moelab's kernels in a step runs in one mode,
+  // parallel or on the calling thread alone, chosen per step (decode_step.cpp).
   std::tuple<at::Tensor, std::vector<at::Tensor>> step(
       const std::vector<int64_t>& ids, const std::vector<int64_t>& pos,
       const std::vector<at::Tensor>& k_cache, const std::vector<at::Tensor>& v_cache,

@@ -47,7 +47,7 @@ namespace moelab {
 // call whose region costs more than it splits runs solo and a large one in parallel. Shapes
 // that hash to one slot share it (the heuristic blurs, the values do not change). A caller
 // may instead fix the mode of all its calls (thread_mode: the fused decode step chooses one
-// per step, in a slot of its own).
+// per step, from scheduler states of its own).
 constexpr int64_t kRunLength = 2;
 constexpr int64_t kProbeEvery = 64;        // calls between probes, doubling while the probed
 constexpr int64_t kMaxProbeEvery = 4096;   // mode keeps losing, back to 64 when it wins
