@@ -275,13 +275,20 @@ def bench_type(label, model, cpp: LlamaCpp, prompts, long_prompt, args) -> dict:
             if f"{who} N" in t
         }
         row[f"decode B={B}"] = rates
-    for key, arms in row.items():
-        theirs = statistics.median(arms[BASELINE])
+    for _, _, key, rates, cpp_rates in against_llamacpp(row):
+        ours, theirs = statistics.median(rates), statistics.median(cpp_rates)
+        print(f"  {label:5s} {key:20s} {ours:9.1f} tok/s  llama.cpp {theirs:9.1f} tok/s  {ours / theirs:.2f}x", flush=True)  # fmt: skip
+    return row
+
+
+def against_llamacpp(row: dict):
+    """``(measure, arm, row label, the arm's rates, llama.cpp's rates)`` for every moelab arm
+    of every measure of ``row`` (``{measure: {arm: [tok/s per repeat]}}``)."""
+    for measure, arms in row.items():
         for arm, rates in arms.items():
             if arm != BASELINE:
-                ours = statistics.median(rates)
-                print(f"  {label:5s} {key:11s} {arm:15s} {ours:9.1f} tok/s  llama.cpp {theirs:9.1f} tok/s  {ours / theirs:.2f}x", flush=True)  # fmt: skip
-    return row
+                label = measure if arm == ARMS["ours"] else f"{arm.split()[1]} {measure}"
+                yield measure, arm, label, rates, arms[BASELINE]
 
 
 def bench_run(run: Path, args) -> dict:
@@ -397,26 +404,20 @@ def render(rows: list[dict], experts_only: bool) -> str:
         for kind in ("f32", "8-bit"):
             eight = "int8 experts" if experts_only else "int8 experts + dense"
             weights = "F32 both" if kind == "f32" else f"moelab {eight} / llama.cpp Q8_0"
-            for measure, arms in r[kind].items():
-                b = med(arms[BASELINE])
-                for arm, rates in arms.items():
-                    if arm != BASELINE:
-                        key = measure if arm == ARMS["ours"] else f"{arm.split()[1]} {measure}"
-                        a = med(rates)
-                        lines.append(f"| {r['run']} | {weights} | {key} | {a:.1f} | {b:.1f} | {a / b:.2f}× |")  # fmt: skip
+            for _, _, key, rates, cpp_rates in against_llamacpp(r[kind]):
+                a, b = med(rates), med(cpp_rates)
+                lines.append(f"| {r['run']} | {weights} | {key} | {a:.1f} | {b:.1f} | {a / b:.2f}× |")  # fmt: skip
     lines += [
         "",
         "| model | measure | moelab 8-bit / moelab F32 | llama.cpp Q8_0 / llama.cpp F32 |",
         "|---|---|---|---|",
     ]
     for r in rows:
-        for measure, arms in r["8-bit"].items():
-            for arm, rates in arms.items():
-                if arm != BASELINE:
-                    key = measure if arm == ARMS["ours"] else f"{arm.split()[1]} {measure}"
-                    ours = med(rates) / med(r["f32"][measure][arm])
-                    theirs = med(arms[BASELINE]) / med(r["f32"][measure][BASELINE])
-                    lines.append(f"| {r['run']} | {key} | {ours:.2f}× | {theirs:.2f}× |")
+        f32 = r["f32"]
+        for measure, arm, key, rates, cpp_rates in against_llamacpp(r["8-bit"]):
+            ours = med(rates) / med(f32[measure][arm])
+            theirs = med(cpp_rates) / med(f32[measure][BASELINE])
+            lines.append(f"| {r['run']} | {key} | {ours:.2f}× | {theirs:.2f}× |")
     lines.append("")
     lines += [f"{r['run']}: greedy tokens at F32: {r['greedy']}" for r in rows]
     return "\n".join(lines) + "\n"

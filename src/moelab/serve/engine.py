@@ -631,7 +631,7 @@ class Engine:
         """Per sequence, the experts of every MoE layer at ``positions`` (flat token index
         of the forward pass), when it asked for them; also feeds ``stats.expert_counts``."""
         recs = [r for r in records if r is not None]
-        if recs and self.track_experts:  # counts cost a reduction per layer and step
+        if recs and self.track_experts:
             self._count_experts([r.counts.tolist() for r in recs])  # each layer its own E
         wanted = [s.params.routing for s in seqs]
         result: list[list[list[int]] | None] = [None] * len(seqs)
@@ -693,11 +693,11 @@ class Engine:
         self.running.pop()
 
     def _count_experts(self, counts: list[list[int]]) -> None:
-        """Add one forward's routed (token, expert) pairs per MoE layer to the stats."""
-        if self.track_experts:
-            for acc, c in zip(self.stats.expert_counts, counts, strict=True):
-                for e, v in enumerate(c):
-                    acc[e] += v
+        """Add one forward's routed (token, expert) pairs per MoE layer to the stats (the
+        caller checks ``track_experts``: the counts cost a reduction per layer)."""
+        for acc, c in zip(self.stats.expert_counts, counts, strict=True):
+            for e, v in enumerate(c):
+                acc[e] += v
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.finish_reason = reason

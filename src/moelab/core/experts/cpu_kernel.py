@@ -440,9 +440,9 @@ def scheduler_stats() -> dict[str, int]:
 
 
 def reset_scheduler(solo_calls: int = 0) -> None:
-    """Forget the scheduler's measurements and counters (every call shape's), and make the
-    next ``solo_calls`` kernel calls run on the calling thread alone (tests and benchmarks;
-    the scheduler chooses by itself otherwise).
+    """Forget the scheduler's measurements and counters (every call shape's, and the fused
+    decode steps' modes), and make the next ``solo_calls`` kernel calls run on the calling
+    thread alone (tests and benchmarks; the scheduler chooses by itself otherwise).
 
     Raises:
         RuntimeError: the kernel is unavailable, or ``solo_calls`` < 0.

@@ -14,7 +14,6 @@
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -101,18 +100,17 @@ at::Tensor float_rows(const at::Tensor& x, const at::Tensor& w,
   return x.size(0) <= kDenseRows ? dense_rows(x, w, bias) : at::linear(x, w, bias);
 }
 
-// The process-wide scheduler states of decode steps (kernel_common.h), apart from the kernel
-// calls' own: a step's averages are milliseconds per row, a call's microseconds per item.
-std::array<SchedulerState, kSchedulerSlots>& step_schedulers() {
-  static std::array<SchedulerState, kSchedulerSlots> all;
-  return all;
-}
-
 // A projection's part of an executor's shape: format (32 for float32, else bits) and sizes.
 void add_shape(std::vector<int64_t>& shape, const DecodeProj& p) {
   const bool f = p.weight.defined();
   shape.insert(shape.end(), {f ? 32 : p.bits, f ? p.weight.size(0) : p.out_features,
                              f ? p.weight.size(1) : p.codes.size(-1)});
+}
+
+// `key` folded with the numbers of `shape` (hash_numbers over both).
+int64_t fold_shape(int64_t key, std::vector<int64_t> shape) {
+  shape.insert(shape.begin(), key);
+  return static_cast<int64_t>(hash_numbers(shape.data(), shape.size()));
 }
 
 QuantWeights weights_of(const DecodeProj& p) {
@@ -215,16 +213,16 @@ void DecodeExecutor::add_block(DecodeBlock block) {
   } else {
     for (auto* p : {&block.gate, &block.up, &block.down}) *p = check_proj(*p, at);
   }
-  shape_.insert(shape_.end(), {block.kind, block.n_heads, block.n_kv_heads, block.head_dim,
-                               block.qk_norm});
+  std::vector<int64_t> shape = {block.kind, block.n_heads, block.n_kv_heads, block.head_dim,
+                                block.qk_norm};
   for (const auto* p : {&block.q, &block.k, &block.v, &block.o, &block.gate, &block.up,
                         &block.down})
-    if (p->weight.defined() || p->codes.defined()) add_shape(shape_, *p);
+    if (p->weight.defined() || p->codes.defined()) add_shape(shape, *p);
   if (block.kind == DecodeBlock::kMoE) {
-    shape_.insert(shape_.end(), {block.router.size(0), block.top_k, block.act});
-    if (block.w_in.defined())
-      shape_.insert(shape_.end(), {block.w_in.size(2), block.w_down.size(1)});
+    shape.insert(shape.end(), {block.router.size(0), block.top_k, block.act});
+    if (block.w_in.defined()) shape.insert(shape.end(), {block.w_in.size(2), block.w_down.size(1)});
   }
+  shape_key_ = fold_shape(shape_key_, std::move(shape));
   blocks_.push_back(std::move(block));
 }
 
@@ -239,8 +237,9 @@ void DecodeExecutor::set_head(at::Tensor embed, at::Tensor norm, double norm_eps
   norm_eps_ = norm_eps;
   head_ = check_proj(std::move(head), "head");
   logit_scale_ = logit_scale;
-  shape_ = {embed_.size(0), embed_.size(1), int8_activations_};
-  add_shape(shape_, head_);
+  std::vector<int64_t> shape = {embed_.size(0), embed_.size(1), int8_activations_};
+  add_shape(shape, head_);
+  shape_key_ = fold_shape(0, std::move(shape));
 }
 
 // Attention of the new rows over their cached positions (models/attention.py): row b's query
@@ -416,9 +415,10 @@ void DecodeExecutor::moe(const DecodeBlock& blk, const at::Tensor& xn, at::Tenso
   const int64_t D = x.size(1);
   const float* yp = y_pairs.data_ptr<float>();
   float* xp = x.data_ptr<float>();
+  std::vector<float> acc(D);
   for (int64_t t = 0; t < n; ++t) {
     float* xt = xp + t * D;
-    std::vector<float> acc(D, 0.f);
+    std::fill(acc.begin(), acc.end(), 0.f);
     for (int64_t j = 0; j < k; ++j) {
       const float wj = w[t * k + j];
       const float* yj = yp + (t * k + j) * D;
@@ -447,9 +447,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> DecodeExecutor::step(
     const at::Tensor& sin) const {
   check_step(ids, pos, k_cache, v_cache, key_mask, row0, cos, sin);
   const int64_t n = static_cast<int64_t>(ids.size());
-  auto key = shape_;
-  key.push_back(n);
-  SchedulerState& st = step_schedulers()[hash_numbers(key.data(), key.size()) >> (64 - kSlotBits)];
+  SchedulerState& st = schedulers().steps[scheduler_slot({shape_key_, n})];
   const bool threads = at::get_num_threads() > 1;
   const ModeChoice mode = threads ? st.choose() : ModeChoice{true, 0, false};
   const int64_t start = now_ns();

@@ -97,9 +97,9 @@ class DecodeExecutor {
   at::Tensor embed_, norm_;
   double norm_eps_ = 1e-5, logit_scale_ = 1.0;
   DecodeProj head_;
-  // what sets a step's cost apart (sizes, weight formats, routing), the key of its mode's
-  // scheduler state with the row count
-  std::vector<int64_t> shape_;
+  // a hash of what sets a step's cost apart (sizes, weight formats, routing): with the row
+  // count, the key of its mode's scheduler state
+  int64_t shape_key_ = 0;
   mutable std::atomic<int64_t> parallel_steps_{0}, solo_steps_{0};
 };
 

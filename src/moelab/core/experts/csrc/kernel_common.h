@@ -47,7 +47,7 @@ namespace moelab {
 // call whose region costs more than it splits runs solo and a large one in parallel. Shapes
 // that hash to one slot share it (the heuristic blurs, the values do not change). A caller
 // may instead fix the mode of all its calls (thread_mode: the fused decode step chooses one
-// per step, from scheduler states of its own).
+// per step, from scheduler states of its own, Schedulers::steps).
 constexpr int64_t kRunLength = 2;
 constexpr int64_t kProbeEvery = 64;        // calls between probes, doubling while the probed
 constexpr int64_t kMaxProbeEvery = 4096;   // mode keeps losing, back to 64 when it wins
@@ -110,11 +110,15 @@ struct SchedulerState {
 
 struct Schedulers {
   SchedulerState slots[kSchedulerSlots];
+  // the fused decode step's (decode_step.cpp), apart from the calls': milliseconds per row
+  // where a call's are microseconds per item
+  SchedulerState steps[kSchedulerSlots];
   std::atomic<int64_t> forced_solo{0};  // calls still to run solo, any shape (tests, benchmarks)
   std::atomic<int64_t> last{0};         // the slot of the latest adaptive call (statistics)
 
   void reset(int64_t solo_calls) {  // every slot forgotten, the next solo_calls calls solo
     for (auto& st : slots) st.reset();
+    for (auto& st : steps) st.reset();
     forced_solo = solo_calls;
     last = 0;
   }
